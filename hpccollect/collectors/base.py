@@ -1,0 +1,218 @@
+"""``DataCollectorBase``: iteration, weight updates, background start/stop, context management.
+
+Subclasses implement ``iterator()``, ``set_seed()``, ``state_dict()``/``load_state_dict()``,
+``shutdown()`` and, where they support it, ``start()``/``async_shutdown()``.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from tensordict import TensorDictBase
+
+from hpccollect.collectors.weights import (
+    LocalWeightsUpdaterBase,
+    RemoteWeightsUpdaterBase,
+    WeightUpdaterBase,
+)
+from hpccollect.errors import ArgumentTypeError, CollectorTimeoutError
+
+__all__ = ["DataCollectorBase", "Interruptor"]
+
+
+class Interruptor:
+    """Lets other code cut the batch being collected short (TorchRL's ``_Interruptor``).
+
+    After ``stop_collection()`` the collector finishes the step it is in and returns the steps
+    taken so far; ``start_collection()`` lets the next batches run in full again.
+    """
+
+    def __init__(self) -> None:
+        self._stopped = threading.Event()
+
+    def start_collection(self) -> None:
+        self._stopped.clear()
+
+    def stop_collection(self) -> None:
+        self._stopped.set()
+
+    def collection_stopped(self) -> bool:
+        return self._stopped.is_set()
+
+
+class DataCollectorBase(abc.ABC):
+    """Base class for data collectors."""
+
+    local_weight_updater: LocalWeightsUpdaterBase | None = None
+    remote_weight_updater: RemoteWeightsUpdaterBase | None = None
+    total_frames: int = -1
+    frames_per_batch: int = 0
+    _iterator: Iterator | None = None
+
+    # ------------------------------------------------------------------ iteration
+    @abc.abstractmethod
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Yield batches until ``total_frames`` have been collected (forever if endless).
+
+        With a ``replay_buffer``, each batch goes to the buffer and ``None`` is yielded.
+        """
+
+    def __iter__(self) -> Iterator[TensorDictBase | None]:
+        return self.iterator()
+
+    def next(self) -> TensorDictBase | None:
+        """The next batch, from an iterator kept across calls; None once exhausted."""
+        if self._iterator is None:
+            self._iterator = self.iterator()
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._iterator = None
+            return None
+
+    def __len__(self) -> int:
+        if self.total_frames < 0:
+            raise TypeError("an endless collector (total_frames=-1) has no length")
+        return -(-self.total_frames // self.frames_per_batch)
+
+    # ------------------------------------------------------------------ weights
+    def _set_weight_updaters(
+        self,
+        local: LocalWeightsUpdaterBase | None,
+        remote: RemoteWeightsUpdaterBase | None,
+        any_updater: WeightUpdaterBase | None = None,
+    ) -> None:
+        if any_updater is not None:
+            if isinstance(any_updater, RemoteWeightsUpdaterBase):
+                remote = remote or any_updater
+            elif isinstance(any_updater, WeightUpdaterBase):
+                local = local or any_updater  # type: ignore[assignment]
+            else:
+                raise ArgumentTypeError(
+                    f"weight_updater must be a WeightUpdaterBase, got {type(any_updater).__name__}."
+                )
+        for name, updater, cls in (
+            ("local_weight_updater", local, WeightUpdaterBase),
+            ("remote_weight_updater", remote, RemoteWeightsUpdaterBase),
+        ):
+            if updater is not None and not isinstance(updater, cls):
+                raise ArgumentTypeError(
+                    f"{name} must be a {cls.__name__} instance, got {type(updater).__name__}."
+                )
+            if updater is not None:
+                updater.register_collector(self)
+        self.local_weight_updater, self.remote_weight_updater = local, remote
+
+    def update_policy_weights_(
+        self, policy_or_weights: Any = None, *, worker_ids: Any = None, **kwargs: Any
+    ) -> None:
+        """Bring the collector's policy up to date: local (download) update, then remote (upload).
+
+        Args:
+            policy_or_weights: a policy module, a TensorDict of weights, a state_dict, or None
+                to fetch the weights from where the updaters keep them.
+            worker_ids: workers to update (collectors with workers only); all by default.
+
+        Raises:
+            TypeError: ``worker_ids`` was given but this collector has no remote weight updater.
+        """
+        if worker_ids is not None and self.remote_weight_updater is None:
+            raise ArgumentTypeError(
+                f"worker_ids={worker_ids!r} was given, but {type(self).__name__} has no remote "
+                "weight updater to reach workers; call update_policy_weights_() without worker_ids."
+            )
+        if self.local_weight_updater is not None:
+            self.local_weight_updater(policy_or_weights, **kwargs)
+        if self.remote_weight_updater is not None:
+            self.remote_weight_updater(policy_or_weights, worker_ids=worker_ids, **kwargs)
+
+    def init_updater(self, *args: Any, **kwargs: Any) -> None:
+        """Pass arguments to the weight updaters' ``init``; a no-op when there are none."""
+        for updater in (self.local_weight_updater, self.remote_weight_updater):
+            if updater is not None:
+                updater.init(*args, **kwargs)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Collect in the background into the ``replay_buffer``; stop with ``async_shutdown()``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run in the background")
+
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop background collection started by ``start()``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run in the background")
+
+    @abc.abstractmethod
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed every env; return the seed of the last one."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> OrderedDict:
+        """Policy and env state plus collection progress."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state_dict: OrderedDict, **kwargs: Any) -> None:
+        """Restore what ``state_dict()`` returned."""
+
+    @abc.abstractmethod
+    def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop everything and release envs, threads and processes; safe to call twice."""
+
+    def __enter__(self) -> DataCollectorBase:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            pass
+
+
+class BackgroundThread:
+    """Runs a collector's iterator in a daemon thread (``start()`` on a single-process collector).
+
+    The thread checks ``stop_requested`` after every env step, so ``stop()`` returns within one
+    step's time; an exception in the thread is re-raised by ``stop()``.
+    """
+
+    def __init__(self, iterator_factory: Any, name: str) -> None:
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._factory = iterator_factory
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for _ in self._factory():
+                if self._stop.is_set():
+                    break
+        except BaseException as err:  # re-raised in the caller's thread by stop()
+            self._error = err
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float | None) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise CollectorTimeoutError(
+                f"the background collection thread did not stop within {timeout} s; the env step "
+                "in progress may be blocking. Call async_shutdown again with a larger timeout."
+            )
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err

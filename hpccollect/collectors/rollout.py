@@ -1,0 +1,324 @@
+"""The step loop: env and policy run for ``T`` steps, writing straight into ``[N, T]`` buffers.
+
+No processes and no threads here. Per step the loop writes numpy rows into preallocated buffers
+(torch tensors viewed as numpy arrays) and calls the policy once on the whole env batch; the
+output TensorDict is assembled once per batch, in TorchRL's layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import set_interaction_type
+
+from hpccollect.collectors.options import BatchOptions, Devices
+from hpccollect.collectors.trajectories import TrajIdPool
+from hpccollect.envs.gym import DONE_KEYS, GymEnv, Leaves
+from hpccollect.envs.spaces import Key
+from hpccollect.errors import EnvError, PolicyError
+from hpccollect.policy import RandomPolicy, WrappedPolicy
+
+__all__ = ["StepLoop"]
+
+TRAJ_KEY: Key = ("collector", "traj_ids")
+_NEXT = "next"
+
+
+_SCALAR_KEYS = frozenset(
+    [(n,) for n in DONE_KEYS]
+    + [(_NEXT, n) for n in DONE_KEYS]
+    + [("step_count",), (_NEXT, "step_count"), (_NEXT, "reward")]
+)
+
+
+def _key(k: Any) -> Key:
+    return k if isinstance(k, tuple) else (k,)
+
+
+class StepLoop:
+    """Runs one env (or vector env) with one policy, a batch at a time.
+
+    Args:
+        env: the TensorDict adapter over the gymnasium env.
+        policy: the wrapped policy.
+        options: batch-shaping options.
+        devices: env/policy/storing devices.
+        traj_pool: where new trajectory ids come from.
+    """
+
+    def __init__(
+        self,
+        env: GymEnv,
+        policy: WrappedPolicy,
+        options: BatchOptions,
+        devices: Devices,
+        traj_pool: TrajIdPool,
+    ) -> None:
+        self.env, self.policy, self.options, self.devices = env, policy, options, devices
+        self.pool = traj_pool
+        n = env.num_envs
+        self._write = slice(0, 1) if not env.is_vector else slice(None)
+        self._read = 0 if not env.is_vector else slice(None)
+        self._flag_shape = (*env.batch_size, 1)
+        self.count_steps = options.max_frames_per_traj is not None
+        self.random_policy = RandomPolicy(env.action_spec)
+        self.traj_ids = traj_pool.take(n)
+        self._fresh_ids = True
+        self.step_count = np.zeros(n, dtype=np.int64)
+        self.root_flags = np.zeros((len(DONE_KEYS), n), dtype=np.bool_)
+        self.needs_reset = False
+        self.steps_taken = 0
+        self.root: Leaves = env.reset_arrays()
+        self.policy_fields = self._probe_policy()
+        self._direct = self._direct_call()
+        self._same: tuple[dict[Key, torch.Tensor], TensorDictBase] | None = None
+
+    # ------------------------------------------------------------------ policy
+    def _policy_input(self, root: Leaves) -> TensorDict:
+        td = TensorDict({}, batch_size=self.env.batch_size, device=self.devices.policy)
+        for key, value in root.items():
+            td.set(key, torch.from_numpy(value))
+        for i, name in enumerate(DONE_KEYS):
+            td.set(name, torch.from_numpy(self.root_flags[i].reshape(self._flag_shape).copy()))
+        if self.count_steps:
+            td.set("step_count", torch.from_numpy(self.step_count.reshape(self._flag_shape).copy()))
+        return td
+
+    def _call_policy_td(self, root: Leaves) -> TensorDictBase:
+        td = self._policy_input(root)
+        out = self.policy.module(td)
+        return td if out is None else out
+
+    def _probe_policy(self) -> dict[Key, tuple[tuple[int, ...], torch.dtype]]:
+        """Call the policy once on the first observation: check it, and learn what it writes."""
+        try:
+            with torch.no_grad(), set_interaction_type(self.options.exploration_type):
+                td_in = self._policy_input(self.root)
+                in_keys = {_key(k) for k in td_in.keys(True, True)}
+                out = self.policy.module(td_in)
+                out = td_in if out is None else out
+        except Exception as err:
+            raise PolicyError(
+                f"the policy raised {type(err).__name__} on the env's first observation: {err}. "
+                f"It was called with a TensorDict holding {sorted(map(str, in_keys))} "
+                f"(batch_size={list(self.env.batch_size)})."
+            ) from err
+        if not isinstance(out, TensorDictBase):
+            raise PolicyError(
+                f"the policy returned {type(out).__name__}; a policy taking a TensorDict must "
+                "return a TensorDict (or None after writing into it)."
+            )
+        fields = {
+            _key(k): v
+            for k, v in out.items(True, True)
+            if _key(k) not in in_keys and _key(k)[0] not in (_NEXT, "collector")
+        }
+        self._check_action(fields, out)
+        batch = len(self.env.batch_size)
+        fields = {("action",): fields.pop(("action",)), **fields}
+        for key, value in fields.items():
+            if tuple(value.shape[:batch]) != tuple(self.env.batch_size):
+                raise PolicyError(
+                    f"the policy wrote {key} with shape {tuple(value.shape)}; its leading dims "
+                    f"must be the env batch size {list(self.env.batch_size)}."
+                )
+        return {k: (tuple(v.shape[batch:]), v.dtype) for k, v in fields.items()}
+
+    def _check_action(self, fields: dict[Key, torch.Tensor], out: TensorDictBase) -> None:
+        spec = self.env.action_spec
+        action = fields.get(("action",))
+        if action is None:
+            raise PolicyError(
+                f"the policy did not write the action key 'action'; its output keys were "
+                f"{sorted(map(str, out.keys(True, True)))}. A TensorDictModule policy must list "
+                f"'action' in its out_keys; a plain module must return the action tensor of shape "
+                f"{tuple(spec.shape)} ({spec!r})."
+            )
+        if tuple(action.shape) != tuple(spec.shape):
+            raise PolicyError(
+                f"the policy wrote 'action' with shape {tuple(action.shape)}, but env "
+                f"{self.env.name!r} needs shape {tuple(spec.shape)} ({spec!r}). For a Discrete "
+                "action space the action is one-hot by default; pass "
+                "categorical_action_encoding=True to GymEnv for integer actions."
+            )
+
+    def _direct_call(self) -> tuple[Callable, list[Key], list[Key]] | None:
+        direct = self.policy.direct
+        if direct is None:
+            return None
+        fn, in_keys, out_keys = direct
+        in_keys, out_keys = [_key(k) for k in in_keys], [_key(k) for k in out_keys]
+        if not set(in_keys) <= set(self.root) or set(out_keys) != set(self.policy_fields):
+            return None
+        return fn, in_keys, out_keys
+
+    def _act(self, root: Leaves, random: bool) -> list[tuple[Key, torch.Tensor]]:
+        if random:
+            return [(("action",), self.random_policy.sample())]
+        device = self.devices.policy
+        if self._direct is not None:
+            fn, in_keys, out_keys = self._direct
+            args = [torch.from_numpy(root[k]) for k in in_keys]
+            if device is not None and device.type != "cpu":
+                args = [a.to(device, non_blocking=True) for a in args]
+            out = fn(*args)
+            return list(zip(out_keys, out if isinstance(out, tuple) else (out,), strict=True))
+        out = self._call_policy_td(root)
+        return [(k, out.get(k)) for k in self.policy_fields]
+
+    # ------------------------------------------------------------------ buffers
+    def _fields(self) -> dict[Key, tuple[tuple[int, ...], torch.dtype]]:
+        obs = {k: (tuple(c.spec.shape), c.spec.dtype) for k, c in self.env.obs_codecs.items()}
+        flag = ((1,), torch.bool)
+        fields = {**obs, **self.policy_fields}
+        fields.update({(name,): flag for name in DONE_KEYS})
+        if self.count_steps:
+            fields[("step_count",)] = ((1,), torch.int64)
+        fields[TRAJ_KEY] = ((), torch.int64)
+        fields.update({(_NEXT, *k): v for k, v in obs.items()})
+        fields[(_NEXT, "reward")] = ((1,), torch.float32)
+        fields.update({(_NEXT, name): flag for name in DONE_KEYS})
+        if self.count_steps:
+            fields[(_NEXT, "step_count")] = ((1,), torch.int64)
+        return fields
+
+    def _buffers(self, steps: int) -> dict[Key, torch.Tensor]:
+        n = self.env.num_envs
+        return {
+            key: torch.zeros((n, steps, *shape), dtype=dtype)
+            for key, (shape, dtype) in self._fields().items()
+        }
+
+    # ------------------------------------------------------------------ resets
+    def full_reset(self) -> None:
+        """Reset every env (with seeds scheduled by ``set_seed``) and start new trajectories."""
+        self.root = self.env.reset_arrays()
+        if not self._fresh_ids:
+            self.traj_ids = self.pool.take(self.env.num_envs)
+            self._fresh_ids = True
+        self.step_count[:] = 0
+        self.root_flags[:] = False
+        self.needs_reset = False
+
+    def _reset_done(self, done: np.ndarray) -> Leaves:
+        self.traj_ids[done] = self.pool.take(int(done.sum()))
+        self.step_count[done] = 0
+        return self.env.reset_arrays(mask=done if self.env.is_vector else None)
+
+    # ------------------------------------------------------------------ the loop
+    def collect(
+        self, steps: int, *, random: bool = False, should_stop: Callable[[], bool] | None = None
+    ) -> TensorDictBase:
+        """Run ``steps`` steps of every env; return the batch (``[N, T]``, or ``[T]`` for one env).
+
+        ``random`` draws actions from the action spec instead of the policy. ``should_stop`` is
+        polled after each step; when it returns True the batch is cut at the steps taken.
+        """
+        if self.needs_reset or self.options.reset_at_each_iter:
+            self.full_reset()
+        bufs = self._reuse_or_alloc(steps)
+        views = {k: (b.numpy()[..., 0] if k in _SCALAR_KEYS else b.numpy()) for k, b in bufs.items()}
+        taken = self._run(steps, views, random, should_stop)
+        return self._assemble(bufs, taken)
+
+    def _run(self, steps: int, views: dict, random: bool, should_stop: Callable | None) -> int:
+        env, w, r, opts = self.env, self._write, self._read, self.options
+        obs_keys = list(env.obs_codecs)
+        root_obs = [views[k] for k in obs_keys]
+        next_obs = [views[(_NEXT, *k)] for k in obs_keys]
+        root_flags = [views[(n,)] for n in DONE_KEYS]
+        n_done, n_term, n_trunc = (views[(_NEXT, n)] for n in DONE_KEYS)
+        reward, traj = views[(_NEXT, "reward")], views[TRAJ_KEY]
+        action_view = views[("action",)]
+        policy_views = {k: views[k] for k in self.policy_fields}
+        max_steps = opts.max_frames_per_traj
+        root, taken = self.root, 0
+        with torch.no_grad(), set_interaction_type(opts.exploration_type):
+            for t in range(steps):
+                for key, buf in zip(obs_keys, root_obs, strict=True):
+                    buf[w, t] = root[key]
+                traj[w, t] = self.traj_ids
+                if self.count_steps:
+                    views[("step_count",)][w, t] = self.step_count
+                if not self._flags_clear:
+                    for i, buf in enumerate(root_flags):
+                        buf[w, t] = self.root_flags[i]
+                for key, value in self._act(root, random):
+                    policy_views[key][w, t] = value.numpy() if value.device.type == "cpu" else value.cpu().numpy()
+                try:
+                    nobs, rew, term, trunc = env.step_arrays(action_view[r, t])
+                except Exception as err:
+                    raise EnvError(
+                        f"env {env.name!r} raised {type(err).__name__} in step() at step "
+                        f"{self.steps_taken} (step {t} of this batch): {err}",
+                        env_name=env.name, step=self.steps_taken,
+                    ) from err
+                self.steps_taken += 1
+                self._fresh_ids = False
+                term = np.asarray(term, dtype=np.bool_)
+                trunc = np.asarray(trunc, dtype=np.bool_)
+                if max_steps is not None:
+                    self.step_count += 1
+                    views[(_NEXT, "step_count")][w, t] = self.step_count
+                    trunc = trunc | (self.step_count >= max_steps)
+                done = term | trunc
+                for key, buf in zip(obs_keys, next_obs, strict=True):
+                    buf[w, t] = nobs[key]
+                reward[w, t] = rew
+                n_done[w, t] = done
+                n_term[w, t] = term
+                n_trunc[w, t] = trunc
+                taken = t + 1
+                if not done.any():
+                    root = nobs
+                elif opts.reset_when_done:
+                    root = self._reset_after_done(np.atleast_1d(done))
+                else:
+                    root = nobs
+                    self.root_flags[:] = np.stack(np.broadcast_arrays(done, term, trunc))
+                if should_stop is not None and should_stop():
+                    break
+        self.root = root
+        return taken
+
+    @property
+    def _flags_clear(self) -> bool:
+        return self.options.reset_when_done or not self.root_flags.any()
+
+    def _reset_after_done(self, done: np.ndarray) -> Leaves:
+        try:
+            return self._reset_done(done)
+        except EnvError as err:
+            err.step = self.steps_taken
+            raise
+
+    def _reuse_or_alloc(self, steps: int) -> dict[Key, torch.Tensor]:
+        if not self.options.return_same_td:
+            return self._buffers(steps)
+        if self._same is None or next(iter(self._same[0].values())).shape[1] != steps:
+            self._same = (self._buffers(steps), None)  # type: ignore[assignment]
+        return self._same[0]
+
+    def _assemble(self, bufs: dict[Key, torch.Tensor], taken: int) -> TensorDictBase:
+        single = not self.env.is_vector
+        steps = next(iter(bufs.values())).shape[1]
+        if self.options.return_same_td and taken == steps and self._same[1] is not None:
+            return self._same[1]
+        batch = [taken] if single else [self.env.num_envs, taken]
+        td = TensorDict({}, batch_size=batch)
+        for key, buf in bufs.items():
+            value = buf[0] if single else buf
+            td.set(key, value if taken == steps else value.narrow(0 if single else 1, 0, taken))
+        td.names = ["time"] if single else [None, "time"]
+        if self.devices.storing is not None:
+            td = td.to(self.devices.storing)
+        if self.options.set_truncated and taken:
+            for name in ("truncated", "done"):
+                td.get((_NEXT, name))[..., -1, :] = True
+        if self.options.return_same_td and taken == steps:
+            self._same = (bufs, td)
+        return td

@@ -1,0 +1,277 @@
+"""``SyncDataCollector``: collects in the caller's process, one batch per iteration."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
+from torch import nn
+
+from hpccollect._checks import check_int
+from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
+from hpccollect.collectors.options import check_batch_options, resolve_devices
+from hpccollect.collectors.rollout import StepLoop
+from hpccollect.collectors.trajectories import TrajIdPool, split_trajectories
+from hpccollect.collectors.weights import (
+    LocalWeightsUpdaterBase,
+    PolicyWeightsCopier,
+    RemoteWeightsUpdaterBase,
+    WeightUpdaterBase,
+)
+from hpccollect.envs.gym import env_seeds, make_env
+from hpccollect.errors import ArgumentTypeError
+from hpccollect.policy import RandomPolicy, WrappedPolicy, load_weights_, wrap_policy
+
+__all__ = ["SyncDataCollector"]
+
+
+class SyncDataCollector(DataCollectorBase):
+    """Generic data collector: steps an env (or vector env) with a policy in this process.
+
+    Takes TorchRL's arguments (see the README and ``../shared/seeds/SyncDataCollector.txt``);
+    batches are ``[T]`` named ``["time"]`` for one env and ``[N, T]`` named ``[None, "time"]``
+    for N envs, with ``frames_per_batch`` frames in all (rounded up to a multiple of N).
+
+    Beyond TorchRL's arguments: ``replay_buffer`` (any object with ``extend``),
+    ``local_weight_updater``/``remote_weight_updater``/``weight_updater``,
+    ``categorical_action_encoding`` (for env ids), and ``traj_id_offset``/``traj_id_stride``
+    used by multi-worker collectors to keep trajectory ids unique.
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: Any = None,
+        storing_device: Any = None,
+        policy_device: Any = None,
+        env_device: Any = None,
+        create_env_kwargs: dict | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool | None = None,
+        exploration_type: InteractionType | str = InteractionType.RANDOM,
+        exploration_mode: str | None = None,
+        return_same_td: bool = False,
+        reset_when_done: bool = True,
+        interruptor: Interruptor | None = None,
+        set_truncated: bool = False,
+        replay_buffer: Any = None,
+        local_weight_updater: LocalWeightsUpdaterBase | None = None,
+        remote_weight_updater: RemoteWeightsUpdaterBase | None = None,
+        weight_updater: WeightUpdaterBase | None = None,
+        categorical_action_encoding: bool = False,
+        traj_id_offset: int = 0,
+        traj_id_stride: int = 1,
+    ) -> None:
+        self._closed = True  # until construction succeeds, shutdown() has nothing to do
+        self._background: BackgroundThread | None = None
+        self.options = check_batch_options(
+            frames_per_batch=frames_per_batch, total_frames=total_frames,
+            max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
+            reset_at_each_iter=reset_at_each_iter, postproc=postproc, split_trajs=split_trajs,
+            exploration_type=exploration_type, exploration_mode=exploration_mode,
+            return_same_td=return_same_td, reset_when_done=reset_when_done,
+            set_truncated=set_truncated,
+        )
+        self.devices = resolve_devices(device, storing_device, env_device, policy_device)
+        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+            raise ArgumentTypeError(
+                f"replay_buffer must have an extend() method (e.g. hpccollect.storage.ReplayBuffer "
+                f"or an HDF5 writer), got {type(replay_buffer).__name__}."
+            )
+        if interruptor is not None and not callable(getattr(interruptor, "collection_stopped", None)):
+            raise ArgumentTypeError(
+                "interruptor must have a collection_stopped() method "
+                f"(hpccollect.collectors.Interruptor), got {type(interruptor).__name__}."
+            )
+        pool = TrajIdPool(
+            check_int("traj_id_offset", traj_id_offset, minimum=0),
+            check_int("traj_id_stride", traj_id_stride, minimum=1),
+        )
+        self.env = make_env(
+            create_env_fn, create_env_kwargs, categorical_action_encoding=categorical_action_encoding
+        )
+        try:
+            self._setup(policy, pool, replay_buffer, interruptor)
+        except BaseException:
+            self.env.close()
+            raise
+        self._set_weight_updaters(
+            local_weight_updater or PolicyWeightsCopier(self._wrapped.weights_module, self._source),
+            remote_weight_updater,
+            weight_updater,
+        )
+        self._closed = False
+
+    def _setup(self, policy: Any, pool: TrajIdPool, replay_buffer: Any, interruptor: Any) -> None:
+        opts = self.options
+        self.n_env = self.env.num_envs
+        self._wrapped, self._source = self._place_policy(policy)
+        self.policy = self._wrapped.module
+        self._loop = StepLoop(self.env, self._wrapped, opts, self.devices, pool)
+        self._steps_per_batch = -(-opts.frames_per_batch // self.n_env)
+        if opts.frames_per_batch % self.n_env:
+            warnings.warn(
+                f"frames_per_batch ({opts.frames_per_batch}) is not divisible by the number of "
+                f"envs ({self.n_env}); each batch will hold "
+                f"{self._steps_per_batch * self.n_env} frames.",
+                stacklevel=3,
+            )
+        self.frames_per_batch = opts.frames_per_batch
+        self.requested_frames_per_batch = self._steps_per_batch * self.n_env
+        self.total_frames = opts.total_frames
+        self.init_random_frames = opts.init_random_frames
+        self.replay_buffer = replay_buffer
+        self.interruptor = interruptor
+        self.postproc = opts.postproc
+        self.split_trajs = opts.split_trajs
+        self.exploration_type = opts.exploration_type
+        self._frames = 0
+        self._iter = 0
+
+    def _place_policy(self, policy: Any) -> tuple[WrappedPolicy, nn.Module | None]:
+        """Wrap the policy; copy it to ``policy_device`` if it lives elsewhere (TorchRL does too)."""
+        spec = self.env.action_spec
+        wrapped = wrap_policy(policy, self.env.observation_keys, spec)
+        target = self.devices.policy
+        module = wrapped.weights_module
+        current = _module_device(module) if module is not None else None
+        if target is None or current is None or current == target:
+            return wrapped, None
+        moved = copy.deepcopy(policy).to(target)
+        return wrap_policy(moved, self.env.observation_keys, spec), module
+
+    # ------------------------------------------------------------------ iteration
+    def _should_stop(self) -> bool:
+        bg = self._background
+        if bg is not None and bg.stop_requested():
+            return True
+        return self.interruptor is not None and self.interruptor.collection_stopped()
+
+    def rollout(self) -> TensorDictBase:
+        """Collect one batch (no ``split_trajs``/``postproc``); frames are not counted."""
+        random = self._frames < self.init_random_frames
+        return self._loop.collect(self._steps_per_batch, random=random, should_stop=self._should_stop)
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Yield batches until ``total_frames`` (forever when -1); see ``DataCollectorBase``."""
+        while self.total_frames < 0 or self._frames < self.total_frames:
+            if self._closed:
+                return
+            batch = self.rollout()
+            self._frames += batch.numel()
+            self._iter += 1
+            if self.split_trajs:
+                batch = split_trajectories(batch)
+            if self.postproc is not None:
+                batch = self.postproc(batch)
+            if self.replay_buffer is not None:
+                self.replay_buffer.extend(batch)
+                yield None
+            else:
+                yield batch
+            if self._background is not None and self._background.stop_requested():
+                return
+
+    # ------------------------------------------------------------------ background
+    def start(self) -> None:
+        """Fill ``replay_buffer`` from a background thread until ``async_shutdown()``."""
+        if self.replay_buffer is None:
+            raise RuntimeError(
+                "start() needs a replay_buffer: pass replay_buffer=... to the collector, or "
+                "iterate over the collector instead."
+            )
+        if self._background is not None and self._background.alive:
+            raise RuntimeError("start() was already called; call async_shutdown() first.")
+        self._background = BackgroundThread(self.iterator, f"{type(self).__name__}-collect")
+        self._background.start()
+
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop the background thread (within ``timeout`` s); close the env if ``close_env``."""
+        bg, self._background = self._background, None
+        try:
+            if bg is not None:
+                bg.stop(timeout if timeout is not None else 60.0)
+        finally:
+            if close_env:
+                self.shutdown()
+
+    # ------------------------------------------------------------------ seeds and state
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed env ``i`` with ``seed + i`` (``seed`` for all if ``static_seed``); return the last.
+
+        The envs are reset with these seeds before the next step; the random policy (and
+        ``init_random_frames``) draws from a generator seeded with ``seed`` too.
+        """
+        seed = check_int("seed", seed)
+        seeds = env_seeds(seed, self.n_env, static_seed)
+        self.env.schedule_seeds(seeds)
+        self._loop.needs_reset = True
+        for module in (self._loop.random_policy, self.policy):
+            if isinstance(module, RandomPolicy):
+                module.generator.manual_seed(seed)
+        return seeds[-1]
+
+    def reset(self) -> None:
+        """Reset every env before the next step (new trajectories start)."""
+        self._loop.needs_reset = True
+
+    def state_dict(self) -> OrderedDict:
+        """``policy_state_dict`` (when the policy has weights), ``env_state_dict``, progress."""
+        state: OrderedDict = OrderedDict()
+        module = self._wrapped.weights_module
+        if module is not None and len(module.state_dict()):
+            state["policy_state_dict"] = module.state_dict()
+        state["env_state_dict"] = OrderedDict()
+        state.update(frames=self._frames, iter=self._iter, traj_pool=self._loop.pool.state_dict())
+        return state
+
+    def load_state_dict(self, state_dict: OrderedDict, **kwargs: Any) -> None:
+        """Restore policy weights and progress saved by ``state_dict()``."""
+        if "policy_state_dict" in state_dict:
+            if self._wrapped.weights_module is None:
+                raise ArgumentTypeError(
+                    "state_dict has policy_state_dict but this collector's policy has no weights."
+                )
+            load_weights_(self._wrapped.weights_module, state_dict["policy_state_dict"])
+        self._frames = int(state_dict.get("frames", self._frames))
+        self._iter = int(state_dict.get("iter", self._iter))
+        if "traj_pool" in state_dict:
+            self._loop.pool.load_state_dict(state_dict["traj_pool"])
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop background collection and close the env; safe to call twice."""
+        bg, self._background = getattr(self, "_background", None), None
+        try:
+            if bg is not None:
+                bg.stop(timeout if timeout is not None else 60.0)
+        finally:
+            if not getattr(self, "_closed", True):
+                self._closed = True
+                if close_env:
+                    self.env.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(env={self.env!r}, frames_per_batch={self.frames_per_batch}, "
+            f"total_frames={self.total_frames}, frames={getattr(self, '_frames', 0)})"
+        )
+
+
+def _module_device(module: nn.Module) -> torch.device | None:
+    for tensor in [*module.parameters(), *module.buffers()]:
+        return tensor.device
+    return None

@@ -1,0 +1,77 @@
+"""Trajectory ids and ``split_trajectories``."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from hpccollect.errors import ArgumentValueError
+
+__all__ = ["TrajIdPool", "split_trajectories"]
+
+
+class TrajIdPool:
+    """Hands out trajectory ids, increasing in the order trajectories start.
+
+    Ids are ``offset + stride * k`` for ``k = 0, 1, ...``, so collectors given distinct offsets
+    under a common stride (one per worker or rank) never share an id.
+    """
+
+    def __init__(self, offset: int = 0, stride: int = 1) -> None:
+        if stride < 1 or not 0 <= offset < stride:
+            raise ArgumentValueError(
+                f"TrajIdPool needs 0 <= offset < stride, got offset={offset}, stride={stride}."
+            )
+        self.offset, self.stride, self.count = offset, stride, 0
+
+    def take(self, n: int) -> np.ndarray:
+        """The next ``n`` ids."""
+        ids = self.offset + self.stride * np.arange(self.count, self.count + n, dtype=np.int64)
+        self.count += n
+        return ids
+
+    def state_dict(self) -> dict[str, int]:
+        return {"offset": self.offset, "stride": self.stride, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.offset, self.stride, self.count = state["offset"], state["stride"], state["count"]
+
+
+def split_trajectories(
+    rollout: TensorDictBase, *, prefix: str = "collector", traj_key: str = "traj_ids"
+) -> TensorDictBase:
+    """Regroup a ``[..., T]`` batch as ``[n_traj, max_len]``, one row per trajectory.
+
+    Rows are in order of first appearance (env by env, then time); each row is zero-padded and
+    ``(prefix, "mask")`` is True on real steps.
+    """
+    ids_key = (prefix, traj_key)
+    if ids_key not in rollout.keys(True):
+        raise ArgumentValueError(
+            f"split_trajectories needs {ids_key} in the batch; it was produced without it."
+        )
+    flat = rollout.reshape(-1) if rollout.ndim != 1 else rollout
+    if rollout.names[0] is not None or rollout.ndim != 1:
+        flat = flat.clone(False)
+        flat.names = None
+    ids = flat.get(ids_key)
+    n = ids.shape[0]
+    starts = torch.ones(n, dtype=torch.bool)
+    starts[1:] = ids[1:] != ids[:-1]
+    start_idx = torch.nonzero(starts).squeeze(-1)
+    lengths = torch.diff(torch.cat([start_idx, torch.tensor([n])]))
+    max_len = int(lengths.max()) if lengths.numel() else 0
+    steps = torch.arange(max_len)
+    mask = steps.unsqueeze(0) < lengths.unsqueeze(1)
+    index = torch.where(mask, start_idx.unsqueeze(1) + steps, torch.zeros((), dtype=torch.long))
+    out = flat[index]
+
+    def _pad(x: torch.Tensor) -> torch.Tensor:
+        m = mask.reshape(*mask.shape, *([1] * (x.ndim - 2)))
+        return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+    out = out.apply(_pad)
+    out.set(ids_key[:-1] + ("mask",), mask)
+    out.names = [None, "time"]
+    return out

@@ -1,0 +1,209 @@
+"""Policies: TorchRL's wrapping rules, ``RandomPolicy``, exploration types, weights as TensorDicts.
+
+Wrapping (as in TorchRL's collectors):
+
+* a ``TensorDictModuleBase`` is used as is;
+* a module or callable whose ``forward`` takes one TensorDict (named ``tensordict`` or ``td``, or
+  annotated as a ``TensorDictBase``) is called with the TensorDict;
+* any other module or callable becomes ``TensorDictModule(policy, in_keys=<observation keys>,
+  out_keys=["action"])``;
+* ``None`` gives a ``RandomPolicy`` drawing from the action spec.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType, TensorDictModule, TensorDictModuleBase
+from torch import nn
+
+from hpccollect.envs.specs import TensorSpec
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+
+__all__ = [
+    "ExplorationType",
+    "RandomPolicy",
+    "WrappedPolicy",
+    "load_weights_",
+    "resolve_exploration_type",
+    "takes_tensordict",
+    "to_weights",
+    "wrap_policy",
+]
+
+#: TorchRL's ``ExplorationType`` is tensordict's ``InteractionType``; so is ours.
+ExplorationType = InteractionType
+
+
+def resolve_exploration_type(
+    exploration_type: Any = InteractionType.RANDOM, exploration_mode: str | None = None
+) -> InteractionType:
+    """Parse ``exploration_type`` (enum or name) and the deprecated ``exploration_mode`` string."""
+    value = exploration_mode if exploration_mode is not None else exploration_type
+    name = "exploration_mode" if exploration_mode is not None else "exploration_type"
+    if isinstance(value, InteractionType):
+        return value
+    if isinstance(value, str):
+        try:
+            return InteractionType(value.lower())
+        except ValueError:
+            pass
+        if value.upper() in InteractionType.__members__:
+            return InteractionType[value.upper()]
+    valid = ", ".join(f"ExplorationType.{m.name}" for m in InteractionType)
+    raise ArgumentValueError(f"{name}={value!r} is not an exploration type; use one of {valid}.")
+
+
+class RandomPolicy(TensorDictModuleBase):
+    """Draws uniformly random actions from an action spec (``policy=None``)."""
+
+    def __init__(
+        self, action_spec: TensorSpec, action_key: str = "action", generator: torch.Generator | None = None
+    ) -> None:
+        super().__init__()
+        self.action_spec = action_spec
+        self.action_key = action_key
+        self.generator = generator if generator is not None else torch.Generator()
+        self.generator.seed()
+        self.in_keys: list = []
+        self.out_keys = [action_key]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        action = self.action_spec.rand(generator=self.generator)
+        tensordict.set(self.action_key, action.to(tensordict.device or action.device))
+        return tensordict
+
+    def sample(self) -> torch.Tensor:
+        """One action, without a TensorDict (the collector's fast path)."""
+        return self.action_spec.rand(generator=self.generator)
+
+
+def takes_tensordict(fn: Any) -> bool:
+    """Whether ``fn`` (or ``fn.forward``) takes exactly one TensorDict argument."""
+    target = fn.forward if isinstance(fn, nn.Module) else fn
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = [p for p in sig.parameters.values() if p.kind in kinds and p.default is p.empty]
+    others = [p for p in sig.parameters.values() if p.kind == inspect.Parameter.VAR_POSITIONAL]
+    if len(params) != 1 or others:
+        return False
+    if params[0].name in ("tensordict", "td"):
+        return True
+    try:
+        hint = typing.get_type_hints(target).get(params[0].name)
+    except Exception:
+        hint = params[0].annotation
+    return isinstance(hint, type) and issubclass(hint, TensorDictBase)
+
+
+class _TensorDictCallable(TensorDictModuleBase):
+    """A module or callable that takes a TensorDict; may return a new one or write in place."""
+
+    def __init__(self, fn: Callable, out_keys: Sequence[Any]) -> None:
+        super().__init__()
+        self.fn = fn
+        self.in_keys: list = []
+        self.out_keys = list(out_keys)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        out = self.fn(tensordict)
+        return tensordict if out is None else out
+
+
+@dataclass
+class WrappedPolicy:
+    """The policy as the collector runs it.
+
+    Attributes:
+        module: the ``TensorDictModuleBase`` called with a TensorDict.
+        weights_module: the user-facing module whose parameters ``update_policy_weights_`` targets
+            (None when the policy has no parameters).
+        direct: ``(fn, in_keys, out_keys)`` when ``fn(*tensors)`` is exactly equivalent to
+            calling ``module`` (a plain tensor-to-tensor callable), letting the step loop skip
+            building a TensorDict each step; otherwise None.
+    """
+
+    module: TensorDictModuleBase
+    weights_module: nn.Module | None
+    direct: tuple[Callable, list, list] | None
+
+
+def wrap_policy(
+    policy: Any, observation_keys: Sequence[Any], action_spec: TensorSpec, action_key: str = "action"
+) -> WrappedPolicy:
+    """Apply TorchRL's wrapping rules to ``policy`` (see the module docstring)."""
+    keys = [k[0] if isinstance(k, tuple) and len(k) == 1 else k for k in observation_keys]
+    if policy is None:
+        return WrappedPolicy(RandomPolicy(action_spec, action_key), None, None)
+    if isinstance(policy, TensorDictModuleBase):
+        return WrappedPolicy(policy, policy, _direct_call(policy))
+    if not callable(policy):
+        raise ArgumentTypeError(
+            f"policy must be a TensorDictModule, an nn.Module, a callable or None; got "
+            f"{type(policy).__name__}."
+        )
+    weights = policy if isinstance(policy, nn.Module) else None
+    if takes_tensordict(policy):
+        return WrappedPolicy(_TensorDictCallable(policy, [action_key]), weights, None)
+    module = TensorDictModule(policy, in_keys=list(keys), out_keys=[action_key])
+    return WrappedPolicy(module, weights, (policy, list(keys), [action_key]))
+
+
+def _direct_call(policy: TensorDictModuleBase) -> tuple[Callable, list, list] | None:
+    """A plain ``TensorDictModule`` (exact class, list keys, no hooks) is just its module."""
+    if type(policy) is not TensorDictModule:
+        return None
+    if policy._forward_hooks or policy._forward_pre_hooks or getattr(policy, "_kwargs", None):
+        return None
+    if not isinstance(policy.in_keys, list) or not isinstance(policy.out_keys, list):
+        return None
+    if getattr(policy, "out_to_in_map", False) or getattr(policy, "inplace", True) is not True:
+        return None
+    return policy.module, list(policy.in_keys), list(policy.out_keys)
+
+
+# ------------------------------------------------------------------------------------ weights
+def to_weights(obj: Any) -> TensorDictBase:
+    """Weights as a nested TensorDict, from a module, a TensorDict or a (state_)dict."""
+    if isinstance(obj, nn.Module):
+        return TensorDict.from_module(obj)
+    if isinstance(obj, TensorDictBase):
+        return obj
+    if isinstance(obj, Mapping):
+        td = TensorDict(dict(obj), batch_size=[])
+        return td.unflatten_keys(".") if any("." in k for k in obj if isinstance(k, str)) else td
+    raise ArgumentTypeError(
+        "policy_or_weights must be a module, a TensorDict of weights, a state_dict or None; "
+        f"got {type(obj).__name__}."
+    )
+
+
+def load_weights_(module: nn.Module, weights: Any) -> None:
+    """Copy ``weights`` into ``module``'s parameters and buffers in place."""
+    dest = TensorDict.from_module(module)
+    src = to_weights(weights)
+    dest_keys, src_keys = set(dest.keys(True, True)), set(src.keys(True, True))
+    if src_keys != dest_keys and all(
+        isinstance(k, tuple) and k[0] == "module" for k in src_keys
+    ):
+        src = src.get("module")
+        src_keys = set(src.keys(True, True))
+    if src_keys != dest_keys:
+        missing = sorted(map(str, dest_keys - src_keys))
+        unexpected = sorted(map(str, src_keys - dest_keys))
+        raise ArgumentValueError(
+            f"policy weights do not match the collector's policy: missing {missing}, "
+            f"unexpected {unexpected}. Pass weights taken from the same architecture "
+            "(TensorDict.from_module(policy) or policy.state_dict())."
+        )
+    with torch.no_grad():
+        dest.update_(src.to(dest.device) if dest.device is not None else src)
