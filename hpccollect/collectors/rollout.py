@@ -64,6 +64,7 @@ class StepLoop:
         self._write = slice(0, 1) if not env.is_vector else slice(None)
         self._read = 0 if not env.is_vector else slice(None)
         self._flag_shape = (*env.batch_size, 1)
+        self._false = torch.zeros(self._flag_shape, dtype=torch.bool)
         self.count_steps = options.max_frames_per_traj is not None
         self.random_policy = RandomPolicy(env.action_spec)
         self.traj_ids = traj_pool.take(n)
@@ -79,14 +80,21 @@ class StepLoop:
 
     # ------------------------------------------------------------------ policy
     def _policy_input(self, root: Leaves) -> TensorDict:
-        td = TensorDict({}, batch_size=self.env.batch_size, device=self.devices.policy)
+        """What the policy sees at the root, as in TorchRL: observations, done flags, step count."""
+        source: dict[str, Any] = {}
         for key, value in root.items():
-            td.set(key, torch.from_numpy(value))
-        for i, name in enumerate(DONE_KEYS):
-            td.set(name, torch.from_numpy(self.root_flags[i].reshape(self._flag_shape).copy()))
+            node = source
+            for part in key[:-1]:
+                node = node.setdefault(part, {})
+            node[key[-1]] = torch.from_numpy(value)
+        if self.root_flags.any():
+            for i, name in enumerate(DONE_KEYS):
+                source[name] = torch.from_numpy(self.root_flags[i].reshape(self._flag_shape).copy())
+        else:
+            source.update(zip(DONE_KEYS, (self._false.clone() for _ in DONE_KEYS), strict=True))
         if self.count_steps:
-            td.set("step_count", torch.from_numpy(self.step_count.reshape(self._flag_shape).copy()))
-        return td
+            source["step_count"] = torch.from_numpy(self.step_count.reshape(self._flag_shape).copy())
+        return TensorDict(source, batch_size=self.env.batch_size, device=self.devices.policy)
 
     def _call_policy_td(self, root: Leaves) -> TensorDictBase:
         td = self._policy_input(root)
@@ -204,10 +212,12 @@ class StepLoop:
         self.root_flags[:] = False
         self.needs_reset = False
 
-    def _reset_done(self, done: np.ndarray) -> Leaves:
+    def _reset_done(self, done: np.ndarray, current: Leaves) -> Leaves:
         self.traj_ids[done] = self.pool.take(int(done.sum()))
         self.step_count[done] = 0
-        return self.env.reset_arrays(mask=done if self.env.is_vector else None)
+        if not self.env.is_vector:
+            return self.env.reset_arrays()
+        return self.env.reset_arrays(mask=done, current=current)
 
     # ------------------------------------------------------------------ the loop
     def collect(
@@ -276,7 +286,7 @@ class StepLoop:
                 if not done.any():
                     root = nobs
                 elif opts.reset_when_done:
-                    root = self._reset_after_done(np.atleast_1d(done))
+                    root = self._reset_after_done(np.atleast_1d(done), nobs)
                 else:
                     root = nobs
                     self.root_flags[:] = np.stack(np.broadcast_arrays(done, term, trunc))
@@ -289,9 +299,9 @@ class StepLoop:
     def _flags_clear(self) -> bool:
         return self.options.reset_when_done or not self.root_flags.any()
 
-    def _reset_after_done(self, done: np.ndarray) -> Leaves:
+    def _reset_after_done(self, done: np.ndarray, current: Leaves) -> Leaves:
         try:
-            return self._reset_done(done)
+            return self._reset_done(done, current)
         except EnvError as err:
             err.step = self.steps_taken
             raise

@@ -87,6 +87,7 @@ class GymEnv:
         self._autoreset_mode = (
             env.metadata.get("autoreset_mode", _NEXT_STEP) if self.is_vector else None
         )
+        self._direct_sub_reset = _supports_direct_sub_reset(env)
         self._same_step_root: Leaves | None = None
         self._same_step_done: np.ndarray | None = None
         self._pending_seeds: list[int] | None = None
@@ -147,8 +148,17 @@ class GymEnv:
                 out[key] = codec.encode(value)
         return out
 
-    def reset_arrays(self, seeds: Sequence[int] | None = None, mask: np.ndarray | None = None) -> Leaves:
-        """Reset all envs (``mask=None``) or those in ``mask``; return every env's current leaves."""
+    def reset_arrays(
+        self,
+        seeds: Sequence[int] | None = None,
+        mask: np.ndarray | None = None,
+        current: Leaves | None = None,
+    ) -> Leaves:
+        """Reset all envs (``mask=None``) or those in ``mask``; return every env's current leaves.
+
+        ``current`` (the leaves the last step returned) lets a partial reset avoid re-reading
+        the envs that keep running.
+        """
         if seeds is None and self._pending_seeds is not None:
             seeds, self._pending_seeds = self._pending_seeds, None
             mask = None
@@ -160,7 +170,7 @@ class GymEnv:
                 obs, _ = self.env.reset(seed=None if seeds is None else [int(s) for s in seeds])
                 self._same_step_done = None
                 return self.leaves(obs)
-            return self._partial_reset(mask)
+            return self._partial_reset(mask, current)
         except EnvError:
             raise
         except Exception as err:
@@ -168,7 +178,9 @@ class GymEnv:
                 f"env {self.name!r} raised {type(err).__name__} in reset(): {err}", env_name=self.name
             ) from err
 
-    def _partial_reset(self, mask: np.ndarray) -> Leaves:
+    def _partial_reset(self, mask: np.ndarray, current: Leaves | None = None) -> Leaves:
+        if current is not None and self._direct_sub_reset:
+            return self._reset_sub_envs(mask, current)
         if self._autoreset_mode == _SAME_STEP and self._same_step_done is not None:
             # gymnasium already reset the envs that ended; reset only those we truncated ourselves
             rest = mask & ~self._same_step_done
@@ -178,6 +190,22 @@ class GymEnv:
             mask = rest
         obs, _ = self.env.reset(options={"reset_mask": np.asarray(mask, dtype=np.bool_)})
         return self.leaves(obs)
+
+    def _reset_sub_envs(self, mask: np.ndarray, current: Leaves) -> Leaves:
+        """Reset finished sub-envs of a gymnasium ``SyncVectorEnv`` one by one.
+
+        Same effect as ``reset(options={"reset_mask": mask})`` (the sub-env is reset and its
+        pending auto-reset cleared) without re-concatenating every sub-env's observation.
+        """
+        venv = self.env
+        out = {k: v.copy() for k, v in current.items()}
+        for i in np.flatnonzero(mask):
+            obs, _ = venv.envs[i].reset()
+            venv._env_obs[i] = obs
+            venv._autoreset_envs[i] = False
+            for key, value in self.leaves(obs).items():
+                out[key][i] = value
+        return out
 
     def step_arrays(self, action: np.ndarray) -> tuple[Leaves, Any, Any, Any]:
         """Step with a stored-format action; return (next leaves, reward, terminated, truncated).
@@ -275,6 +303,16 @@ class GymEnv:
 
     def __repr__(self) -> str:
         return f"GymEnv({self.name!r}, batch_size={list(self.batch_size)})"
+
+
+def _supports_direct_sub_reset(env: Any) -> bool:
+    """gymnasium's own SyncVectorEnv in NEXT_STEP or DISABLED mode, with the fields we update."""
+    return (
+        type(env) is gym.vector.SyncVectorEnv
+        and env.metadata.get("autoreset_mode", _NEXT_STEP) != _SAME_STEP
+        and isinstance(getattr(env, "_autoreset_envs", None), np.ndarray)
+        and isinstance(getattr(env, "_env_obs", None), list)
+    )
 
 
 def _env_name(env: Any) -> str:
