@@ -191,12 +191,12 @@ def load_weights_(module: nn.Module, weights: Any) -> None:
     """Copy ``weights`` into ``module``'s parameters and buffers in place."""
     dest = TensorDict.from_module(module)
     src = to_weights(weights)
-    dest_keys, src_keys = set(dest.keys(True, True)), set(src.keys(True, True))
-    if src_keys != dest_keys and all(
-        isinstance(k, tuple) and k[0] == "module" for k in src_keys
-    ):
+    # a TensorDictModule keeps its module's weights under "module": accept either layout
+    if _under_module(src) and not _under_module(dest):
         src = src.get("module")
-        src_keys = set(src.keys(True, True))
+    elif _under_module(dest) and not _under_module(src):
+        src = TensorDict({"module": src}, batch_size=[])
+    dest_keys, src_keys = set(dest.keys(True, True)), set(src.keys(True, True))
     if src_keys != dest_keys:
         missing = sorted(map(str, dest_keys - src_keys))
         unexpected = sorted(map(str, src_keys - dest_keys))
@@ -207,3 +207,7 @@ def load_weights_(module: nn.Module, weights: Any) -> None:
         )
     with torch.no_grad():
         dest.update_(src.to(dest.device) if dest.device is not None else src)
+
+
+def _under_module(weights: TensorDictBase) -> bool:
+    return list(weights.keys()) == ["module"]

@@ -35,6 +35,11 @@ _SCALAR_KEYS = frozenset(
 )
 
 
+def _show(keys: Any) -> list[str]:
+    """Keys as users write them: ``"done"``, ``("sensors", "lidar")``."""
+    return sorted(str(k[0] if isinstance(k, tuple) and len(k) == 1 else k) for k in keys)
+
+
 def _key(k: Any) -> Key:
     return k if isinstance(k, tuple) else (k,)
 
@@ -103,6 +108,7 @@ class StepLoop:
 
     def _probe_policy(self) -> dict[Key, tuple[tuple[int, ...], torch.dtype]]:
         """Call the policy once on the first observation: check it, and learn what it writes."""
+        in_keys: set[Key] = set()
         try:
             with torch.no_grad(), set_interaction_type(self.options.exploration_type):
                 td_in = self._policy_input(self.root)
@@ -112,7 +118,7 @@ class StepLoop:
         except Exception as err:
             raise PolicyError(
                 f"the policy raised {type(err).__name__} on the env's first observation: {err}. "
-                f"It was called with a TensorDict holding {sorted(map(str, in_keys))} "
+                f"It was called with a TensorDict holding {_show(in_keys)} "
                 f"(batch_size={list(self.env.batch_size)})."
             ) from err
         if not isinstance(out, TensorDictBase):
@@ -142,7 +148,7 @@ class StepLoop:
         if action is None:
             raise PolicyError(
                 f"the policy did not write the action key 'action'; its output keys were "
-                f"{sorted(map(str, out.keys(True, True)))}. A TensorDictModule policy must list "
+                f"{_show(out.keys(True, True))}. A TensorDictModule policy must list "
                 f"'action' in its out_keys; a plain module must return the action tensor of shape "
                 f"{tuple(spec.shape)} ({spec!r})."
             )
@@ -289,7 +295,8 @@ class StepLoop:
                     root = self._reset_after_done(np.atleast_1d(done), nobs)
                 else:
                     root = nobs
-                    self.root_flags[:] = np.stack(np.broadcast_arrays(done, term, trunc))
+                    flags = np.broadcast_arrays(done, term, trunc)
+                    self.root_flags[:] = np.stack(flags).reshape(self.root_flags.shape)
                 if should_stop is not None and should_stop():
                     break
         self.root = root

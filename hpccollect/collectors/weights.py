@@ -11,6 +11,7 @@ import abc
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
@@ -77,7 +78,8 @@ class LocalWeightsUpdaterBase(WeightUpdaterBase):
         )
         if server is None:
             return
-        self._update_local_weights(self._get_local_weights(), self._maybe_map_weights(server))
+        with torch.no_grad():
+            self._update_local_weights(self._get_local_weights(), self._maybe_map_weights(server))
 
 
 class RemoteWeightsUpdaterBase(WeightUpdaterBase):
@@ -112,8 +114,9 @@ class RemoteWeightsUpdaterBase(WeightUpdaterBase):
             ids = list(worker_ids)
         else:
             ids = [worker_ids]
-        for worker_id in ids:
-            self._sync_weights_with_worker(worker_id, mapped)
+        with torch.no_grad():
+            for worker_id in ids:
+                self._sync_weights_with_worker(worker_id, mapped)
 
 
 class PolicyWeightsCopier(LocalWeightsUpdaterBase):

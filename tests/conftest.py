@@ -1,0 +1,90 @@
+"""Small deterministic gymnasium envs used across the tests, registered under ``hpccollect-test/``."""
+
+from __future__ import annotations
+
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+
+class CounterEnv(gym.Env):
+    """Observation is ``[episode_step]``; the episode terminates after ``length`` steps.
+
+    ``reward`` equals the new step index, so every transition can be checked exactly.
+    ``fail_at`` makes ``step`` raise at that global step.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, length: int = 5, fail_at: int | None = None) -> None:
+        self.observation_space = spaces.Box(-1e6, 1e6, (1,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.length, self.fail_at = length, fail_at
+        self.t = 0
+        self.total = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        self.total += 1
+        if self.fail_at is not None and self.total >= self.fail_at:
+            raise RuntimeError("CounterEnv failed on purpose")
+        self.t += 1
+        obs = np.array([float(self.t)], np.float32)
+        return obs, float(self.t), self.t >= self.length, False, {}
+
+
+class DictObsEnv(gym.Env):
+    """A Dict observation (with a nested Dict) and a continuous action; random episode ends."""
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Dict(
+            {
+                "position": spaces.Box(-10, 10, (2,), np.float32),
+                "velocity": spaces.Box(-1, 1, (1,), np.float32),
+                "sensors": spaces.Dict({"lidar": spaces.Box(0, 1, (3,), np.float32)}),
+            }
+        )
+        self.action_space = spaces.Box(-1, 1, (2,), np.float32)
+        self.t = 0
+
+    def _obs(self):
+        return {
+            "position": self.np_random.uniform(-1, 1, 2).astype(np.float32),
+            "velocity": np.array([self.t / 100], np.float32),
+            "sensors": {"lidar": self.np_random.uniform(0, 1, 3).astype(np.float32)},
+        }
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        self.t += 1
+        done = bool(self.np_random.uniform() < 0.1)
+        return self._obs(), float(np.sum(action)), done, self.t >= 30, {}
+
+
+gym.register("hpccollect-test/Counter-v0", entry_point=CounterEnv)
+gym.register("hpccollect-test/DictObs-v0", entry_point=DictObsEnv)
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_leak():
+    """Every test must end with no thread of its own still running."""
+    before = set(threading.enumerate())
+    yield
+    leaked = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    for t in leaked:
+        t.join(5)
+    leaked = [t.name for t in leaked if t.is_alive()]
+    assert not leaked, f"threads left running: {leaked}"
