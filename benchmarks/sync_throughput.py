@@ -34,7 +34,9 @@ from hpccollect import SyncDataCollector
 
 
 def mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))
+    return nn.Sequential(
+        nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2)
+    )
 
 
 class Actor(nn.Module):
@@ -147,9 +149,11 @@ def main() -> None:
                 flush=True,
             )
     print("targets: >= 0.60x with 1 env, >= 0.80x with 32 envs")
-    print("all targets met" if all(
-        r.ratio >= (0.6 if r.num_envs == 1 else 0.8) for r in results
-    ) else "SOME TARGETS MISSED")
+    print(
+        "all targets met"
+        if all(r.ratio >= (0.6 if r.num_envs == 1 else 0.8) for r in results)
+        else "SOME TARGETS MISSED"
+    )
 
 
 if __name__ == "__main__":

@@ -64,7 +64,10 @@ class RandomPolicy(TensorDictModuleBase):
     """Draws uniformly random actions from an action spec (``policy=None``)."""
 
     def __init__(
-        self, action_spec: TensorSpec, action_key: str = "action", generator: torch.Generator | None = None
+        self,
+        action_spec: TensorSpec,
+        action_key: str = "action",
+        generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
         self.action_spec = action_spec
@@ -138,7 +141,10 @@ class WrappedPolicy:
 
 
 def wrap_policy(
-    policy: Any, observation_keys: Sequence[Any], action_spec: TensorSpec, action_key: str = "action"
+    policy: Any,
+    observation_keys: Sequence[Any],
+    action_spec: TensorSpec,
+    action_key: str = "action",
 ) -> WrappedPolicy:
     """Apply TorchRL's wrapping rules to ``policy`` (see the module docstring)."""
     keys = [k[0] if isinstance(k, tuple) and len(k) == 1 else k for k in observation_keys]

@@ -74,7 +74,9 @@ def test_exploration_type_parsing(value, expected):
 
 
 def test_unknown_exploration_type_names_argument():
-    with pytest.raises(ArgumentValueError, match="exploration_type='greedy'.*ExplorationType.RANDOM"):
+    with pytest.raises(
+        ArgumentValueError, match="exploration_type='greedy'.*ExplorationType.RANDOM"
+    ):
         resolve_exploration_type("greedy")
     with pytest.raises(ArgumentValueError, match="exploration_mode"):
         resolve_exploration_type(InteractionType.RANDOM, "nope")

@@ -7,6 +7,7 @@ Subclasses implement ``iterator()``, ``set_seed()``, ``state_dict()``/``load_sta
 from __future__ import annotations
 
 import abc
+import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -168,10 +169,8 @@ class DataCollectorBase(abc.ABC):
         self.shutdown()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.shutdown()
-        except Exception:
-            pass
 
 
 class BackgroundThread:

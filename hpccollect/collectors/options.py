@@ -57,7 +57,9 @@ def check_batch_options(
 ) -> BatchOptions:
     """Validate the batch-shaping arguments shared by every collector."""
     fpb = check_int(
-        "frames_per_batch", frames_per_batch, minimum=1,
+        "frames_per_batch",
+        frames_per_batch,
+        minimum=1,
         hint="It is the number of frames (env steps summed over envs) in each yielded batch.",
     )
     total = -1 if total_frames is None else check_int("total_frames", total_frames)
@@ -73,7 +75,9 @@ def check_batch_options(
     max_steps = None
     if max_frames_per_traj is not None:
         max_steps = check_int("max_frames_per_traj", max_frames_per_traj)
-        max_steps = max_steps if max_steps > 0 else None  # negative values are ignored, as in TorchRL
+        max_steps = (
+            max_steps if max_steps > 0 else None
+        )  # negative values are ignored, as in TorchRL
     init_random = 0
     if init_random_frames is not None:
         init_random = max(check_int("init_random_frames", init_random_frames), 0)
@@ -83,7 +87,9 @@ def check_batch_options(
         max_frames_per_traj=max_steps,
         init_random_frames=init_random,
         reset_at_each_iter=check_bool("reset_at_each_iter", reset_at_each_iter),
-        split_trajs=check_bool("split_trajs", bool(split_trajs) if split_trajs is None else split_trajs),
+        split_trajs=check_bool(
+            "split_trajs", bool(split_trajs) if split_trajs is None else split_trajs
+        ),
         exploration_type=resolve_exploration_type(exploration_type, exploration_mode),
         return_same_td=check_bool("return_same_td", return_same_td),
         reset_when_done=check_bool("reset_when_done", reset_when_done),
@@ -117,7 +123,10 @@ def to_device(name: str, value: Any) -> torch.device | None:
 
 
 def resolve_devices(
-    device: Any = None, storing_device: Any = None, env_device: Any = None, policy_device: Any = None
+    device: Any = None,
+    storing_device: Any = None,
+    env_device: Any = None,
+    policy_device: Any = None,
 ) -> Devices:
     """``device`` fills each of the other three that is not given, as in TorchRL."""
     default = to_device("device", device)

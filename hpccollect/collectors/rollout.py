@@ -98,7 +98,9 @@ class StepLoop:
         else:
             source.update(zip(DONE_KEYS, (self._false.clone() for _ in DONE_KEYS), strict=True))
         if self.count_steps:
-            source["step_count"] = torch.from_numpy(self.step_count.reshape(self._flag_shape).copy())
+            source["step_count"] = torch.from_numpy(
+                self.step_count.reshape(self._flag_shape).copy()
+            )
         return TensorDict(source, batch_size=self.env.batch_size, device=self.devices.policy)
 
     def _call_policy_td(self, root: Leaves) -> TensorDictBase:
@@ -237,7 +239,9 @@ class StepLoop:
         if self.needs_reset or self.options.reset_at_each_iter:
             self.full_reset()
         bufs = self._reuse_or_alloc(steps)
-        views = {k: (b.numpy()[..., 0] if k in _SCALAR_KEYS else b.numpy()) for k, b in bufs.items()}
+        views = {
+            k: (b.numpy()[..., 0] if k in _SCALAR_KEYS else b.numpy()) for k, b in bufs.items()
+        }
         taken = self._run(steps, views, random, should_stop)
         return self._assemble(bufs, taken)
 
@@ -264,14 +268,17 @@ class StepLoop:
                     for i, buf in enumerate(root_flags):
                         buf[w, t] = self.root_flags[i]
                 for key, value in self._act(root, random):
-                    policy_views[key][w, t] = value.numpy() if value.device.type == "cpu" else value.cpu().numpy()
+                    policy_views[key][w, t] = (
+                        value.numpy() if value.device.type == "cpu" else value.cpu().numpy()
+                    )
                 try:
                     nobs, rew, term, trunc = env.step_arrays(action_view[r, t])
                 except Exception as err:
                     raise EnvError(
                         f"env {env.name!r} raised {type(err).__name__} in step() at step "
                         f"{self.steps_taken} (step {t} of this batch): {err}",
-                        env_name=env.name, step=self.steps_taken,
+                        env_name=env.name,
+                        step=self.steps_taken,
                     ) from err
                 self.steps_taken += 1
                 self._fresh_ids = False

@@ -78,11 +78,17 @@ class SyncDataCollector(DataCollectorBase):
         self._closed = True  # until construction succeeds, shutdown() has nothing to do
         self._background: BackgroundThread | None = None
         self.options = check_batch_options(
-            frames_per_batch=frames_per_batch, total_frames=total_frames,
-            max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter, postproc=postproc, split_trajs=split_trajs,
-            exploration_type=exploration_type, exploration_mode=exploration_mode,
-            return_same_td=return_same_td, reset_when_done=reset_when_done,
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames,
+            max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=init_random_frames,
+            reset_at_each_iter=reset_at_each_iter,
+            postproc=postproc,
+            split_trajs=split_trajs,
+            exploration_type=exploration_type,
+            exploration_mode=exploration_mode,
+            return_same_td=return_same_td,
+            reset_when_done=reset_when_done,
             set_truncated=set_truncated,
         )
         self.devices = resolve_devices(device, storing_device, env_device, policy_device)
@@ -91,7 +97,9 @@ class SyncDataCollector(DataCollectorBase):
                 f"replay_buffer must have an extend() method (e.g. hpccollect.storage.ReplayBuffer "
                 f"or an HDF5 writer), got {type(replay_buffer).__name__}."
             )
-        if interruptor is not None and not callable(getattr(interruptor, "collection_stopped", None)):
+        if interruptor is not None and not callable(
+            getattr(interruptor, "collection_stopped", None)
+        ):
             raise ArgumentTypeError(
                 "interruptor must have a collection_stopped() method "
                 f"(hpccollect.collectors.Interruptor), got {type(interruptor).__name__}."
@@ -101,7 +109,9 @@ class SyncDataCollector(DataCollectorBase):
             check_int("traj_id_stride", traj_id_stride, minimum=1),
         )
         self.env = make_env(
-            create_env_fn, create_env_kwargs, categorical_action_encoding=categorical_action_encoding
+            create_env_fn,
+            create_env_kwargs,
+            categorical_action_encoding=categorical_action_encoding,
         )
         try:
             self._setup(policy, pool, replay_buffer, interruptor)
@@ -163,7 +173,9 @@ class SyncDataCollector(DataCollectorBase):
     def rollout(self) -> TensorDictBase:
         """Collect one batch (no ``split_trajs``/``postproc``); frames are not counted."""
         random = self._frames < self.init_random_frames
-        return self._loop.collect(self._steps_per_batch, random=random, should_stop=self._should_stop)
+        return self._loop.collect(
+            self._steps_per_batch, random=random, should_stop=self._should_stop
+        )
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """Yield batches until ``total_frames`` (forever when -1); see ``DataCollectorBase``."""

@@ -72,6 +72,6 @@ def split_trajectories(
         return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
     out = out.apply(_pad)
-    out.set(ids_key[:-1] + ("mask",), mask)
+    out.set((*ids_key[:-1], "mask"), mask)
     out.names = [None, "time"]
     return out

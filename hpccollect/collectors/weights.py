@@ -74,7 +74,9 @@ class LocalWeightsUpdaterBase(WeightUpdaterBase):
         self, policy_or_weights: Any = None, *, worker_ids: Any = None, **kwargs: Any
     ) -> None:
         server = (
-            self._get_server_weights() if policy_or_weights is None else to_weights(policy_or_weights)
+            self._get_server_weights()
+            if policy_or_weights is None
+            else to_weights(policy_or_weights)
         )
         if server is None:
             return
@@ -105,7 +107,9 @@ class RemoteWeightsUpdaterBase(WeightUpdaterBase):
         self, policy_or_weights: Any = None, *, worker_ids: Any = None, **kwargs: Any
     ) -> None:
         weights = (
-            self._get_server_weights() if policy_or_weights is None else to_weights(policy_or_weights)
+            self._get_server_weights()
+            if policy_or_weights is None
+            else to_weights(policy_or_weights)
         )
         mapped = self._maybe_map_weights(weights)
         if worker_ids is None:

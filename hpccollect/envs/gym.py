@@ -175,7 +175,8 @@ class GymEnv:
             raise
         except Exception as err:
             raise EnvError(
-                f"env {self.name!r} raised {type(err).__name__} in reset(): {err}", env_name=self.name
+                f"env {self.name!r} raised {type(err).__name__} in reset(): {err}",
+                env_name=self.name,
             ) from err
 
     def _partial_reset(self, mask: np.ndarray, current: Leaves | None = None) -> Leaves:
@@ -247,7 +248,9 @@ class GymEnv:
             td.set(key, torch.as_tensor(np.asarray(value)).reshape(*self.batch_size, 1))
         return td
 
-    def reset(self, tensordict: TensorDictBase | None = None, *, seed: int | None = None) -> TensorDict:
+    def reset(
+        self, tensordict: TensorDictBase | None = None, *, seed: int | None = None
+    ) -> TensorDict:
         """Reset and return the root TensorDict (observation keys and done flags set to False).
 
         A ``"_reset"`` bool entry in ``tensordict`` resets only those envs of a vector env.
@@ -347,7 +350,9 @@ def make_env(
     if isinstance(create_env_fn, GymEnv):
         return create_env_fn
     if isinstance(create_env_fn, str):
-        return GymEnv(create_env_fn, categorical_action_encoding=categorical_action_encoding, **kwargs)
+        return GymEnv(
+            create_env_fn, categorical_action_encoding=categorical_action_encoding, **kwargs
+        )
     if isinstance(create_env_fn, (gym.Env, gym.vector.VectorEnv)):
         return GymEnv(create_env_fn, categorical_action_encoding=categorical_action_encoding)
     if isinstance(create_env_fn, (list, tuple)):

@@ -70,9 +70,7 @@ class TensorSpec:
 
 
 def _state(spec: TensorSpec) -> dict[str, Any]:
-    return {
-        k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in spec.__dict__.items()
-    }
+    return {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in spec.__dict__.items()}
 
 
 class Unbounded(TensorSpec):
@@ -119,9 +117,7 @@ class Bounded(TensorSpec):
         return torch.floor(low + u * (high - low + 1)).clamp(max=high).to(self.dtype)
 
     def is_in(self, value: torch.Tensor) -> bool:
-        return super().is_in(value) and bool(
-            ((value >= self.low) & (value <= self.high)).all()
-        )
+        return super().is_in(value) and bool(((value >= self.low) & (value <= self.high)).all())
 
     def _extra_repr(self) -> dict[str, Any]:
         return {"low": self.low.min().item(), "high": self.high.max().item()}
@@ -166,7 +162,9 @@ class Categorical(TensorSpec):
 class MultiOneHot(TensorSpec):
     """Several categorical variables (``nvec``), their one-hot codes concatenated."""
 
-    def __init__(self, nvec: Any, shape: Any = None, dtype: torch.dtype = torch.int64, device="cpu"):
+    def __init__(
+        self, nvec: Any, shape: Any = None, dtype: torch.dtype = torch.int64, device="cpu"
+    ):
         self.nvec = [int(n) for n in nvec]
         super().__init__((sum(self.nvec),) if shape is None else shape, dtype, device)
 
@@ -183,7 +181,9 @@ class MultiOneHot(TensorSpec):
 class MultiCategorical(TensorSpec):
     """Several categorical variables (``nvec``) as integer indices."""
 
-    def __init__(self, nvec: Any, shape: Any = None, dtype: torch.dtype = torch.int64, device="cpu"):
+    def __init__(
+        self, nvec: Any, shape: Any = None, dtype: torch.dtype = torch.int64, device="cpu"
+    ):
         self.nvec = [int(n) for n in nvec]
         super().__init__((len(self.nvec),) if shape is None else shape, dtype, device)
 
@@ -283,7 +283,9 @@ class Composite:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        inner = ",\n    ".join(f"{k}: {v!r}".replace("\n", "\n    ") for k, v in self._specs.items())
+        inner = ",\n    ".join(
+            f"{k}: {v!r}".replace("\n", "\n    ") for k, v in self._specs.items()
+        )
         return f"Composite(\n    {inner},\n    shape={tuple(self.shape)})"
 
 

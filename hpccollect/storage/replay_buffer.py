@@ -38,10 +38,13 @@ class ReplayBuffer:
         generator: torch.Generator | None = None,
     ) -> None:
         self.capacity = check_int("capacity", capacity, minimum=1)
-        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, minimum=1)
+        self.batch_size = (
+            None if batch_size is None else check_int("batch_size", batch_size, minimum=1)
+        )
         self.device = torch.device(device)
         self.generator = generator
         self._storage: TensorDictBase | None = None
+        self._keys: set = set()
         self._cursor = 0
         self._len = 0
         self.write_count = 0
@@ -63,9 +66,17 @@ class ReplayBuffer:
             return torch.empty(0, dtype=torch.long)
         if n > self.capacity:
             flat, n = flat[-self.capacity :], self.capacity
+        keys = set(flat.keys(True, True))
         with self._lock:
             if self._storage is None:
                 self._storage = self._allocate(flat)
+                self._keys = keys
+            elif keys != self._keys:
+                raise ArgumentValueError(
+                    "extend(): the batch's keys or shapes differ from what the buffer holds: "
+                    f"missing {sorted(map(str, self._keys - keys))}, "
+                    f"new {sorted(map(str, keys - self._keys))}. Use one buffer per data layout."
+                )
             index = (self._cursor + torch.arange(n)) % self.capacity
             try:
                 self._storage[index] = flat.to(self.device)
@@ -83,9 +94,13 @@ class ReplayBuffer:
         return int(self.extend(transition.unsqueeze(0))[0])
 
     def _allocate(self, example: TensorDictBase) -> TensorDictBase:
-        return example[0].to(self.device).apply(
-            lambda x: torch.zeros((self.capacity, *x.shape), dtype=x.dtype, device=self.device),
-            batch_size=[self.capacity],
+        return (
+            example[0]
+            .to(self.device)
+            .apply(
+                lambda x: torch.zeros((self.capacity, *x.shape), dtype=x.dtype, device=self.device),
+                batch_size=[self.capacity],
+            )
         )
 
     def sample(self, batch_size: int | None = None) -> TensorDictBase:

@@ -60,9 +60,15 @@ def test_seed_pendulum_example_gives_seed_layout():
     env_maker = lambda: GymEnv("Pendulum-v1", device="cpu")  # noqa: E731
     policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
     collector = SyncDataCollector(
-        create_env_fn=env_maker, policy=policy, total_frames=2000, max_frames_per_traj=50,
-        frames_per_batch=200, init_random_frames=-1, reset_at_each_iter=False,
-        device="cpu", storing_device="cpu",
+        create_env_fn=env_maker,
+        policy=policy,
+        total_frames=2000,
+        max_frames_per_traj=50,
+        frames_per_batch=200,
+        init_random_frames=-1,
+        reset_at_each_iter=False,
+        device="cpu",
+        storing_device="cpu",
     )
     for i, data in enumerate(collector):
         if i == 2:
@@ -74,14 +80,21 @@ def test_seed_pendulum_example_gives_seed_layout():
     assert data.names[-1] == "time"
     # 50-step trajectories, 4 per batch, ids continuing from the two earlier batches
     assert data["collector", "traj_ids"].unique().tolist() == [8, 9, 10, 11]
-    assert data["next", "truncated"].squeeze(-1).nonzero().squeeze(-1).tolist() == [49, 99, 149, 199]
+    assert data["next", "truncated"].squeeze(-1).nonzero().squeeze(-1).tolist() == [
+        49,
+        99,
+        149,
+        199,
+    ]
     collector.shutdown()
 
 
 def test_vector_env_layout_and_names():
     collector = SyncDataCollector(
         lambda: gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4),
-        None, frames_per_batch=40, total_frames=80,
+        None,
+        frames_per_batch=40,
+        total_frames=80,
     )
     batches = list(collector)
     assert len(batches) == 2
@@ -131,7 +144,10 @@ def test_frames_per_batch_rounded_up_to_env_multiple():
         ({"frames_per_batch": "10"}, "frames_per_batch must be an int"),
         ({"frames_per_batch": 2.5}, "frames_per_batch must be an int"),
         ({"frames_per_batch": 10, "total_frames": 0}, "total_frames must be positive"),
-        ({"frames_per_batch": 10, "max_frames_per_traj": "5"}, "max_frames_per_traj must be an int"),
+        (
+            {"frames_per_batch": 10, "max_frames_per_traj": "5"},
+            "max_frames_per_traj must be an int",
+        ),
         ({"frames_per_batch": 10, "init_random_frames": 1.0}, "init_random_frames must be an int"),
         ({"frames_per_batch": 10, "reset_at_each_iter": "yes"}, "reset_at_each_iter must be True"),
         ({"frames_per_batch": 10, "postproc": 3}, "postproc must be callable"),
@@ -191,24 +207,25 @@ def test_vector_env_never_records_the_autoreset_step(mode):
 def test_traj_ids_unique_and_increasing_as_trajectories_start():
     make = lambda: gym.vector.SyncVectorEnv([counter(n) for n in (2, 3, 4)])  # noqa: E731
     collector = SyncDataCollector(make, None, frames_per_batch=30, total_frames=90)
-    seen = {}
-    starts = []
-    for batch in collector:
-        ids = batch["collector", "traj_ids"]
-        for row in range(3):
-            for t in range(ids.shape[1]):
-                tid = int(ids[row, t])
-                assert seen.setdefault(tid, row) == row, "a traj id appears in two envs"
-                if batch["observation"][row, t, 0] == 0:
-                    starts.append((int(batch.shape[1]) * len(starts), tid))
-    assert ids.min() >= 0
-    assert len(seen) == len({*seen})
+    data = torch.cat(list(collector), 1)
+    ids, done = data["collector", "traj_ids"], data["next", "done"].squeeze(-1)
+    owner = {}
+    for row in range(3):
+        for t in range(ids.shape[1]):
+            assert owner.setdefault(int(ids[row, t]), row) == row, "an id is used by two envs"
+            if t:
+                # a new id starts exactly after a done step, and is larger than every id before
+                assert (ids[row, t] != ids[row, t - 1]) == bool(done[row, t - 1])
+                if done[row, t - 1]:
+                    assert ids[row, t] > ids[:, :t].max()
+    assert ids[:, 0].tolist() == [0, 1, 2]
     collector.shutdown()
 
 
 def test_max_frames_per_traj_counts_and_truncates():
-    collector = SyncDataCollector(counter(100), None, frames_per_batch=12, max_frames_per_traj=4,
-                                  total_frames=24)
+    collector = SyncDataCollector(
+        counter(100), None, frames_per_batch=12, max_frames_per_traj=4, total_frames=24
+    )
     data = torch.cat(list(collector))
     assert data["step_count"].squeeze(-1).tolist() == [0, 1, 2, 3] * 6
     assert data["next", "step_count"].squeeze(-1).tolist() == [1, 2, 3, 4] * 6
@@ -235,8 +252,9 @@ class CountingPolicy(nn.Module):
 
 def test_init_random_frames_skips_the_policy():
     policy = CountingPolicy()
-    collector = SyncDataCollector(counter(), policy, frames_per_batch=10, total_frames=40,
-                                  init_random_frames=20)
+    collector = SyncDataCollector(
+        counter(), policy, frames_per_batch=10, total_frames=40, init_random_frames=20
+    )
     calls = []
     for batch in collector:
         calls.append(policy.calls)
@@ -248,8 +266,9 @@ def test_init_random_frames_skips_the_policy():
 
 
 def test_reset_at_each_iter_starts_new_trajectories():
-    collector = SyncDataCollector(counter(100), None, frames_per_batch=5, total_frames=15,
-                                  reset_at_each_iter=True)
+    collector = SyncDataCollector(
+        counter(100), None, frames_per_batch=5, total_frames=15, reset_at_each_iter=True
+    )
     batches = list(collector)
     for b in batches:
         assert b["observation"].squeeze(-1).tolist() == [0, 1, 2, 3, 4]
@@ -292,13 +311,15 @@ def test_exploration_type_mode_vs_random():
     torch.manual_seed(0)
     actor = _td_actor()
     actor[0].module.weight.data.mul_(0.01)  # near-uniform logits: random differs from mode
-    mode = SyncDataCollector("CartPole-v1", actor, frames_per_batch=200,
-                             exploration_type=ExplorationType.MODE)
+    mode = SyncDataCollector(
+        "CartPole-v1", actor, frames_per_batch=200, exploration_type=ExplorationType.MODE
+    )
     batch = first(mode)
     assert "logits" in batch.keys()  # policy outputs are recorded, as in TorchRL
     assert (batch["action"].argmax(-1) == batch["logits"].argmax(-1)).all()
-    rand = SyncDataCollector("CartPole-v1", actor, frames_per_batch=200,
-                             exploration_type=InteractionType.RANDOM)
+    rand = SyncDataCollector(
+        "CartPole-v1", actor, frames_per_batch=200, exploration_type=InteractionType.RANDOM
+    )
     batch = first(rand)
     assert (batch["action"].argmax(-1) != batch["logits"].argmax(-1)).any()
     mode.shutdown()
@@ -350,8 +371,9 @@ def test_set_truncated_marks_last_step():
 
 def test_replay_buffer_iteration_yields_none_and_fills():
     rb = ReplayBuffer(1000)
-    collector = SyncDataCollector(counter(), None, frames_per_batch=10, total_frames=30,
-                                  replay_buffer=rb)
+    collector = SyncDataCollector(
+        counter(), None, frames_per_batch=10, total_frames=30, replay_buffer=rb
+    )
     assert list(collector) == [None, None, None]
     assert len(rb) == 30 and rb.sample(5).batch_size == (5,)
     collector.shutdown()
@@ -380,8 +402,9 @@ def test_start_and_async_shutdown_leave_no_thread():
 
 def test_background_error_is_raised_by_async_shutdown():
     rb = ReplayBuffer(1000)
-    collector = SyncDataCollector(counter(3, fail_at=20), None, frames_per_batch=5,
-                                  replay_buffer=rb)
+    collector = SyncDataCollector(
+        counter(3, fail_at=20), None, frames_per_batch=5, replay_buffer=rb
+    )
     collector.start()
     for _ in range(100):
         if not collector._background.alive:
@@ -396,7 +419,9 @@ def test_set_seed_returns_last_seed_and_reproduces_batches():
         torch.manual_seed(0)
         collector = SyncDataCollector(
             lambda: gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3),
-            _td_actor(), frames_per_batch=30, total_frames=90,
+            _td_actor(),
+            frames_per_batch=30,
+            total_frames=90,
         )
         assert collector.set_seed(seed) == seed + 2
         out = torch.cat(list(collector), 1)
@@ -478,8 +503,9 @@ def test_custom_local_weight_updater_and_init_updater():
 
     updater = FromServer()
     policy = nn.Linear(1, 2)
-    collector = SyncDataCollector(counter(), policy, frames_per_batch=5,
-                                  local_weight_updater=updater)
+    collector = SyncDataCollector(
+        counter(), policy, frames_per_batch=5, local_weight_updater=updater
+    )
     assert updater.collector is collector
     server = nn.Linear(1, 2)
     collector.init_updater(server)
@@ -499,8 +525,9 @@ def test_shutdown_twice_and_context_manager():
 
 
 def test_env_error_names_env_and_step():
-    collector = SyncDataCollector(lambda: gym.make("hpccollect-test/Counter-v0", fail_at=7),
-                                  None, frames_per_batch=5)
+    collector = SyncDataCollector(
+        lambda: gym.make("hpccollect-test/Counter-v0", fail_at=7), None, frames_per_batch=5
+    )
     with pytest.raises(EnvError, match=r"Counter-v0.*RuntimeError in step\(\) at step 6") as info:
         list(zip(range(3), collector))
     assert info.value.step == 6 and "Counter" in info.value.env_name
@@ -540,8 +567,13 @@ def test_dict_observation_env_with_module_policy():
 
 
 def test_storing_device_and_create_env_kwargs():
-    collector = SyncDataCollector(lambda length: CounterEnv(length), None, frames_per_batch=8,
-                                  create_env_kwargs={"length": 4}, storing_device="cpu")
+    collector = SyncDataCollector(
+        lambda length: CounterEnv(length),
+        None,
+        frames_per_batch=8,
+        create_env_kwargs={"length": 4},
+        storing_device="cpu",
+    )
     batch = first(collector)
     assert batch.device == torch.device("cpu")
     assert batch["next", "observation"].max() == 4
@@ -565,7 +597,8 @@ def test_rollout_next_and_iterator():
 def test_no_warnings_on_the_common_path():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        collector = SyncDataCollector("CartPole-v1", nn.Linear(4, 2), frames_per_batch=16,
-                                      total_frames=32)
+        collector = SyncDataCollector(
+            "CartPole-v1", nn.Linear(4, 2), frames_per_batch=16, total_frames=32
+        )
         list(collector)
         collector.shutdown()

@@ -25,7 +25,9 @@ def test_cartpole_specs_and_td_api():
     env = GymEnv("CartPole-v1")
     assert env.batch_size == torch.Size([])
     obs_spec = env.observation_spec["observation"]
-    assert isinstance(obs_spec, Bounded) and obs_spec.shape == (4,) and obs_spec.dtype == torch.float32
+    assert (
+        isinstance(obs_spec, Bounded) and obs_spec.shape == (4,) and obs_spec.dtype == torch.float32
+    )
     assert isinstance(env.action_spec, OneHot) and env.action_spec.shape == (2,)
     assert env.action_spec.dtype == torch.int64 and env.action_spec.n == 2
     assert env.reward_spec.shape == (1,) and env.reward_spec.dtype == torch.float32
@@ -117,8 +119,12 @@ def test_set_seed_returns_last_and_is_reproducible():
 
 
 @pytest.mark.parametrize(
-    "mode", [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP,
-             gym.vector.AutoresetMode.DISABLED],
+    "mode",
+    [
+        gym.vector.AutoresetMode.NEXT_STEP,
+        gym.vector.AutoresetMode.SAME_STEP,
+        gym.vector.AutoresetMode.DISABLED,
+    ],
 )
 @pytest.mark.parametrize("vector_cls", [gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv])
 def test_vector_autoreset_modes_report_true_final_obs(mode, vector_cls):
@@ -142,8 +148,12 @@ def test_vector_autoreset_modes_report_true_final_obs(mode, vector_cls):
 
 
 def test_make_env_accepts_every_form():
-    for fn in ("CartPole-v1", gym.make("CartPole-v1"), lambda: gym.make("CartPole-v1"),
-               lambda: GymEnv("CartPole-v1")):
+    for fn in (
+        "CartPole-v1",
+        gym.make("CartPole-v1"),
+        lambda: gym.make("CartPole-v1"),
+        lambda: GymEnv("CartPole-v1"),
+    ):
         env = make_env(fn)
         assert isinstance(env, GymEnv) and env.batch_size == torch.Size([])
         env.close()

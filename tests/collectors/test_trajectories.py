@@ -1,0 +1,38 @@
+"""split_trajectories and TrajIdPool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from hpccollect.collectors.trajectories import TrajIdPool, split_trajectories
+from hpccollect.errors import ArgumentValueError
+
+
+def test_split_two_env_rows():
+    ids = torch.tensor([[0, 0, 2, 2, 2], [1, 1, 1, 3, 3]])
+    td = TensorDict({"x": torch.arange(10.0).reshape(2, 5), ("collector", "traj_ids"): ids}, [2, 5])
+    out = split_trajectories(td)
+    assert out.batch_size == (4, 3) and out.names == [None, "time"]
+    assert out["collector", "traj_ids"][:, 0].tolist() == [0, 2, 1, 3]
+    assert out["collector", "mask"].sum(-1).tolist() == [2, 3, 3, 2]
+    assert out["x"].tolist() == [[0, 1, 0], [2, 3, 4], [5, 6, 7], [8, 9, 0]]
+
+
+def test_split_needs_traj_ids():
+    with pytest.raises(ArgumentValueError, match="traj_ids"):
+        split_trajectories(TensorDict({"x": torch.zeros(3)}, [3]))
+
+
+def test_pool_offsets_never_collide():
+    pools = [TrajIdPool(i, 3) for i in range(3)]
+    ids = [pool.take(4).tolist() for pool in pools]
+    flat = sum(ids, [])
+    assert len(set(flat)) == 12 and ids[1] == [1, 4, 7, 10]
+    state = pools[0].state_dict()
+    fresh = TrajIdPool()
+    fresh.load_state_dict(state)
+    assert fresh.take(1).tolist() == [12]
+    with pytest.raises(ArgumentValueError):
+        TrajIdPool(3, 3)
