@@ -72,8 +72,10 @@ class RandomPolicy(TensorDictModuleBase):
         super().__init__()
         self.action_spec = action_spec
         self.action_key = action_key
-        self.generator = generator if generator is not None else torch.Generator()
-        self.generator.seed()
+        if generator is None:
+            generator = torch.Generator()
+            generator.seed()
+        self.generator = generator
         self.in_keys: list = []
         self.out_keys = [action_key]
 

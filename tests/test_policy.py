@@ -109,3 +109,10 @@ def test_weights_roundtrip_between_forms():
     load_weights_(dst, wrapped)  # a TensorDictModule's weights load into its bare module
     with pytest.raises(ArgumentValueError, match="missing"):
         load_weights_(nn.Linear(4, 3, bias=False), TensorDict({"w": torch.zeros(1)}, []))
+
+
+def test_random_policy_keeps_a_given_generator_seed():
+    draws = [
+        RandomPolicy(SPEC, generator=torch.Generator().manual_seed(4)).sample() for _ in range(2)
+    ]
+    assert torch.equal(draws[0], draws[1])

@@ -121,6 +121,12 @@ class DataCollectorBase(abc.ABC):
         Raises:
             TypeError: ``worker_ids`` was given but this collector has no remote weight updater.
         """
+        if "policy_weights" in kwargs:  # the keyword of TorchRL's older signature
+            if policy_or_weights is not None:
+                raise ArgumentTypeError(
+                    "update_policy_weights_ got both policy_or_weights and policy_weights; pass one."
+                )
+            policy_or_weights = kwargs.pop("policy_weights")
         if worker_ids is not None and self.remote_weight_updater is None:
             raise ArgumentTypeError(
                 f"worker_ids={worker_ids!r} was given, but {type(self).__name__} has no remote "

@@ -470,6 +470,9 @@ def test_update_policy_weights_reaches_the_policy():
     batch = first(collector)
     torch.testing.assert_close(batch["action"], trained(batch["observation"]).detach())
     collector.update_policy_weights_(trained.state_dict())
+    other = nn.Linear(1, 2)
+    collector.update_policy_weights_(policy_weights=TensorDict.from_module(other))  # old keyword
+    torch.testing.assert_close(policy.module.weight, other.weight)
     collector.update_policy_weights_()  # shared weights: nothing to fetch, no error
     with pytest.raises(TypeError, match="worker_ids"):
         collector.update_policy_weights_(worker_ids=[0])
@@ -602,3 +605,35 @@ def test_no_warnings_on_the_common_path():
         )
         list(collector)
         collector.shutdown()
+
+
+def test_any_object_with_extend_is_a_replay_buffer():
+    class Sink:
+        def __init__(self):
+            self.frames = 0
+
+        def extend(self, batch):
+            self.frames += batch.numel()
+
+    sink = Sink()
+    collector = SyncDataCollector(
+        counter(), None, frames_per_batch=6, total_frames=18, replay_buffer=sink
+    )
+    assert list(collector) == [None] * 3 and sink.frames == 18
+    collector.shutdown()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_policy_and_storing_device_cuda():
+    policy = nn.Linear(4, 2)  # on CPU: the collector runs a CUDA copy
+    collector = SyncDataCollector(
+        "CartPole-v1", policy, frames_per_batch=16, policy_device="cuda", storing_device="cuda"
+    )
+    batch = first(collector)
+    assert batch.device.type == "cuda" and batch["action"].device.type == "cuda"
+    assert collector.policy.module.weight.device.type == "cuda"
+    with torch.no_grad():
+        policy.weight.add_(1.0)
+    collector.update_policy_weights_()  # copies the CPU policy into the CUDA copy
+    torch.testing.assert_close(collector.policy.module.weight.cpu(), policy.weight)
+    collector.shutdown()
