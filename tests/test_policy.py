@@ -112,7 +112,8 @@ def test_weights_roundtrip_between_forms():
 
 
 def test_random_policy_keeps_a_given_generator_seed():
-    draws = [
-        RandomPolicy(SPEC, generator=torch.Generator().manual_seed(4)).sample() for _ in range(2)
-    ]
-    assert torch.equal(draws[0], draws[1])
+    def draws():
+        policy = RandomPolicy(SPEC, generator=torch.Generator().manual_seed(4))
+        return torch.stack([policy.sample() for _ in range(32)])
+
+    assert torch.equal(draws(), draws())
