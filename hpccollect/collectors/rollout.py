@@ -81,7 +81,8 @@ class StepLoop:
         self.root: Leaves = env.reset_arrays()
         self.policy_fields = self._probe_policy()
         self._direct = self._direct_call()
-        self._same: tuple[dict[Key, torch.Tensor], TensorDictBase] | None = None
+        self._same_bufs: dict[Key, torch.Tensor] | None = None
+        self._same_td: TensorDictBase | None = None
 
     # ------------------------------------------------------------------ policy
     def _policy_input(self, root: Leaves) -> TensorDict:
@@ -323,26 +324,33 @@ class StepLoop:
     def _reuse_or_alloc(self, steps: int) -> dict[Key, torch.Tensor]:
         if not self.options.return_same_td:
             return self._buffers(steps)
-        if self._same is None or next(iter(self._same[0].values())).shape[1] != steps:
-            self._same = (self._buffers(steps), None)  # type: ignore[assignment]
-        return self._same[0]
+        if self._same_bufs is None or next(iter(self._same_bufs.values())).shape[1] != steps:
+            self._same_bufs, self._same_td = self._buffers(steps), None
+        return self._same_bufs
 
     def _assemble(self, bufs: dict[Key, torch.Tensor], taken: int) -> TensorDictBase:
         single = not self.env.is_vector
-        steps = next(iter(bufs.values())).shape[1]
-        if self.options.return_same_td and taken == steps and self._same[1] is not None:
-            return self._same[1]
-        batch = [taken] if single else [self.env.num_envs, taken]
-        td = TensorDict({}, batch_size=batch)
-        for key, buf in bufs.items():
-            value = buf[0] if single else buf
-            td.set(key, value if taken == steps else value.narrow(0 if single else 1, 0, taken))
-        td.names = ["time"] if single else [None, "time"]
-        if self.devices.storing is not None:
-            td = td.to(self.devices.storing)
-        if self.options.set_truncated and taken:
+        full = taken == next(iter(bufs.values())).shape[1]
+        reuse = self.options.return_same_td and full
+        storing = self.devices.storing
+        on_cpu = storing is None or storing.type == "cpu"
+        if reuse and on_cpu and self._same_td is not None:
+            td = self._same_td  # wraps the very buffers the loop just wrote
+        else:
+            td = TensorDict({}, batch_size=[taken] if single else [self.env.num_envs, taken])
+            for key, buf in bufs.items():
+                value = buf[0] if single else buf
+                td.set(key, value if full else value.narrow(0 if single else 1, 0, taken))
+            td.names = ["time"] if single else [None, "time"]
+            if storing is not None:
+                td = td.to(storing)
+        if self.options.set_truncated:
             for name in ("truncated", "done"):
                 td.get((_NEXT, name))[..., -1, :] = True
-        if self.options.return_same_td and taken == steps:
-            self._same = (bufs, td)
-        return td
+        if not reuse:
+            return td
+        if self._same_td is None:
+            self._same_td = td
+        elif td is not self._same_td:
+            self._same_td.update_(td)
+        return self._same_td

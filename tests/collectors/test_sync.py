@@ -333,6 +333,13 @@ def test_return_same_td():
     first_obs = a["observation"].clone()
     b = next(it)
     assert a is b and not torch.equal(first_obs, b["observation"])
+    marked = SyncDataCollector(
+        counter(100), None, frames_per_batch=4, return_same_td=True, set_truncated=True
+    )
+    it = iter(marked)
+    for _ in range(3):
+        assert next(it)["next", "truncated"].squeeze(-1).tolist() == [False] * 3 + [True]
+    marked.shutdown()
     fresh = SyncDataCollector(counter(100), None, frames_per_batch=4)
     it = iter(fresh)
     assert next(it) is not next(it)
