@@ -117,3 +117,21 @@ def test_random_policy_keeps_a_given_generator_seed():
         return torch.stack([policy.sample() for _ in range(32)])
 
     assert torch.equal(draws(), draws())
+
+
+def test_policy_error_mid_run_names_the_step():
+    class FailsLater(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, observation):
+            self.calls += 1
+            if self.calls > 4:
+                raise ValueError("policy broke")
+            return torch.nn.functional.one_hot(torch.tensor(0), 2)
+
+    collector = SyncDataCollector("CartPole-v1", FailsLater(), frames_per_batch=10)
+    with pytest.raises(PolicyError, match="raised ValueError at step 3.*policy broke"):
+        next(iter(collector))
+    collector.shutdown()

@@ -268,7 +268,14 @@ class StepLoop:
                 if not self._flags_clear:
                     for i, buf in enumerate(root_flags):
                         buf[w, t] = self.root_flags[i]
-                for key, value in self._act(root, random):
+                try:
+                    outputs = self._act(root, random)
+                except Exception as err:
+                    raise PolicyError(
+                        f"the policy raised {type(err).__name__} at step {self.steps_taken} "
+                        f"(step {t} of this batch): {err}"
+                    ) from err
+                for key, value in outputs:
                     policy_views[key][w, t] = (
                         value.numpy() if value.device.type == "cpu" else value.cpu().numpy()
                     )
