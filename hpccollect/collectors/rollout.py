@@ -70,6 +70,10 @@ class StepLoop:
         self._read = 0 if not env.is_vector else slice(None)
         self._flag_shape = (*env.batch_size, 1)
         self._false = torch.zeros(self._flag_shape, dtype=torch.bool)
+        policy_dev = devices.policy
+        self._flat_input = all(len(k) == 1 for k in env.obs_codecs) and (
+            policy_dev is None or policy_dev.type == "cpu"
+        )
         self.count_steps = options.max_frames_per_traj is not None
         self.random_policy = RandomPolicy(env.action_spec)
         self.traj_ids = traj_pool.take(n)
@@ -102,6 +106,8 @@ class StepLoop:
             source["step_count"] = torch.from_numpy(
                 self.step_count.reshape(self._flag_shape).copy()
             )
+        if self._flat_input:  # built from checked tensors: skip tensordict's validation
+            return TensorDict._new_unsafe(source, batch_size=self.env.batch_size)
         return TensorDict(source, batch_size=self.env.batch_size, device=self.devices.policy)
 
     def _call_policy_td(self, root: Leaves) -> TensorDictBase:

@@ -197,9 +197,10 @@ class GymEnv:
 
         Same effect as ``reset(options={"reset_mask": mask})`` (the sub-env is reset and its
         pending auto-reset cleared) without re-concatenating every sub-env's observation.
+        ``current`` is updated in place: the step loop has already copied it into its buffers.
         """
         venv = self.env
-        out = {k: v.copy() for k, v in current.items()}
+        out = current
         for i in np.flatnonzero(mask):
             obs, _ = venv.envs[i].reset()
             venv._env_obs[i] = obs
