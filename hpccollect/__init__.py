@@ -9,9 +9,12 @@ from hpccollect.collectors import (
     DataCollectorBase,
     Interruptor,
     LocalWeightsUpdaterBase,
+    MultiaSyncDataCollector,
+    MultiSyncDataCollector,
     RemoteWeightsUpdaterBase,
     SyncDataCollector,
     WeightUpdaterBase,
+    aSyncDataCollector,
     split_trajectories,
 )
 from hpccollect.envs import GymEnv
@@ -26,11 +29,14 @@ __all__ = [
     "GymEnv",
     "Interruptor",
     "LocalWeightsUpdaterBase",
+    "MultiSyncDataCollector",
+    "MultiaSyncDataCollector",
     "RandomPolicy",
     "RemoteWeightsUpdaterBase",
     "ReplayBuffer",
     "SyncDataCollector",
     "WeightUpdaterBase",
     "__version__",
+    "aSyncDataCollector",
     "split_trajectories",
 ]

@@ -14,6 +14,7 @@ __all__ = [
     "EnvError",
     "HpcCollectError",
     "PolicyError",
+    "WorkerError",
 ]
 
 
@@ -49,3 +50,22 @@ class PolicyError(HpcCollectError, RuntimeError):
 
 class CollectorTimeoutError(HpcCollectError, TimeoutError):
     """A blocking wait ran past its timeout."""
+
+
+class WorkerError(HpcCollectError, RuntimeError):
+    """A collector worker process raised, or died.
+
+    Attributes:
+        worker: the worker's index.
+        host: the host it ran on.
+        remote_traceback: the worker's formatted traceback ("" when it died without one).
+    """
+
+    def __init__(self, message: str, *, worker: int, host: str, remote_traceback: str = "") -> None:
+        head = f"Worker {worker} on {host}: {message}"
+        if remote_traceback:
+            head += f"\n\n--- traceback in worker {worker} ---\n{remote_traceback.rstrip()}"
+        super().__init__(head)
+        self.worker = worker
+        self.host = host
+        self.remote_traceback = remote_traceback

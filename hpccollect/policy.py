@@ -30,6 +30,7 @@ __all__ = [
     "ExplorationType",
     "RandomPolicy",
     "WrappedPolicy",
+    "copy_weights_",
     "load_weights_",
     "resolve_exploration_type",
     "takes_tensordict",
@@ -197,7 +198,11 @@ def to_weights(obj: Any) -> TensorDictBase:
 
 def load_weights_(module: nn.Module, weights: Any) -> None:
     """Copy ``weights`` into ``module``'s parameters and buffers in place."""
-    dest = TensorDict.from_module(module)
+    copy_weights_(TensorDict.from_module(module), weights)
+
+
+def copy_weights_(dest: TensorDictBase, weights: Any) -> None:
+    """Copy ``weights`` (any form ``to_weights`` takes) into the weights TensorDict ``dest``."""
     src = to_weights(weights)
     # a TensorDictModule keeps its module's weights under "module": accept either layout
     if _under_module(src) and not _under_module(dest):

@@ -334,6 +334,18 @@ class StepLoop:
             err.step = self.steps_taken
             raise
 
+    def shared_batch(self, steps: int) -> TensorDictBase:
+        """Allocate the batch buffers once, in shared memory, and return the TensorDict over them.
+
+        Every later ``collect(steps)`` with ``return_same_td`` writes into these same buffers, so
+        another process holding this TensorDict sees each batch without any copy or pickling.
+        """
+        if not self.options.return_same_td:
+            raise RuntimeError("shared_batch() needs a StepLoop built with return_same_td=True")
+        self._same_bufs = {k: b.share_memory_() for k, b in self._buffers(steps).items()}
+        self._same_td = None
+        return self._assemble(self._same_bufs, steps)
+
     def _reuse_or_alloc(self, steps: int) -> dict[Key, torch.Tensor]:
         if not self.options.return_same_td:
             return self._buffers(steps)

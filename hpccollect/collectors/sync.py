@@ -177,6 +177,17 @@ class SyncDataCollector(DataCollectorBase):
             self._steps_per_batch, random=random, should_stop=self._should_stop
         )
 
+    def _collect_counted(self) -> TensorDictBase:
+        """One batch, counted in ``frames`` (what a worker process runs per command)."""
+        batch = self.rollout()
+        self._frames += batch.numel()
+        self._iter += 1
+        return batch
+
+    def _shared_batch(self) -> TensorDictBase:
+        """The output buffers in shared memory (``return_same_td`` collectors in workers)."""
+        return self._loop.shared_batch(self._steps_per_batch)
+
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """Yield batches until ``total_frames`` (forever when -1); see ``DataCollectorBase``."""
         while self.total_frames < 0 or self._frames < self.total_frames:

@@ -1,8 +1,13 @@
-"""An in-memory circular replay buffer of transitions, safe to fill from a collector thread."""
+"""An in-memory circular replay buffer of transitions, safe to fill from threads or processes."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import tempfile
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -13,14 +18,57 @@ from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["ReplayBuffer"]
 
+_CURSOR, _LEN, _WRITES = 0, 1, 2
+
+
+class _Lock:
+    """A thread lock; after ``share()``, also an ``flock`` on a file, so processes exclude
+    each other. Pickles as the file's path (a lock cannot be pickled otherwise after start)."""
+
+    def __init__(self) -> None:
+        self._thread = threading.Lock()
+        self.path: str | None = None
+        self._fd: int | None = None
+
+    def share(self) -> str:
+        fd, self.path = tempfile.mkstemp(prefix="hpccollect-rb-", suffix=".lock")
+        os.close(fd)
+        return self.path
+
+    def __enter__(self) -> None:
+        self._thread.acquire()
+        if self.path is not None:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._thread.release()
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+        self.path = state["path"]
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
 
 class ReplayBuffer:
     """Circular TensorDict storage of ``capacity`` transitions with uniform sampling.
 
     ``extend`` flattens every batch dim, so a ``[T]`` or ``[N, T]`` collector batch adds ``T``
     or ``N * T`` transitions; once full, the oldest are overwritten. Storage is allocated on the
-    first ``extend`` from that batch's keys, shapes and dtypes. All methods take one lock, so a
-    collector thread may ``extend`` while the training thread ``sample``s.
+    first ``extend`` from that batch's keys, shapes and dtypes. Every method holds one lock, so a
+    collector thread may ``extend`` while the training thread ``sample``s. After
+    ``share_memory_()`` the storage and counters live in shared memory and the lock works across
+    processes: multi-process collectors' workers then extend it themselves.
 
     Args:
         capacity: the most transitions kept.
@@ -45,22 +93,64 @@ class ReplayBuffer:
         self.generator = generator
         self._storage: TensorDictBase | None = None
         self._keys: set = set()
-        self._cursor = 0
-        self._len = 0
-        self.write_count = 0
-        self._lock = threading.Lock()
+        self._meta = torch.zeros(3, dtype=torch.int64)  # cursor, length, writes
+        self._lock = _Lock()
+        self._shared = False
 
+    # ------------------------------------------------------------------ sharing
+    def share_memory_(self) -> ReplayBuffer:
+        """Move storage and counters to shared memory; make the lock inter-process. Idempotent."""
+        if self._shared:
+            return self
+        with self._lock:
+            self._meta.share_memory_()
+            if self._storage is not None:
+                self._storage.share_memory_()
+            path = self._lock.share()
+            weakref.finalize(self, _remove, path)
+            self._shared = True
+        return self
+
+    @property
+    def is_shared(self) -> bool:
+        return self._shared
+
+    def allocate_like(self, example: TensorDictBase) -> None:
+        """Allocate storage for transitions shaped like ``example``'s (if not allocated yet)."""
+        with self._lock:
+            if self._storage is None:
+                self._allocate(self._flatten(example))
+
+    def __getstate__(self) -> dict:
+        if not self._shared:
+            raise TypeError(
+                "a ReplayBuffer is sent to another process only after share_memory_(); "
+                "a copy would be filled without the original seeing it."
+            )
+        return dict(self.__dict__)
+
+    # ------------------------------------------------------------------ data
     def __len__(self) -> int:
-        return self._len
+        return int(self._meta[_LEN])
+
+    @property
+    def write_count(self) -> int:
+        """Transitions written since creation (including overwritten ones)."""
+        return int(self._meta[_WRITES])
+
+    @staticmethod
+    def _flatten(data: TensorDictBase) -> TensorDictBase:
+        flat = data.reshape(-1) if data.batch_dims != 1 else data
+        if flat.names[0] is not None:
+            flat = flat.clone(recurse=False)
+            flat.names = None
+        return flat
 
     def extend(self, data: TensorDictBase) -> torch.Tensor:
         """Append every transition of ``data``; return the storage indices written."""
         if not isinstance(data, TensorDictBase):
             raise ArgumentTypeError(f"extend() takes a TensorDict, got {type(data).__name__}.")
-        flat = data.reshape(-1) if data.batch_dims != 1 else data
-        if flat.names[0] is not None:
-            flat = flat.clone(recurse=False)
-            flat.names = None
+        flat = self._flatten(data)
         n = flat.shape[0]
         if n == 0:
             return torch.empty(0, dtype=torch.long)
@@ -69,32 +159,32 @@ class ReplayBuffer:
         keys = set(flat.keys(True, True))
         with self._lock:
             if self._storage is None:
-                self._storage = self._allocate(flat)
-                self._keys = keys
+                self._allocate(flat)
             elif keys != self._keys:
                 raise ArgumentValueError(
                     "extend(): the batch's keys or shapes differ from what the buffer holds: "
                     f"missing {sorted(map(str, self._keys - keys))}, "
                     f"new {sorted(map(str, keys - self._keys))}. Use one buffer per data layout."
                 )
-            index = (self._cursor + torch.arange(n)) % self.capacity
+            cursor = int(self._meta[_CURSOR])
+            index = (cursor + torch.arange(n)) % self.capacity
             try:
                 self._storage[index] = flat.to(self.device)
             except (KeyError, RuntimeError) as err:
                 raise ArgumentValueError(
                     f"extend(): the batch's keys or shapes differ from what the buffer holds: {err}"
                 ) from err
-            self._cursor = (self._cursor + n) % self.capacity
-            self._len = min(self._len + n, self.capacity)
-            self.write_count += n
+            self._meta[_CURSOR] = (cursor + n) % self.capacity
+            self._meta[_LEN] = min(int(self._meta[_LEN]) + n, self.capacity)
+            self._meta[_WRITES] += n
         return index
 
     def add(self, transition: TensorDictBase) -> int:
         """Append one transition (a TensorDict with empty batch size)."""
         return int(self.extend(transition.unsqueeze(0))[0])
 
-    def _allocate(self, example: TensorDictBase) -> TensorDictBase:
-        return (
+    def _allocate(self, example: TensorDictBase) -> None:
+        storage = (
             example[0]
             .to(self.device)
             .apply(
@@ -102,6 +192,9 @@ class ReplayBuffer:
                 batch_size=[self.capacity],
             )
         )
+        if self._shared:
+            storage.share_memory_()
+        self._storage, self._keys = storage, set(example.keys(True, True))
 
     def sample(self, batch_size: int | None = None) -> TensorDictBase:
         """Draw ``batch_size`` transitions uniformly, with replacement (a copy)."""
@@ -112,21 +205,23 @@ class ReplayBuffer:
             )
         size = check_int("batch_size", size, minimum=1)
         with self._lock:
-            if self._len == 0 or self._storage is None:
+            length = int(self._meta[_LEN])
+            if length == 0 or self._storage is None:
                 raise ArgumentValueError("sample() on an empty ReplayBuffer: extend it first.")
-            index = torch.randint(0, self._len, (size,), generator=self.generator)
+            index = torch.randint(0, length, (size,), generator=self.generator)
             return self._storage[index]
 
     def empty(self) -> None:
         """Forget every transition (storage stays allocated)."""
         with self._lock:
-            self._cursor = self._len = 0
+            self._meta[_CURSOR] = 0
+            self._meta[_LEN] = 0
 
     def __getitem__(self, index: Any) -> TensorDictBase:
         with self._lock:
             if self._storage is None:
                 return TensorDict({}, batch_size=[0])
-            return self._storage[: self._len][index]
+            return self._storage[: len(self)][index]
 
     def __repr__(self) -> str:
-        return f"ReplayBuffer(capacity={self.capacity}, len={self._len})"
+        return f"ReplayBuffer(capacity={self.capacity}, len={len(self)}, shared={self._shared})"

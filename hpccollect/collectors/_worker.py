@@ -1,0 +1,120 @@
+"""The loop every collector worker process runs: a SyncDataCollector driven by ``Command``s.
+
+At start the worker builds its collector, allocates its batch buffers in shared memory and
+sends the TensorDict over them to the parent (``Reply.LAYOUT``); after that a batch is announced
+with ``Reply.BATCH`` and the number of frames, never sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+import torch
+from tensordict import TensorDictBase
+
+from hpccollect.collectors.messages import Command, Reply
+from hpccollect.collectors.sync import SyncDataCollector
+from hpccollect.policy import load_weights_
+
+__all__ = ["WorkerSpec", "worker_main"]
+
+
+@dataclass
+class WorkerSpec:
+    """What one worker builds (sent once, with cloudpickle, so lambdas and closures work)."""
+
+    create_env_fn: Any
+    policy: Any
+    kwargs: dict
+    num_threads: int = 1
+
+    def dumps(self) -> bytes:
+        return cloudpickle.dumps(self)
+
+
+class _Shutdown(Exception):
+    def __init__(self, close_env: bool) -> None:
+        self.close_env = close_env
+
+
+def worker_main(
+    index: int, conn: Connection, payload: bytes, weights: TensorDictBase | None
+) -> None:
+    """Entry point of worker ``index``; ``weights`` is its shared-memory weights buffer."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    collector = None
+    close_env = True
+    try:
+        spec: WorkerSpec = cloudpickle.loads(payload)
+        torch.set_num_threads(spec.num_threads)
+        collector = SyncDataCollector(spec.create_env_fn, spec.policy, **spec.kwargs)
+        conn.send((Reply.LAYOUT, collector._shared_batch()))
+        _Server(collector, conn, weights).serve()
+    except _Shutdown as stop:
+        close_env = stop.close_env
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the parent is gone: nothing to report to
+    except BaseException as err:
+        with contextlib.suppress(Exception):
+            conn.send((Reply.ERROR, (type(err).__name__, str(err), traceback.format_exc())))
+    finally:
+        if collector is not None:
+            with contextlib.suppress(Exception):
+                collector.shutdown(close_env=close_env)
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+class _Server:
+    """Handles one command at a time; each Command has exactly one handler here."""
+
+    def __init__(self, collector: SyncDataCollector, conn: Connection, weights: Any) -> None:
+        self.collector, self.conn, self.weights = collector, conn, weights
+        self.handlers = {
+            Command.COLLECT: self.collect,
+            Command.UPDATE_WEIGHTS: self.update_weights,
+            Command.SEED: self.seed,
+            Command.STATE_DICT: self.state_dict,
+            Command.LOAD_STATE_DICT: self.load_state_dict,
+            Command.FILL_BUFFER: self.fill_buffer,
+            Command.STOP_FILLING: lambda _: (Reply.ACK, None),
+        }
+
+    def serve(self) -> None:
+        while True:
+            command, argument = self.conn.recv()
+            if command is Command.SHUTDOWN:
+                raise _Shutdown(bool(argument))
+            self.conn.send(self.handlers[command](argument))
+
+    def collect(self, _: Any) -> tuple[Reply, int]:
+        return Reply.BATCH, self.collector._collect_counted().numel()
+
+    def update_weights(self, _: Any) -> tuple[Reply, None]:
+        load_weights_(self.collector._wrapped.weights_module, self.weights)
+        return Reply.ACK, None
+
+    def seed(self, argument: tuple[int, bool]) -> tuple[Reply, int]:
+        return Reply.SEEDED, self.collector.set_seed(*argument)
+
+    def state_dict(self, _: Any) -> tuple[Reply, Any]:
+        return Reply.STATE, self.collector.state_dict()
+
+    def load_state_dict(self, state: Any) -> tuple[Reply, None]:
+        self.collector.load_state_dict(state)
+        return Reply.ACK, None
+
+    def fill_buffer(self, buffer: Any) -> tuple[Reply, None]:
+        """Extend the shared ``buffer`` batch after batch until the parent says stop."""
+        while not self.conn.poll():
+            buffer.extend(self.collector._collect_counted())
+        command, argument = self.conn.recv()
+        if command is Command.SHUTDOWN:
+            raise _Shutdown(bool(argument))
+        return Reply.ACK, None

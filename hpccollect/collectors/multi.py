@@ -1,0 +1,516 @@
+"""Multi-process collectors: ``MultiSyncDataCollector``, ``MultiaSyncDataCollector``,
+``aSyncDataCollector``.
+
+Each worker process runs a ``SyncDataCollector`` that writes every batch into shared-memory
+buffers allocated once; the parent is told (``Reply.BATCH``) which worker's buffers are ready and
+copies from them. ``split_trajs``, ``postproc`` and ``storing_device`` apply in the parent.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType
+from torch import nn
+
+from hpccollect._checks import check_int
+from hpccollect.collectors._worker import WorkerSpec, worker_main
+from hpccollect.collectors.base import DataCollectorBase
+from hpccollect.collectors.messages import Command, Reply
+from hpccollect.collectors.options import check_batch_options, resolve_devices
+from hpccollect.collectors.processes import WorkerPool
+from hpccollect.collectors.trajectories import split_trajectories
+from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+from hpccollect.policy import copy_weights_
+
+__all__ = ["MultiSyncDataCollector", "MultiaSyncDataCollector", "aSyncDataCollector"]
+
+
+class SharedWeightsSender(RemoteWeightsUpdaterBase):
+    """Default remote updater: one shared-memory weights buffer per worker.
+
+    Sending to worker ``i`` writes its buffer, then asks it to load the buffer before its next
+    batch and waits for the acknowledgement (so the buffer is never written while read).
+    """
+
+    def __init__(self, pool: WorkerPool, buffers: list, source: nn.Module | None, timeout: float):
+        self.pool, self.buffers, self.source, self.timeout = pool, buffers, source, timeout
+
+    def _get_server_weights(self) -> TensorDictBase:
+        if self.source is None:
+            raise ArgumentValueError(
+                "update_policy_weights_() has no weights to send: the policy has no parameters."
+            )
+        return TensorDict.from_module(self.source)
+
+    def _maybe_map_weights(self, server_weights: TensorDictBase) -> TensorDictBase:
+        return server_weights
+
+    def all_worker_ids(self) -> Sequence[int]:
+        return range(len(self.pool))
+
+    def _sync_weights_with_worker(self, worker_id: int, server_weights: TensorDictBase) -> None:
+        if self.buffers[worker_id] is None:
+            raise ArgumentValueError("the workers' policy has no parameters to update.")
+        copy_weights_(self.buffers[worker_id], server_weights)
+        self.pool.send(worker_id, Command.UPDATE_WEIGHTS)
+        self.pool.recv(worker_id, Reply.ACK, self.timeout)
+
+
+class _MultiCollector(DataCollectorBase):
+    """What the multi-process collectors share; subclasses define ``iterator()``."""
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        num_workers: int | None = None,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        create_env_kwargs: dict | Sequence[dict] | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        postproc: Any = None,
+        split_trajs: bool | None = None,
+        exploration_type: InteractionType | str = InteractionType.RANDOM,
+        exploration_mode: str | None = None,
+        reset_when_done: bool = True,
+        update_at_each_batch: bool = False,
+        set_truncated: bool = False,
+        replay_buffer: Any = None,
+        num_sub_threads: int = 1,
+        mp_start_method: str = "spawn",
+        worker_timeout: float = 600.0,
+        categorical_action_encoding: bool = False,
+        local_weight_updater: Any = None,
+        remote_weight_updater: RemoteWeightsUpdaterBase | None = None,
+        weight_updater: Any = None,
+    ) -> None:
+        self._closed = True
+        self._pool: WorkerPool | None = None
+        fns = _env_fns(create_env_fn, num_workers)
+        self.num_workers = n = len(fns)
+        self.options = check_batch_options(
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames,
+            max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=init_random_frames,
+            reset_at_each_iter=reset_at_each_iter,
+            postproc=postproc,
+            split_trajs=split_trajs,
+            exploration_type=exploration_type,
+            exploration_mode=exploration_mode,
+            reset_when_done=reset_when_done,
+            set_truncated=set_truncated,
+        )
+        devices = [
+            resolve_devices(
+                *(
+                    _per_worker(name, v, i, n)
+                    for name, v in (
+                        ("device", device),
+                        ("storing_device", storing_device),
+                        ("env_device", env_device),
+                        ("policy_device", policy_device),
+                    )
+                )
+            )
+            for i in range(n)
+        ]
+        env_kwargs = [_per_worker("create_env_kwargs", create_env_kwargs, i, n) for i in range(n)]
+        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+            raise ArgumentTypeError(
+                f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}."
+            )
+        self.worker_timeout = float(worker_timeout)
+        if self.worker_timeout <= 0:
+            raise ArgumentValueError(f"worker_timeout must be > 0 seconds, got {worker_timeout}.")
+        self.frames_per_batch = self.options.frames_per_batch
+        self.total_frames = self.options.total_frames
+        self.replay_buffer = replay_buffer
+        self.update_at_each_batch = update_at_each_batch
+        self.postproc, self.split_trajs = self.options.postproc, self.options.split_trajs
+        self.storing_device = devices[0].storing
+        self._policy_devices = [d.policy for d in devices]
+        self.policy = policy
+        self._frames = self._iter = 0
+        self._in_flight: set[int] = set()
+        self._filling = False
+        worker_fpb = self._worker_frames_per_batch()
+        init_random = -(-self.options.init_random_frames // n)
+        weights_module = policy if isinstance(policy, nn.Module) else None
+        has_weights = (
+            weights_module is not None and not TensorDict.from_module(weights_module).is_empty()
+        )
+        self._weights = [
+            TensorDict.from_module(weights_module).data.clone().share_memory_()
+            if has_weights
+            else None
+            for _ in range(n)
+        ]
+        args = []
+        for i in range(n):
+            kwargs = dict(
+                frames_per_batch=worker_fpb,
+                total_frames=-1,
+                device=None,
+                storing_device=None,
+                env_device=devices[i].env,
+                policy_device=devices[i].policy,
+                create_env_kwargs=env_kwargs[i],
+                max_frames_per_traj=max_frames_per_traj,
+                init_random_frames=init_random,
+                reset_at_each_iter=reset_at_each_iter,
+                exploration_type=self.options.exploration_type,
+                return_same_td=True,
+                reset_when_done=reset_when_done,
+                set_truncated=set_truncated,
+                categorical_action_encoding=categorical_action_encoding,
+                traj_id_offset=i,
+                traj_id_stride=n,
+            )
+            spec = WorkerSpec(
+                fns[i], policy, kwargs, check_int("num_sub_threads", num_sub_threads, minimum=1)
+            )
+            args.append((spec.dumps(), self._weights[i]))
+        self._pool = WorkerPool(worker_main, args, mp_start_method, name=type(self).__name__)
+        self._finalizer = weakref.finalize(self, self._pool.shutdown, 10.0)
+        self._closed = False
+        try:
+            self._layouts: list[TensorDictBase] = [
+                self._pool.recv(i, Reply.LAYOUT, self.worker_timeout) for i in range(n)
+            ]
+        except BaseException:
+            self.shutdown()
+            raise
+        self._set_weight_updaters(
+            local_weight_updater,
+            remote_weight_updater
+            or SharedWeightsSender(
+                self._pool,
+                self._weights,
+                weights_module if has_weights else None,
+                self.worker_timeout,
+            ),
+            weight_updater,
+        )
+
+    def _worker_frames_per_batch(self) -> int:
+        return self.options.frames_per_batch
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the workers (for monitoring; they are gone after ``shutdown()``)."""
+        return [w.process.pid for w in self._pool.workers] if self._pool is not None else []
+
+    # ------------------------------------------------------------------ batches
+    def _finish(self, batch: TensorDictBase) -> TensorDictBase | None:
+        """Count, split, post-process, store; return what the iterator yields."""
+        self._frames += batch.numel()
+        self._iter += 1
+        if self.storing_device is not None:
+            batch = batch.to(self.storing_device)
+        if self.split_trajs:
+            batch = split_trajectories(batch)
+        if self.postproc is not None:
+            batch = self.postproc(batch)
+        if self.replay_buffer is not None:
+            self.replay_buffer.extend(batch)
+            return None
+        return batch
+
+    def _more(self) -> bool:
+        return not self._closed and (self.total_frames < 0 or self._frames < self.total_frames)
+
+    def _collect_from(self, index: int) -> None:
+        self._pool.send(index, Command.COLLECT)
+        self._in_flight.add(index)
+
+    def _drain(self, indices: Sequence[int]) -> None:
+        """Wait out batches already requested (an earlier iteration that stopped early)."""
+        for i in [i for i in indices if i in self._in_flight]:
+            self._pool.recv(i, Reply.BATCH, self.worker_timeout)
+            self._in_flight.discard(i)
+
+    # ------------------------------------------------------------------ weights
+    def update_policy_weights_(
+        self, policy_or_weights: Any = None, *, worker_ids: Any = None, **kwargs: Any
+    ) -> None:
+        """Send weights to the named workers (all by default) before their next batch.
+
+        ``worker_ids``: an index, a list of indices, or devices (the workers whose policy runs
+        on that device). Blocks until every named worker has loaded the weights.
+        """
+        super().update_policy_weights_(
+            policy_or_weights, worker_ids=self._worker_indices(worker_ids), **kwargs
+        )
+
+    def _worker_indices(self, worker_ids: Any) -> list[int] | None:
+        if worker_ids is None:
+            return None
+        ids = worker_ids if isinstance(worker_ids, (list, tuple)) else [worker_ids]
+        out: list[int] = []
+        for wid in ids:
+            if isinstance(wid, (str, torch.device)):
+                device = torch.device(wid)
+                out += [i for i, d in enumerate(self._policy_devices) if _same_device(device, d)]
+            elif isinstance(wid, int) and 0 <= wid < self.num_workers:
+                out.append(wid)
+            else:
+                raise ArgumentValueError(
+                    f"worker_ids: {wid!r} is not a worker index in [0, {self.num_workers}) "
+                    "or a device."
+                )
+        return out
+
+    # ------------------------------------------------------------------ seeds and state
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Env ``j`` of worker ``i`` gets a distinct seed (the same one with ``static_seed``)."""
+        seed = check_int("seed", seed)
+        last = seed
+        for i, layout in enumerate(self._layouts):
+            n_env = layout.batch_size[0] if layout.batch_dims == 2 else 1
+            self._pool.send(i, Command.SEED, (last if static_seed else seed, static_seed))
+            last = self._pool.recv(i, Reply.SEEDED, self.worker_timeout)
+            seed = seed + n_env
+        return last
+
+    def state_dict(self) -> OrderedDict:
+        """``worker{i}``: each worker's collector state, plus ``frames`` and ``iter``."""
+        state: OrderedDict = OrderedDict()
+        for i in range(self.num_workers):
+            self._pool.send(i, Command.STATE_DICT)
+            state[f"worker{i}"] = self._pool.recv(i, Reply.STATE, self.worker_timeout)
+        state.update(frames=self._frames, iter=self._iter)
+        return state
+
+    def load_state_dict(self, state_dict: OrderedDict, **kwargs: Any) -> None:
+        for i in range(self.num_workers):
+            if f"worker{i}" in state_dict:
+                self._pool.send(i, Command.LOAD_STATE_DICT, state_dict[f"worker{i}"])
+                self._pool.recv(i, Reply.ACK, self.worker_timeout)
+        self._frames = int(state_dict.get("frames", self._frames))
+        self._iter = int(state_dict.get("iter", self._iter))
+
+    # ------------------------------------------------------------------ background
+    def start(self) -> None:
+        """Workers extend the (shared-memory) ``replay_buffer`` themselves until
+        ``async_shutdown()``."""
+        buffer = self.replay_buffer
+        if buffer is None or not hasattr(buffer, "share_memory_"):
+            raise RuntimeError(
+                "start() on a multi-process collector needs replay_buffer=hpccollect.ReplayBuffer"
+                "(...): the workers write into it through shared memory."
+            )
+        if self._filling:
+            raise RuntimeError("start() was already called; call async_shutdown() first.")
+        buffer.share_memory_()
+        buffer.allocate_like(self._layouts[0])
+        self._drain(range(self.num_workers))
+        for i in range(self.num_workers):
+            self._pool.send(i, Command.FILL_BUFFER, buffer)
+        self._filling = True
+
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop the workers filling the buffer (within ``timeout`` s), then shut down if
+        ``close_env``."""
+        try:
+            if self._filling and not self._closed:
+                self._filling = False
+                for i in range(self.num_workers):
+                    self._pool.send(i, Command.STOP_FILLING)
+                for i in range(self.num_workers):
+                    self._pool.recv(
+                        i, Reply.ACK, timeout if timeout is not None else self.worker_timeout
+                    )
+        finally:
+            if close_env:
+                self.shutdown(timeout)
+
+    def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop every worker and release their processes and shared memory; safe to call twice."""
+        if getattr(self, "_closed", True) or self._pool is None:
+            return
+        self._closed = True
+        self._finalizer.detach()
+        self._pool.shutdown(timeout if timeout is not None else 10.0, close_env)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_workers={self.num_workers}, "
+            f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
+            f"frames={self._frames})"
+        )
+
+
+class MultiSyncDataCollector(_MultiCollector):
+    """Runs one ``SyncDataCollector`` per worker process and gathers a batch from each.
+
+    ``frames_per_batch`` is the total over workers. Each iteration yields the workers' batches
+    stacked ``[num_workers, T]`` named ``[None, "time"]`` (``cat_results="stack"``, the default),
+    or concatenated along dim ``cat_results`` (``-1``: along time).
+    """
+
+    def __init__(self, *args: Any, cat_results: str | int | None = None, **kwargs: Any) -> None:
+        if cat_results is None:
+            cat_results = "stack"
+        if cat_results != "stack" and (
+            isinstance(cat_results, bool) or not isinstance(cat_results, int)
+        ):
+            raise ArgumentValueError(
+                f"cat_results must be 'stack' or an int dim such as -1, got {cat_results!r}."
+            )
+        self.cat_results = cat_results
+        super().__init__(*args, **kwargs)
+        self._check_layouts()
+
+    def _worker_frames_per_batch(self) -> int:
+        fpb, n = self.options.frames_per_batch, self.num_workers
+        if fpb % n:
+            warnings.warn(
+                f"frames_per_batch ({fpb}) is not divisible by num_workers ({n}); each worker "
+                f"collects {-(-fpb // n)} frames per batch.",
+                stacklevel=4,
+            )
+        return -(-fpb // n)
+
+    def _check_layouts(self) -> None:
+        """Batches are stacked or concatenated: every worker must produce the same layout."""
+
+        def layout(td: TensorDictBase) -> dict:
+            return {k: (tuple(v.shape), v.dtype) for k, v in td.items(True, True)}
+
+        first = layout(self._layouts[0])
+        for i, other in enumerate(self._layouts[1:], 1):
+            if layout(other) != first:
+                diff = sorted(
+                    str(k)
+                    for k in set(first) ^ set(layout(other))
+                    | {k for k in first if k in layout(other) and layout(other)[k] != first[k]}
+                )
+                self.shutdown()
+                raise ArgumentValueError(
+                    f"worker {i}'s batches differ from worker 0's in {diff}, so they cannot be "
+                    "stacked: give every worker the same kind of env, or use "
+                    "MultiaSyncDataCollector, which yields each worker's batch on its own."
+                )
+
+    def _gather(self) -> TensorDictBase:
+        parts = self._layouts
+        if self.cat_results == "stack":
+            out = torch.stack(parts, 0)
+        else:
+            out = torch.cat(parts, self.cat_results)
+        if not isinstance(out, TensorDict):
+            out = out.contiguous()
+        out.names = [None] * (out.batch_dims - 1) + ["time"]
+        return out
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """One round per iteration: every worker collects, then their batches are gathered."""
+        workers = range(self.num_workers)
+        while self._more():
+            if self.update_at_each_batch:
+                self.update_policy_weights_()
+            self._drain(workers)
+            for i in workers:
+                self._collect_from(i)
+            for i in workers:
+                self._pool.recv(i, Reply.BATCH, self.worker_timeout)
+                self._in_flight.discard(i)
+            yield self._finish(self._gather())
+
+
+class MultiaSyncDataCollector(_MultiCollector):
+    """Runs one ``SyncDataCollector`` per worker; yields each worker's batch as soon as it is
+    ready (first ready, first served), ``frames_per_batch`` frames each, ``[T]`` named
+    ``["time"]``. A worker starts its next batch as soon as its last one was copied out."""
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        for i in range(self.num_workers):
+            if i not in self._in_flight:
+                self._collect_from(i)
+        while self._more():
+            index, _ = self._pool.wait_any(
+                sorted(self._in_flight), Reply.BATCH, self.worker_timeout
+            )
+            self._in_flight.discard(index)
+            batch = self._layouts[index].clone()
+            if self.update_at_each_batch:
+                self.update_policy_weights_(worker_ids=[index])
+            out = self._finish(batch)
+            if self._more():
+                self._collect_from(index)
+            yield out
+
+
+class aSyncDataCollector(MultiaSyncDataCollector):
+    """One ``SyncDataCollector`` in a separate process, with the same interface.
+
+    Collection of the next batch runs in the worker while the caller uses the current one.
+    """
+
+    def __init__(self, create_env_fn: Any, policy: Any = None, **kwargs: Any) -> None:
+        if "num_workers" in kwargs:
+            raise ArgumentTypeError("aSyncDataCollector runs exactly one worker; drop num_workers.")
+        super().__init__([create_env_fn], policy, **kwargs)
+
+
+def _env_fns(create_env_fn: Any, num_workers: int | None) -> list:
+    """One env constructor per worker, from a list or from one constructor and ``num_workers``."""
+    if num_workers is not None:
+        num_workers = check_int("num_workers", num_workers, minimum=1)
+    if isinstance(create_env_fn, (list, tuple)):
+        fns = list(create_env_fn)
+        if not fns:
+            raise ArgumentValueError(
+                "create_env_fn is an empty list; give one env constructor per worker."
+            )
+        if num_workers is not None and num_workers != len(fns):
+            raise ArgumentValueError(
+                f"num_workers={num_workers} but create_env_fn lists {len(fns)} constructors; "
+                "give one constructor per worker, or one constructor and num_workers."
+            )
+    elif num_workers is None:
+        raise ArgumentValueError(
+            "create_env_fn is a single constructor: pass num_workers=..., or a list with one "
+            "constructor per worker."
+        )
+    else:
+        fns = [create_env_fn] * num_workers
+    for fn in fns:
+        if not (callable(fn) or isinstance(fn, str)):
+            raise ArgumentTypeError(
+                f"create_env_fn entries must be callables or env ids, got {type(fn).__name__}."
+            )
+    return fns
+
+
+def _per_worker(name: str, value: Any, index: int, num_workers: int) -> Any:
+    """A per-worker value from a list of ``num_workers`` values, or the same value for all."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != num_workers:
+            raise ArgumentValueError(
+                f"{name} is a list of {len(value)} values but there are {num_workers} workers; "
+                "give one value per worker or a single value for all."
+            )
+        return value[index]
+    return value
+
+
+def _same_device(wanted: torch.device, policy_device: torch.device | None) -> bool:
+    actual = policy_device or torch.device("cpu")
+    return actual.type == wanted.type and (wanted.index is None or actual.index == wanted.index)

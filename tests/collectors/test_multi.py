@@ -1,0 +1,338 @@
+"""Multi-process collectors: real worker processes, real envs, real shared memory."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import gymnasium as gym
+import pytest
+import torch
+from conftest import CounterEnv
+from torch import nn
+
+from hpccollect import (
+    MultiaSyncDataCollector,
+    MultiSyncDataCollector,
+    ReplayBuffer,
+    SyncDataCollector,
+    aSyncDataCollector,
+)
+from hpccollect.errors import ArgumentValueError, CollectorTimeoutError, WorkerError
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+def cartpole():
+    return gym.make("CartPole-v1")
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def assert_gone(pids: list[int]) -> None:
+    """Every worker pid has exited and been reaped."""
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not mp.active_children()
+
+
+@pytest.fixture
+def no_leaks():
+    """The test leaves no child process and no new /dev/shm entry behind."""
+    before = shm_entries()
+    yield
+    assert not mp.active_children()
+    assert shm_entries() <= before, f"left in /dev/shm: {shm_entries() - before}"
+
+
+def test_multisync_layout_stack_and_cat(no_leaks):
+    collector = MultiSyncDataCollector(
+        [cartpole, cartpole], None, frames_per_batch=100, total_frames=300
+    )
+    batches = list(collector)
+    assert len(batches) == 3 and sum(b.numel() for b in batches) == 300
+    for b in batches:
+        assert b.batch_size == (2, 50) and b.names == [None, "time"]
+        assert b["next", "reward"].shape == (2, 50, 1)
+    ids = torch.cat([b["collector", "traj_ids"] for b in batches], 1)
+    assert set(ids[0].tolist()).isdisjoint(ids[1].tolist())  # unique across workers
+    pids = collector.worker_pids
+    collector.shutdown()
+    assert_gone(pids)
+    cat = MultiSyncDataCollector(
+        cartpole, None, num_workers=2, frames_per_batch=100, cat_results=-1, total_frames=100
+    )
+    (b,) = list(cat)
+    assert b.batch_size == (100,) and b.names == ["time"]
+    cat.shutdown()
+
+
+def test_multiasync_and_async_layout(no_leaks):
+    collector = MultiaSyncDataCollector([cartpole] * 2, None, frames_per_batch=40, total_frames=200)
+    batches = list(collector)
+    assert [b.batch_size for b in batches] == [torch.Size([40])] * 5
+    assert all(b.names == ["time"] for b in batches)
+    collector.shutdown()
+    single = aSyncDataCollector(cartpole, None, frames_per_batch=30, total_frames=90)
+    assert [b.numel() for b in single] == [30, 30, 30]
+    single.shutdown()
+
+
+def test_vector_env_workers_stack_to_three_dims(no_leaks):
+    make = lambda: gym.vector.SyncVectorEnv([cartpole] * 3)  # noqa: E731
+    collector = MultiSyncDataCollector([make, make], None, frames_per_batch=120, total_frames=120)
+    (b,) = list(collector)
+    assert b.batch_size == (2, 3, 20) and b.names == [None, None, "time"]
+    assert collector.set_seed(0) == 5  # 2 workers x 3 envs: seeds 0..5
+    collector.shutdown()
+
+
+def test_same_seeds_give_the_same_data_as_sync_collectors(no_leaks):
+    fns = [cartpole, lambda: gym.make("CartPole-v1", sutton_barto_reward=True)]
+    multi = MultiSyncDataCollector(fns, None, frames_per_batch=60, total_frames=180)
+    assert multi.set_seed(10) == 11
+    got = list(multi)
+    multi.shutdown()
+    for worker, fn in enumerate(fns):
+        sync = SyncDataCollector(fn, None, frames_per_batch=30, total_frames=90)
+        sync.set_seed(10 + worker)
+        for ours, ref in zip([b[worker] for b in got], sync, strict=True):
+            ids = ours.pop(("collector", "traj_ids"))
+            ref_ids = ref.pop(("collector", "traj_ids"))
+            assert (ids == ref_ids * 2 + worker).all()  # worker i's ids: i, i + 2, ...
+            assert (ours == ref).all()
+        sync.shutdown()
+
+
+def test_weight_update_reaches_named_workers_before_their_next_batch(no_leaks):
+    torch.manual_seed(0)
+    old, new = nn.Linear(4, 2), nn.Linear(4, 2)
+    collector = MultiSyncDataCollector([cartpole] * 2, old, frames_per_batch=40)
+    it = iter(collector)
+    next(it)
+    collector.update_policy_weights_(new, worker_ids=[1])
+    for _ in range(3):
+        b = next(it)
+        with torch.no_grad():
+            torch.testing.assert_close(b[0]["action"], old(b[0]["observation"]))
+            torch.testing.assert_close(b[1]["action"], new(b[1]["observation"]))
+    collector.update_policy_weights_(new.state_dict())  # all workers
+    for _ in range(2):
+        b = next(it)
+        with torch.no_grad():
+            torch.testing.assert_close(b["action"], new(b["observation"]))
+    with pytest.raises(ArgumentValueError, match="worker_ids"):
+        collector.update_policy_weights_(new, worker_ids=[5])
+    collector.update_policy_weights_(new, worker_ids="cpu")  # by device
+    collector.shutdown()
+
+
+def test_update_policy_weights_without_argument_sends_the_trainer_policy(no_leaks):
+    policy = nn.Linear(4, 2)
+    collector = MultiaSyncDataCollector(
+        [cartpole] * 2, policy, frames_per_batch=20, policy_device=["cpu", "cpu"]
+    )
+    it = iter(collector)
+    next(it)
+    with torch.no_grad():
+        policy.weight.mul_(-1)
+    collector.update_policy_weights_()
+    seen = set()
+    for _ in range(6):  # batches in flight during the update may predate it; later ones not
+        b = next(it)
+        with torch.no_grad():
+            seen.add(bool(torch.allclose(b["action"], policy(b["observation"]))))
+    assert True in seen
+    collector.shutdown()
+
+
+def test_replay_buffer_filled_by_workers_after_start(no_leaks):
+    rb = ReplayBuffer(50_000)
+    collector = MultiaSyncDataCollector([cartpole] * 2, None, frames_per_batch=50, replay_buffer=rb)
+    collector.start()
+    deadline = time.monotonic() + 60
+    while len(rb) < 1000 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(rb) >= 1000 and rb.is_shared
+    assert rb.sample(64)["observation"].shape == (64, 4)
+    pids = collector.worker_pids
+    collector.async_shutdown(timeout=30)
+    written = rb.write_count
+    time.sleep(0.3)
+    assert rb.write_count == written  # nothing writes after async_shutdown
+    assert_gone(pids)
+
+
+def test_replay_buffer_with_iteration_yields_none(no_leaks):
+    rb = ReplayBuffer(1000)
+    collector = MultiSyncDataCollector(
+        [cartpole] * 2, None, frames_per_batch=50, total_frames=150, replay_buffer=rb
+    )
+    assert list(collector) == [None, None, None] and len(rb) == 150
+    collector.shutdown()
+
+
+def test_state_dict_per_worker(no_leaks):
+    collector = MultiSyncDataCollector(
+        [cartpole] * 2, nn.Linear(4, 2), frames_per_batch=40, total_frames=120
+    )
+    it = iter(collector)
+    next(it)
+    state = collector.state_dict()
+    assert set(state) == {"worker0", "worker1", "frames", "iter"} and state["frames"] == 40
+    assert "policy_state_dict" in state["worker0"] and state["worker1"]["frames"] == 20
+    collector.load_state_dict(state)
+    assert len(list(it)) == 2
+    collector.shutdown()
+
+
+def test_worker_exception_is_raised_with_index_host_and_traceback(no_leaks):
+    fns = [lambda: CounterEnv(3), lambda: CounterEnv(3, fail_at=25)]
+    collector = MultiSyncDataCollector(fns, None, frames_per_batch=20)
+    pids = collector.worker_pids
+    with pytest.raises(WorkerError, match="Worker 1 on .*CounterEnv failed on purpose") as info:
+        list(collector)
+    assert info.value.worker == 1 and "Traceback" in info.value.remote_traceback
+    collector.shutdown()
+    assert_gone(pids)
+
+
+def test_worker_failing_at_start_raises_at_construction(no_leaks):
+    with pytest.raises(WorkerError, match="Worker 0 .*NoSuchEnv"):
+        MultiSyncDataCollector(["NoSuchEnv-v0"], None, frames_per_batch=10)
+
+
+def test_killed_worker_is_detected_quickly(no_leaks):
+    collector = MultiSyncDataCollector([cartpole] * 2, None, frames_per_batch=100)
+    it = iter(collector)
+    next(it)
+    pids = collector.worker_pids
+    os.kill(pids[0], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="Worker 0 .*killed by signal SIGKILL"):
+        next(it)
+    assert time.monotonic() - start < 10
+    collector.shutdown()
+    assert_gone(pids)
+
+
+def test_shutdown_twice_early_stop_and_bounded(no_leaks):
+    collector = MultiaSyncDataCollector([cartpole] * 2, None, frames_per_batch=200)
+    for i, _ in enumerate(collector):
+        if i == 1:
+            break  # batches still in flight
+    pids = collector.worker_pids
+    start = time.monotonic()
+    collector.shutdown()
+    collector.shutdown()
+    assert time.monotonic() - start < 15
+    assert_gone(pids)
+    with MultiSyncDataCollector([cartpole], None, frames_per_batch=10) as ctx:
+        pids = ctx.worker_pids
+        next(iter(ctx))
+    assert_gone(pids)
+
+
+def test_stuck_worker_times_out(no_leaks):
+    class Sleepy(CounterEnv):
+        def step(self, action):
+            time.sleep(30)
+            return super().step(action)
+
+    collector = MultiSyncDataCollector([Sleepy], None, frames_per_batch=5, worker_timeout=2)
+    with pytest.raises(CollectorTimeoutError, match="within 2 s"):
+        next(iter(collector))
+    collector.shutdown(timeout=1)
+
+
+def test_closures_fork_and_stripped_launcher_variables(no_leaks, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "123")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    length = 4
+
+    def make():
+        leaked = [k for k in os.environ if k.startswith(("SLURM_", "OMPI_"))]
+        assert not leaked, f"launcher variables reached the worker: {leaked}"
+        return CounterEnv(length)  # a closure over a local
+
+    for method in ("spawn", "fork"):
+        collector = MultiSyncDataCollector(
+            [make],
+            lambda observation: torch.tensor([1, 0]),
+            frames_per_batch=8,
+            total_frames=8,
+            mp_start_method=method,
+        )
+        (b,) = list(collector)
+        assert b["next", "observation"].max() == length
+        collector.shutdown()
+    assert os.environ["SLURM_JOB_ID"] == "123"  # the parent keeps its own
+
+
+def test_mismatched_worker_layouts_are_refused(no_leaks):
+    with pytest.raises(ArgumentValueError, match="worker 1's batches differ.*observation"):
+        MultiSyncDataCollector([cartpole, lambda: CounterEnv(3)], None, frames_per_batch=10)
+
+
+def test_bad_arguments_fail_before_any_process_starts(no_leaks):
+    with pytest.raises(ArgumentValueError, match="num_workers"):
+        MultiSyncDataCollector(cartpole, None, frames_per_batch=10)
+    with pytest.raises(ArgumentValueError, match="num_workers=3 but create_env_fn lists 2"):
+        MultiSyncDataCollector([cartpole] * 2, None, num_workers=3, frames_per_batch=10)
+    with pytest.raises(ArgumentValueError, match="policy_device is a list of 3 values"):
+        MultiSyncDataCollector([cartpole] * 2, None, frames_per_batch=10, policy_device=["cpu"] * 3)
+    with pytest.raises(ArgumentValueError, match="mp_start_method"):
+        MultiSyncDataCollector([cartpole], None, frames_per_batch=10, mp_start_method="thread")
+    with pytest.raises(ArgumentValueError, match="cat_results"):
+        MultiSyncDataCollector([cartpole], None, frames_per_batch=10, cat_results="join")
+    with pytest.raises(ArgumentValueError, match="total_frames"):
+        MultiSyncDataCollector([cartpole], None, frames_per_batch=10, total_frames=15)
+
+
+def test_ctrl_c_leaves_no_worker(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(
+        textwrap.dedent("""
+        import gymnasium as gym
+        from hpccollect import MultiSyncDataCollector
+        if __name__ == "__main__":
+            with MultiSyncDataCollector([lambda: gym.make("CartPole-v1")] * 2, None,
+                                        frames_per_batch=100) as c:
+                print(*c.worker_pids, flush=True)
+                for _ in c:
+                    pass
+    """)
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    finally:
+        proc.kill()
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if _alive(p)]
+        if not alive:
+            break
+        time.sleep(0.2)
+    assert not alive, f"workers still running after Ctrl-C: {alive}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
