@@ -43,12 +43,8 @@ class SharedWeightsSender(RemoteWeightsUpdaterBase):
     def __init__(self, pool: WorkerPool, buffers: list, source: nn.Module | None, timeout: float):
         self.pool, self.buffers, self.source, self.timeout = pool, buffers, source, timeout
 
-    def _get_server_weights(self) -> TensorDictBase:
-        if self.source is None:
-            raise ArgumentValueError(
-                "update_policy_weights_() has no weights to send: the policy has no parameters."
-            )
-        return TensorDict.from_module(self.source)
+    def _get_server_weights(self) -> TensorDictBase | None:
+        return None if self.source is None else TensorDict.from_module(self.source)
 
     def _maybe_map_weights(self, server_weights: TensorDictBase) -> TensorDictBase:
         return server_weights

@@ -92,8 +92,8 @@ class RemoteWeightsUpdaterBase(WeightUpdaterBase):
         """Deliver ``server_weights`` to one worker."""
 
     @abc.abstractmethod
-    def _get_server_weights(self) -> TensorDictBase:
-        """The weights to send when none are given."""
+    def _get_server_weights(self) -> TensorDictBase | None:
+        """The weights to send when none are given; None when there is nothing to send."""
 
     @abc.abstractmethod
     def _maybe_map_weights(self, server_weights: TensorDictBase) -> TensorDictBase:
@@ -111,6 +111,8 @@ class RemoteWeightsUpdaterBase(WeightUpdaterBase):
             if policy_or_weights is None
             else to_weights(policy_or_weights)
         )
+        if weights is None:
+            return  # nothing to send (a policy without parameters)
         mapped = self._maybe_map_weights(weights)
         if worker_ids is None:
             ids: Sequence[Any] = list(self.all_worker_ids())

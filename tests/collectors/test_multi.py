@@ -336,3 +336,52 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split()[2] != "Z"
+
+
+def test_sync_collector_arguments_apply_in_workers(no_leaks):
+    seen = []
+
+    def postproc(td):
+        seen.append(td.batch_size)
+        return td
+
+    policy = CountingPolicy()
+    collector = MultiSyncDataCollector(
+        [lambda length: CounterEnv(length)] * 2,
+        policy,
+        frames_per_batch=40,
+        total_frames=120,
+        create_env_kwargs=[{"length": 100}, {"length": 3}],
+        max_frames_per_traj=5,
+        split_trajs=True,
+        postproc=postproc,
+        init_random_frames=40,
+        update_at_each_batch=True,
+    )
+    batches = list(collector)
+    assert len(seen) == 3
+    for b in batches:
+        mask = b["collector", "mask"]
+        assert mask.sum() == 40  # split_trajs in the parent: padded trajectories, 40 real steps
+        assert (b["next", "step_count"][mask] <= 5).all()
+        assert (b["next", "observation"][mask] <= 100).all()
+    first_actions = batches[0]["action"][batches[0]["collector", "mask"]].argmax(-1)
+    last_actions = batches[-1]["action"][batches[-1]["collector", "mask"]].argmax(-1)
+    assert (last_actions == 1).all() and not (first_actions == 1).all()  # random, then policy
+    collector.shutdown()
+
+
+class CountingPolicy(nn.Module):
+    def forward(self, observation):
+        return torch.nn.functional.one_hot(torch.tensor(1), 2)
+
+
+def test_shared_replay_buffer_removes_its_lock_file(tmp_path):
+    import gc
+
+    rb = ReplayBuffer(10).share_memory_()
+    path = rb._lock.path
+    assert os.path.exists(path)
+    del rb
+    gc.collect()
+    assert not os.path.exists(path)
