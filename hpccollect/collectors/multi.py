@@ -23,41 +23,14 @@ from hpccollect._checks import check_int
 from hpccollect.collectors._worker import WorkerSpec, worker_main
 from hpccollect.collectors.base import DataCollectorBase
 from hpccollect.collectors.messages import Command, Reply
-from hpccollect.collectors.options import check_batch_options, resolve_devices
+from hpccollect.collectors.options import check_batch_options, env_fns, per_worker, resolve_devices
 from hpccollect.collectors.processes import WorkerPool
 from hpccollect.collectors.trajectories import split_trajectories
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
+from hpccollect.collectors.worker_weights import SharedWeightsSender
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
-from hpccollect.policy import copy_weights_
 
 __all__ = ["MultiSyncDataCollector", "MultiaSyncDataCollector", "aSyncDataCollector"]
-
-
-class SharedWeightsSender(RemoteWeightsUpdaterBase):
-    """Default remote updater: one shared-memory weights buffer per worker.
-
-    Sending to worker ``i`` writes its buffer, then asks it to load the buffer before its next
-    batch and waits for the acknowledgement (so the buffer is never written while read).
-    """
-
-    def __init__(self, pool: WorkerPool, buffers: list, source: nn.Module | None, timeout: float):
-        self.pool, self.buffers, self.source, self.timeout = pool, buffers, source, timeout
-
-    def _get_server_weights(self) -> TensorDictBase | None:
-        return None if self.source is None else TensorDict.from_module(self.source)
-
-    def _maybe_map_weights(self, server_weights: TensorDictBase) -> TensorDictBase:
-        return server_weights
-
-    def all_worker_ids(self) -> Sequence[int]:
-        return range(len(self.pool))
-
-    def _sync_weights_with_worker(self, worker_id: int, server_weights: TensorDictBase) -> None:
-        if self.buffers[worker_id] is None:
-            raise ArgumentValueError("the workers' policy has no parameters to update.")
-        copy_weights_(self.buffers[worker_id], server_weights)
-        self.pool.send(worker_id, Command.UPDATE_WEIGHTS)
-        self.pool.recv(worker_id, Reply.ACK, self.timeout)
 
 
 class _MultiCollector(DataCollectorBase):
@@ -97,7 +70,7 @@ class _MultiCollector(DataCollectorBase):
     ) -> None:
         self._closed = True
         self._pool: WorkerPool | None = None
-        fns = _env_fns(create_env_fn, num_workers)
+        fns = env_fns(create_env_fn, num_workers)
         self.num_workers = n = len(fns)
         self.options = check_batch_options(
             frames_per_batch=frames_per_batch,
@@ -115,7 +88,7 @@ class _MultiCollector(DataCollectorBase):
         devices = [
             resolve_devices(
                 *(
-                    _per_worker(name, v, i, n)
+                    per_worker(name, v, i, n)
                     for name, v in (
                         ("device", device),
                         ("storing_device", storing_device),
@@ -126,7 +99,7 @@ class _MultiCollector(DataCollectorBase):
             )
             for i in range(n)
         ]
-        env_kwargs = [_per_worker("create_env_kwargs", create_env_kwargs, i, n) for i in range(n)]
+        env_kwargs = [per_worker("create_env_kwargs", create_env_kwargs, i, n) for i in range(n)]
         if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
             raise ArgumentTypeError(
                 f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}."
@@ -463,48 +436,6 @@ class aSyncDataCollector(MultiaSyncDataCollector):
         if "num_workers" in kwargs:
             raise ArgumentTypeError("aSyncDataCollector runs exactly one worker; drop num_workers.")
         super().__init__([create_env_fn], policy, **kwargs)
-
-
-def _env_fns(create_env_fn: Any, num_workers: int | None) -> list:
-    """One env constructor per worker, from a list or from one constructor and ``num_workers``."""
-    if num_workers is not None:
-        num_workers = check_int("num_workers", num_workers, minimum=1)
-    if isinstance(create_env_fn, (list, tuple)):
-        fns = list(create_env_fn)
-        if not fns:
-            raise ArgumentValueError(
-                "create_env_fn is an empty list; give one env constructor per worker."
-            )
-        if num_workers is not None and num_workers != len(fns):
-            raise ArgumentValueError(
-                f"num_workers={num_workers} but create_env_fn lists {len(fns)} constructors; "
-                "give one constructor per worker, or one constructor and num_workers."
-            )
-    elif num_workers is None:
-        raise ArgumentValueError(
-            "create_env_fn is a single constructor: pass num_workers=..., or a list with one "
-            "constructor per worker."
-        )
-    else:
-        fns = [create_env_fn] * num_workers
-    for fn in fns:
-        if not (callable(fn) or isinstance(fn, str)):
-            raise ArgumentTypeError(
-                f"create_env_fn entries must be callables or env ids, got {type(fn).__name__}."
-            )
-    return fns
-
-
-def _per_worker(name: str, value: Any, index: int, num_workers: int) -> Any:
-    """A per-worker value from a list of ``num_workers`` values, or the same value for all."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != num_workers:
-            raise ArgumentValueError(
-                f"{name} is a list of {len(value)} values but there are {num_workers} workers; "
-                "give one value per worker or a single value for all."
-            )
-        return value[index]
-    return value
 
 
 def _same_device(wanted: torch.device, policy_device: torch.device | None) -> bool:

@@ -16,7 +16,15 @@ from hpccollect._checks import check_bool, check_callable, check_int
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.policy import resolve_exploration_type
 
-__all__ = ["BatchOptions", "Devices", "check_batch_options", "resolve_devices", "to_device"]
+__all__ = [
+    "BatchOptions",
+    "Devices",
+    "check_batch_options",
+    "env_fns",
+    "per_worker",
+    "resolve_devices",
+    "to_device",
+]
 
 
 @dataclass(frozen=True)
@@ -139,3 +147,45 @@ def resolve_devices(
                 f"{name} is {dev} but CUDA is not available on this machine; use 'cpu'."
             )
     return Devices(env=env, policy=policy, storing=storing)
+
+
+def env_fns(create_env_fn: Any, num_workers: int | None) -> list:
+    """One env constructor per worker, from a list or from one constructor and ``num_workers``."""
+    if num_workers is not None:
+        num_workers = check_int("num_workers", num_workers, minimum=1)
+    if isinstance(create_env_fn, (list, tuple)):
+        fns = list(create_env_fn)
+        if not fns:
+            raise ArgumentValueError(
+                "create_env_fn is an empty list; give one env constructor per worker."
+            )
+        if num_workers is not None and num_workers != len(fns):
+            raise ArgumentValueError(
+                f"num_workers={num_workers} but create_env_fn lists {len(fns)} constructors; "
+                "give one constructor per worker, or one constructor and num_workers."
+            )
+    elif num_workers is None:
+        raise ArgumentValueError(
+            "create_env_fn is a single constructor: pass num_workers=..., or a list with one "
+            "constructor per worker."
+        )
+    else:
+        fns = [create_env_fn] * num_workers
+    for fn in fns:
+        if not (callable(fn) or isinstance(fn, str)):
+            raise ArgumentTypeError(
+                f"create_env_fn entries must be callables or env ids, got {type(fn).__name__}."
+            )
+    return fns
+
+
+def per_worker(name: str, value: Any, index: int, num_workers: int) -> Any:
+    """A per-worker value from a list of ``num_workers`` values, or the same value for all."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != num_workers:
+            raise ArgumentValueError(
+                f"{name} is a list of {len(value)} values but there are {num_workers} workers; "
+                "give one value per worker or a single value for all."
+            )
+        return value[index]
+    return value

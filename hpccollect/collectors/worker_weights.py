@@ -1,0 +1,43 @@
+"""Policy weights for worker processes: one shared-memory buffer per worker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from hpccollect.collectors.messages import Command, Reply
+from hpccollect.collectors.processes import WorkerPool
+from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
+from hpccollect.errors import ArgumentValueError
+from hpccollect.policy import copy_weights_
+
+__all__ = ["SharedWeightsSender"]
+
+
+class SharedWeightsSender(RemoteWeightsUpdaterBase):
+    """Default remote updater: one shared-memory weights buffer per worker.
+
+    Sending to worker ``i`` writes its buffer, then asks it to load the buffer before its next
+    batch and waits for the acknowledgement (so the buffer is never written while read).
+    """
+
+    def __init__(self, pool: WorkerPool, buffers: list, source: nn.Module | None, timeout: float):
+        self.pool, self.buffers, self.source, self.timeout = pool, buffers, source, timeout
+
+    def _get_server_weights(self) -> TensorDictBase | None:
+        return None if self.source is None else TensorDict.from_module(self.source)
+
+    def _maybe_map_weights(self, server_weights: TensorDictBase) -> TensorDictBase:
+        return server_weights
+
+    def all_worker_ids(self) -> Sequence[int]:
+        return range(len(self.pool))
+
+    def _sync_weights_with_worker(self, worker_id: int, server_weights: TensorDictBase) -> None:
+        if self.buffers[worker_id] is None:
+            raise ArgumentValueError("the workers' policy has no parameters to update.")
+        copy_weights_(self.buffers[worker_id], server_weights)
+        self.pool.send(worker_id, Command.UPDATE_WEIGHTS)
+        self.pool.recv(worker_id, Reply.ACK, self.timeout)
