@@ -1,0 +1,291 @@
+"""Reading HDF5 shards and merged files back as TensorDicts, lazily; checking and repairing them.
+
+Only committed rows are visible: a file cut short by a crash shows every whole episode it
+committed and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from hpccollect.errors import ArgumentValueError
+from hpccollect.storage.layout import EPISODE, Key, keymap_from_json
+from hpccollect.storage.spaces_json import space_from_json
+
+__all__ = ["H5Dataset", "TransitionDataset", "open_dataset", "repair"]
+
+
+def _open(path: Path) -> h5py.File:
+    if not path.exists():
+        raise ArgumentValueError(f"{path} does not exist.")
+    try:
+        return h5py.File(path, "r")
+    except OSError as err:
+        raise ArgumentValueError(f"{path} is not a readable HDF5 file: {err}") from err
+
+
+class H5Dataset:
+    """A dataset file opened for reading: index it for TensorDicts of transitions.
+
+    ``ds[i]``, ``ds[a:b]`` or ``ds[index_tensor]`` read only those rows; ``ds.episodes()``
+    yields one TensorDict per episode; ``ds.to_tensordict()`` loads everything.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.file = _open(self.path)
+        attrs = self.file.attrs
+        if "committed_steps" not in attrs:
+            self.file.close()
+            raise ArgumentValueError(
+                f"{self.path} is not an hpccollect dataset (no committed_steps)."
+            )
+        self._check_shards()
+        self.keymap: dict[str, Key] = keymap_from_json(attrs["keymap"]) if "keymap" in attrs else {}
+        self.squeezed = set(attrs.get("squeezed", []))
+        self.committed_steps = int(attrs["committed_steps"])
+        self.committed_episodes = int(attrs["committed_episodes"])
+        self._episode_ids: np.ndarray | None = None
+
+    def _check_shards(self) -> None:
+        shards = json.loads(self.file.attrs.get("merged_from", "[]"))
+        missing = [s for s in shards if not (self.path.parent / s).exists()]
+        if missing:
+            self.file.close()
+            raise ArgumentValueError(
+                f"{self.path} is a merged view but its shard(s) {missing} are missing; restore "
+                "them next to it (paths are relative to the merged file)."
+            )
+
+    # ------------------------------------------------------------------ metadata
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Every file attribute, JSON ones decoded."""
+        out: dict[str, Any] = {}
+        for key, value in self.file.attrs.items():
+            if isinstance(value, bytes):
+                value = value.decode()
+            if isinstance(value, str) and value[:1] in "{[":
+                with contextlib.suppress(json.JSONDecodeError):
+                    value = json.loads(value)
+            out[key] = value.item() if isinstance(value, np.generic) else value
+        return out
+
+    @property
+    def observation_space(self):
+        text = self.file.attrs.get("observation_space")
+        return None if text is None else space_from_json(text)
+
+    @property
+    def action_space(self):
+        text = self.file.attrs.get("action_space")
+        return None if text is None else space_from_json(text)
+
+    @property
+    def written_steps(self) -> int:
+        """Rows physically present (more than committed after a crash, until repaired)."""
+        return int(self.file[EPISODE].shape[0]) if EPISODE in self.file else 0
+
+    # ------------------------------------------------------------------ rows
+    def __len__(self) -> int:
+        return self.committed_steps
+
+    def keys(self) -> list[Key]:
+        return list(self.keymap.values())
+
+    def __getitem__(self, index: Any) -> TensorDict:
+        rows = self._rows(index)
+        single = isinstance(rows, (int, np.integer))
+        out = TensorDict({}, batch_size=[] if single else [_count(rows, self.committed_steps)])
+        for path, key in self.keymap.items():
+            value = torch.from_numpy(np.asarray(_read(self.file[path], rows)))
+            out.set(key, value.unsqueeze(-1) if path in self.squeezed else value)
+        return out
+
+    def _rows(self, index: Any) -> Any:
+        n = self.committed_steps
+        if isinstance(index, (int, np.integer)):
+            if not -n <= index < n:
+                raise IndexError(f"row {index} is out of range for {n} committed rows")
+            return int(index) % n
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step != 1:
+                return np.arange(start, stop, step)
+            return slice(start, stop)
+        rows = np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index)
+        if rows.dtype == bool:
+            rows = np.flatnonzero(rows)
+        rows = np.where(rows < 0, rows + n, rows)
+        if rows.size and (rows.min() < 0 or rows.max() >= n):
+            raise IndexError(f"rows out of range for {n} committed rows")
+        order = np.argsort(rows, kind="stable")  # h5py wants increasing indices
+        sorted_rows = rows[order]
+        if (
+            len(np.unique(sorted_rows)) != len(sorted_rows)
+            or (order != np.arange(len(order))).any()
+        ):
+            return _Gather(rows)
+        return sorted_rows
+
+    def to_tensordict(self) -> TensorDict:
+        """Every committed row, in memory."""
+        return self[:]
+
+    # ------------------------------------------------------------------ episodes
+    @property
+    def episode_ids(self) -> np.ndarray:
+        if self._episode_ids is None:
+            self._episode_ids = self.file[EPISODE][: self.committed_steps]
+        return self._episode_ids
+
+    def episode_bounds(self) -> list[tuple[int, int]]:
+        """(start, stop) rows of each episode, in file order."""
+        ids = self.episode_ids
+        if not len(ids):
+            return []
+        starts = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1)]
+        return list(zip(starts, [*starts[1:], len(ids)], strict=True))
+
+    def episodes(self) -> Iterator[TensorDict]:
+        """One TensorDict ``[T]`` per episode, in file order."""
+        for start, stop in self.episode_bounds():
+            yield self[start:stop]
+
+    def returns(self) -> np.ndarray:
+        """The sum of rewards of each episode."""
+        bounds = self.episode_bounds()
+        if not bounds or "rewards" not in self.file:
+            return np.zeros(0)
+        rewards = self.file["rewards"][: self.committed_steps].astype(np.float64)
+        return np.add.reduceat(rewards, [s for s, _ in bounds])
+
+    def check(self) -> list[str]:
+        """Integrity problems found (an empty list when the file is sound)."""
+        problems = []
+        for path in [*self.keymap, EPISODE] if self.keymap else []:
+            if path not in self.file:
+                problems.append(f"dataset {path!r} named in keymap is missing")
+            elif self.file[path].shape[0] < self.committed_steps:
+                problems.append(
+                    f"dataset {path!r} has {self.file[path].shape[0]} rows, fewer than committed"
+                )
+        if problems:
+            return problems
+        bounds = self.episode_bounds()
+        if len(bounds) != self.committed_episodes:
+            problems.append(f"{len(bounds)} episodes found, {self.committed_episodes} committed")
+        if len({int(self.episode_ids[s]) for s, _ in bounds}) != len(bounds):
+            problems.append("an episode id appears in two places: episodes are not contiguous")
+        ends = [stop - 1 for _, stop in bounds]
+        if ends and "next_done" in self.file:
+            done = self.file["next_done"][: self.committed_steps].reshape(-1)
+            if not done[ends].all():
+                problems.append("some episodes do not end with next/done")
+            inner = np.ones(self.committed_steps, dtype=bool)
+            inner[ends] = False
+            if done[inner].any():
+                problems.append("next/done is set inside an episode")
+        return problems
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> H5Dataset:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"H5Dataset({str(self.path)!r}, steps={self.committed_steps}, "
+            f"episodes={self.committed_episodes})"
+        )
+
+
+class _Gather:
+    """Rows in any order (with repeats): read sorted unique rows, then reorder."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.unique, self.inverse = np.unique(rows, return_inverse=True)
+
+    def __len__(self) -> int:
+        return len(self.inverse)
+
+
+def _read(ds: h5py.Dataset, rows: Any) -> np.ndarray:
+    if isinstance(rows, _Gather):
+        return ds[rows.unique][rows.inverse]
+    return ds[rows]
+
+
+def _count(rows: Any, n: int) -> int:
+    if isinstance(rows, slice):
+        return len(range(*rows.indices(n)))
+    return len(rows)
+
+
+def open_dataset(path: str | os.PathLike) -> H5Dataset:
+    """Open a shard or a merged file for reading."""
+    return H5Dataset(path)
+
+
+class TransitionDataset(torch.utils.data.Dataset):
+    """A ``torch.utils.data.Dataset`` of transitions (one TensorDict row each).
+
+    The file is opened lazily in each process, so it works with ``DataLoader`` workers; batch
+    with ``collate_fn=torch.stack``.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        with H5Dataset(self.path) as ds:
+            self._len = len(ds)
+        self._ds: H5Dataset | None = None
+        self._pid: int | None = None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> TensorDict:
+        if self._ds is None or self._pid != os.getpid():
+            self._ds, self._pid = H5Dataset(self.path), os.getpid()
+        return self._ds[index]
+
+
+def repair(path: str | os.PathLike) -> Path:
+    """Cut a file left by a crash back to its committed rows; give a ``.partial`` its final name.
+
+    Returns the repaired file's path.
+    """
+    path = Path(path)
+    partial = path if path.name.endswith(".partial") else path.with_name(path.name + ".partial")
+    target = partial if partial.exists() else path
+    final = target.with_name(target.name.removesuffix(".partial"))
+    try:
+        file = h5py.File(target, "r+")
+    except OSError as err:
+        raise ArgumentValueError(f"{target} cannot be opened for repair: {err}") from err
+    with file:
+        n = int(file.attrs["committed_steps"])
+        names = [*keymap_from_json(file.attrs["keymap"]), EPISODE] if "keymap" in file.attrs else []
+        for name in names:
+            if name in file and file[name].shape[0] != n:
+                file[name].resize(n, axis=0)
+        file.flush()
+    if target != final:
+        if final.exists():
+            raise ArgumentValueError(f"cannot rename {target} to {final}: it exists.")
+        os.replace(target, final)
+    return final

@@ -1,0 +1,291 @@
+"""``HDF5Writer``: collector batches -> an HDF5 shard of whole episodes, safe against crashes.
+
+Rows are transitions grouped by episode, in time order. Steps of an episode that has not ended
+wait in memory; when it ends, the whole episode is appended, then ``committed_steps`` and
+``committed_episodes`` are updated, then the file is flushed (and fsync'ed every few appends).
+A reader trusts only the committed rows, so a ``kill -9`` loses at most the episodes in flight.
+The file is ``<path>.partial`` while open and renamed to ``<path>`` when closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import h5py
+import numpy as np
+from tensordict import TensorDictBase
+
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+from hpccollect.storage.layout import (
+    EPISODE,
+    SQUEEZED,
+    Key,
+    keymap_for,
+    keymap_to_json,
+)
+from hpccollect.storage.spaces_json import describe, space_to_json
+
+__all__ = ["FORMAT_VERSION", "HDF5Writer", "partial_path"]
+
+FORMAT_VERSION = 1
+_TRAJ: Key = ("collector", "traj_ids")
+_MASK: Key = ("collector", "mask")
+_COMPRESSIONS = (None, "gzip", "lzf")
+
+
+def partial_path(path: str | os.PathLike) -> Path:
+    """Where a file is written until it is closed."""
+    path = Path(path)
+    return path.with_name(path.name + ".partial")
+
+
+class HDF5Writer:
+    """Writes collector batches to one HDF5 file (one shard per writing process).
+
+    Use it as a collector's ``replay_buffer`` (so ``start()`` streams to disk), or call
+    ``extend(batch)`` on each batch a collector yields. Close it (or use ``with``) to write the
+    episodes still open as truncated and to give the file its final name.
+
+    Args:
+        path: the final file name (``.h5``).
+        env: the env id, gymnasium env or ``GymEnv`` the data comes from (for the metadata).
+        config: the collector configuration to record (any JSON-able mapping).
+        seed: the seed of the run.
+        compression: None (default, fastest), ``"gzip"`` or ``"lzf"``.
+        chunk_bytes: target chunk size per dataset.
+        fsync_every: fsync the file every this many appends (flush happens at every append).
+        overwrite: replace an existing file of that name.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        env: Any = None,
+        config: dict | None = None,
+        seed: int | None = None,
+        compression: str | None = None,
+        chunk_bytes: int = 1 << 20,
+        fsync_every: int = 8,
+        overwrite: bool = False,
+    ) -> None:
+        if compression not in _COMPRESSIONS:
+            raise ArgumentValueError(
+                f"compression={compression!r} is not supported; use one of {_COMPRESSIONS}."
+            )
+        self.path = Path(path)
+        self.partial = partial_path(self.path)
+        for existing in (self.path, self.partial):
+            if existing.exists() and not overwrite:
+                raise ArgumentValueError(
+                    f"{existing} already exists; pass overwrite=True (--overwrite) to replace it"
+                    + (
+                        ", or repair it with hpccollect.storage.repair()"
+                        if existing == self.partial
+                        else ""
+                    )
+                    + "."
+                )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.compression, self.chunk_bytes, self.fsync_every = compression, chunk_bytes, fsync_every
+        self._file = h5py.File(self.partial, "w")
+        self._pending: dict[int, list[dict[str, np.ndarray]]] = {}
+        self._keymap: dict[str, Key] | None = None
+        self.committed_steps = self.committed_episodes = 0
+        self.returns: list[float] = []
+        self._appends = 0
+        self._closed = False
+        self._write_metadata(env, config, seed)
+
+    def _write_metadata(self, env: Any, config: dict | None, seed: int | None) -> None:
+        attrs = self._file.attrs
+        attrs["format_version"] = FORMAT_VERSION
+        attrs["hpccollect_version"] = _version()
+        attrs["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        attrs["committed_steps"] = 0
+        attrs["committed_episodes"] = 0
+        attrs["collector_config"] = describe(config or {})
+        if seed is not None:
+            attrs["seed"] = int(seed)
+        env_id, obs_space, act_space = _env_description(env)
+        if env_id is not None:
+            attrs["env_id"] = env_id
+        if obs_space is not None:
+            attrs["observation_space"] = space_to_json(obs_space)
+            attrs["action_space"] = space_to_json(act_space)
+
+    # ------------------------------------------------------------------ input
+    def extend(self, batch: TensorDictBase) -> None:
+        """Take a collector batch (``[T]``, ``[N, T]``, ``[W, N, T]`` or split trajectories)."""
+        if self._closed:
+            raise ArgumentValueError(f"{self.path} is closed; open a new HDF5Writer to write more.")
+        if not isinstance(batch, TensorDictBase):
+            raise ArgumentTypeError(f"extend() takes a TensorDict, got {type(batch).__name__}.")
+        if _TRAJ not in batch.keys(True, True):
+            raise ArgumentValueError(
+                "the batch has no ('collector', 'traj_ids'): HDF5Writer needs a collector's output "
+                "to group steps into episodes."
+            )
+        keys = [k if isinstance(k, tuple) else (k,) for k in batch.keys(True, True)]
+        keys = [k for k in keys if k != _MASK]
+        if self._keymap is None:
+            self._keymap = keymap_for(keys)
+        complete: list[tuple[int, bool]] = []
+        for ids, done, arrays in self._rows(batch, keys):
+            bounds = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1), len(ids)]
+            for j, (s, e) in enumerate(itertools.pairwise(bounds)):
+                tid = int(ids[s])
+                self._pending.setdefault(tid, []).append(
+                    {p: a[s:e].copy() for p, a in arrays.items()}
+                )
+                ended, last = bool(done[e - 1]), j == len(bounds) - 2
+                if ended or not last:
+                    complete.append((tid, not ended))
+        if complete:
+            self._commit([self._episode(tid, cut) for tid, cut in complete])
+
+    def _rows(self, batch: TensorDictBase, keys: list[Key]):
+        """(traj ids, done, {path: array}) per env row, time along the first axis."""
+        paths = {path: key for path, key in self._keymap.items()}
+        if set(paths.values()) != set(keys):
+            raise ArgumentValueError(
+                "this batch's keys differ from the first batch's: "
+                f"{sorted(map(str, set(keys) ^ set(paths.values())))}; one writer takes one layout."
+            )
+        time_len = batch.shape[-1]
+        flat = batch.reshape(-1, time_len) if batch.batch_dims != 1 else batch.unsqueeze(0)
+        mask = flat.get(_MASK).numpy() if _MASK in batch.keys(True, True) else None
+        arrays = {p: flat.get(k).detach().cpu().numpy() for p, k in paths.items()}
+        ids_all = flat.get(_TRAJ).numpy()
+        done_all = flat.get(("next", "done")).numpy()[..., 0]
+        for r in range(flat.shape[0]):
+            keep = slice(None) if mask is None else mask[r]
+            row = {p: a[r][keep] for p, a in arrays.items()}
+            if len(row[next(iter(row))]):
+                yield ids_all[r][keep], done_all[r][keep], row
+
+    def _episode(self, tid: int, cut: bool) -> tuple[int, dict[str, np.ndarray]]:
+        segments = self._pending.pop(tid)
+        episode = {p: np.concatenate([s[p] for s in segments]) for p in segments[0]}
+        if cut:  # ended without done (end of run, or a reset): record it as truncated
+            for path, key in self._keymap.items():
+                if key in (("next", "truncated"), ("next", "done")):
+                    episode[path][-1] = True
+        return tid, episode
+
+    # ------------------------------------------------------------------ output
+    def _commit(self, episodes: list[tuple[int, dict[str, np.ndarray]]]) -> None:
+        """Append whole episodes, then move the committed counters, then flush."""
+        data = {p: np.concatenate([ep[p] for _, ep in episodes]) for p in episodes[0][1]}
+        data = {p: (a.reshape(len(a)) if p in SQUEEZED else a) for p, a in data.items()}
+        data[EPISODE] = np.concatenate(
+            [np.full(len(next(iter(ep.values()))), tid, dtype=np.int64) for tid, ep in episodes]
+        )
+        if "rewards" in data:
+            self.returns += [float(ep["rewards"].sum()) for _, ep in episodes]
+        start, n = self.committed_steps, len(data[EPISODE])
+        for path, array in data.items():
+            ds = self._dataset(path, array)
+            ds.resize(start + n, axis=0)
+            ds[start:] = array
+        self.committed_steps += n
+        self.committed_episodes += len(episodes)
+        self._file.attrs["committed_steps"] = self.committed_steps
+        self._file.attrs["committed_episodes"] = self.committed_episodes
+        self._file.flush()
+        self._appends += 1
+        if self._appends % self.fsync_every == 0:
+            self._fsync()
+
+    def _dataset(self, path: str, array: np.ndarray) -> h5py.Dataset:
+        if path in self._file:
+            return self._file[path]
+        if "keymap" not in self._file.attrs:
+            self._file.attrs["keymap"] = keymap_to_json(self._keymap)
+            self._file.attrs["squeezed"] = sorted(SQUEEZED & set(self._keymap))
+        trailing = array.shape[1:]
+        row_bytes = max(1, int(np.prod(trailing, dtype=np.int64)) * array.dtype.itemsize)
+        rows = int(min(max(1, self.chunk_bytes // row_bytes), 1 << 20))
+        return self._file.create_dataset(
+            path,
+            shape=(0, *trailing),
+            maxshape=(None, *trailing),
+            chunks=(rows, *trailing),
+            dtype=array.dtype,
+            compression=self.compression,
+        )
+
+    def _fsync(self) -> None:
+        # not a POSIX file driver: flush() is all we can do
+        with contextlib.suppress(OSError, TypeError, ValueError):
+            os.fsync(self._file.id.get_vfd_handle())
+
+    @property
+    def open_episodes(self) -> int:
+        """Episodes started but not ended yet (written as truncated at close)."""
+        return len(self._pending)
+
+    def close(self) -> Path:
+        """Write open episodes as truncated, fsync, close, and rename to the final name."""
+        if self._closed:
+            return self.path
+        try:
+            if self._pending:
+                self._commit([self._episode(tid, True) for tid in list(self._pending)])
+            self._file.attrs["complete"] = True
+            self._file.flush()
+            self._fsync()
+        finally:
+            self._closed = True
+            self._file.close()
+        os.replace(self.partial, self.path)
+        return self.path
+
+    def __enter__(self) -> HDF5Writer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return self.committed_steps
+
+    def __repr__(self) -> str:
+        return (
+            f"HDF5Writer({str(self.path)!r}, committed_steps={self.committed_steps}, "
+            f"committed_episodes={self.committed_episodes}, open_episodes={self.open_episodes})"
+        )
+
+
+def _env_description(env: Any) -> tuple[str | None, gym.Space | None, gym.Space | None]:
+    """(env id, single observation space, single action space) of what ``env`` names."""
+    if env is None:
+        return None, None, None
+    if isinstance(env, str):
+        made = gym.make(env)
+        try:
+            return env, made.observation_space, made.action_space
+        finally:
+            made.close()
+    inner = getattr(env, "env", env)  # an hpccollect GymEnv wraps the gymnasium env
+    spec = getattr(inner, "spec", None)
+    env_id = getattr(spec, "id", None) or type(getattr(inner, "unwrapped", inner)).__name__
+    if isinstance(inner, gym.vector.VectorEnv):
+        return env_id, inner.single_observation_space, inner.single_action_space
+    if isinstance(inner, gym.Env):
+        return env_id, inner.observation_space, inner.action_space
+    raise ArgumentTypeError(
+        f"env must be an env id, a gymnasium env or a GymEnv, got {type(env).__name__}."
+    )
+
+
+def _version() -> str:
+    from hpccollect import __version__
+
+    return __version__
