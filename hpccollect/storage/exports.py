@@ -146,6 +146,8 @@ def export_minari(
             dataset_id,
             buffers,
             env=env_id if registered else None,
+            eval_env=env_id if registered else None,
+            description=f"Collected with hpccollect ({Path(src).name}).",
             observation_space=None if registered else obs_space,
             action_space=None if registered else act_space,
             algorithm_name="hpccollect",
