@@ -13,6 +13,7 @@ Wrapping (as in TorchRL's collectors):
 from __future__ import annotations
 
 import inspect
+import math
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import InteractionType, TensorDictModule, TensorDictModuleBase
+from tensordict.nn import InteractionType, TensorDictModule, TensorDictModuleBase, interaction_type
 from torch import nn
 
 from hpccollect.envs.specs import TensorSpec
@@ -28,6 +29,7 @@ from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = [
     "ExplorationType",
+    "MLPActor",
     "RandomPolicy",
     "WrappedPolicy",
     "copy_weights_",
@@ -224,3 +226,51 @@ def copy_weights_(dest: TensorDictBase, weights: Any) -> None:
 
 def _under_module(weights: TensorDictBase) -> bool:
     return list(weights.keys()) == ["module"]
+
+
+class MLPActor(nn.Module):
+    """The main job's small default policy: an MLP over the flattened observation leaves.
+
+    Discrete actions: one-hot samples of a categorical over the logits (the argmax under
+    ``ExplorationType.MODE``); Box actions: the network output squashed into the bounds, with
+    Gaussian noise when exploring. Randomly initialised unless weights are loaded.
+
+    Args:
+        obs_shapes: the event shape of each observation leaf, in the order they are passed.
+        action_spec: the env's (unbatched) action spec.
+        hidden: width of the two hidden layers.
+    """
+
+    def __init__(
+        self, obs_shapes: Sequence[Sequence[int]], action_spec: TensorSpec, hidden: int = 64
+    ) -> None:
+        super().__init__()
+        self.obs_shapes = [tuple(s) for s in obs_shapes]
+        self.discrete = hasattr(action_spec, "n") and action_spec.shape[-1:] == (action_spec.n,)
+        out = action_spec.shape[-1] if len(action_spec.shape) else 1
+        sizes = [math.prod(s) for s in self.obs_shapes]
+        self.net = nn.Sequential(
+            nn.Linear(sum(sizes), hidden),
+            nn.Tanh(),
+            nn.Linear(hidden, hidden),
+            nn.Tanh(),
+            nn.Linear(hidden, out),
+        )
+        low, high = getattr(action_spec, "low", None), getattr(action_spec, "high", None)
+        self.register_buffer("low", torch.zeros(out) if low is None else low.reshape(out).float())
+        self.register_buffer("high", torch.ones(out) if high is None else high.reshape(out).float())
+        self.dtype_out = action_spec.dtype
+
+    def forward(self, *observations: torch.Tensor) -> torch.Tensor:
+        flat = [
+            o.reshape(*o.shape[: o.ndim - len(shape)], math.prod(shape)).float()
+            for o, shape in zip(observations, self.obs_shapes, strict=True)
+        ]
+        x = self.net(torch.cat(flat, -1))
+        explore = interaction_type() in (None, InteractionType.RANDOM)
+        if self.discrete:
+            index = torch.distributions.Categorical(logits=x).sample() if explore else x.argmax(-1)
+            return torch.nn.functional.one_hot(index, x.shape[-1]).to(self.dtype_out)
+        if explore:
+            x = x + 0.5 * torch.randn_like(x)
+        return (self.low + (torch.tanh(x) + 1) / 2 * (self.high - self.low)).to(self.dtype_out)

@@ -1,0 +1,186 @@
+"""``python -m hpccollect``: argument parsing and output only; the work is in ``job`` and
+``storage``. A user mistake prints one line and exits with code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+import numpy as np
+
+from hpccollect.config import COLLECTORS, COMPRESSIONS, RunConfig, load_toml
+from hpccollect.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    EnvError,
+    HpcCollectError,
+    PolicyError,
+)
+
+__all__ = ["main"]
+
+COMMANDS = ("collect", "inspect", "merge", "export")
+_USER_ERRORS = (ArgumentValueError, ArgumentTypeError, EnvError, PolicyError)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hpccollect", description="Collect RL experience into HDF5 datasets.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    collect = sub.add_parser("collect", help="collect a dataset (the default command)")
+    collect.add_argument("--config", help="TOML file with any of these options")
+    collect.add_argument("--env", help="gymnasium env id (default CartPole-v1)")
+    collect.add_argument(
+        "--env-kwargs", type=_json_object, help="JSON object passed to gymnasium.make"
+    )
+    collect.add_argument("--num-envs", type=int, help="envs per worker (a SyncVectorEnv when > 1)")
+    collect.add_argument("--num-workers", type=int, help="worker processes (multi-* collectors)")
+    collect.add_argument("--collector", choices=COLLECTORS, help="default multi-sync")
+    collect.add_argument("--frames-per-batch", type=int)
+    collect.add_argument("--total-frames", type=int)
+    collect.add_argument("--max-steps", type=int, help="truncate episodes after this many steps")
+    collect.add_argument("--seed", type=int)
+    collect.add_argument("--policy", help="random, default, module:function, or a state_dict file")
+    collect.add_argument("--out", help="dataset file (default data/<env>-seed<seed>.h5)")
+    collect.add_argument("--compression", choices=COMPRESSIONS)
+    collect.add_argument("--overwrite", action="store_true", default=None)
+    collect.add_argument("--quiet", action="store_true", help="no progress line")
+    inspect = sub.add_parser("inspect", help="describe and check a dataset file")
+    inspect.add_argument("file")
+    merge = sub.add_parser("merge", help="one file over many shards (virtual datasets)")
+    merge.add_argument("shards", nargs="+")
+    merge.add_argument("--out", required=True)
+    merge.add_argument("--overwrite", action="store_true")
+    export = sub.add_parser("export", help="export to D4RL, Minari or a memory-mapped TensorDict")
+    export.add_argument("file")
+    export.add_argument("--format", required=True, choices=("d4rl", "minari", "memmap"))
+    export.add_argument(
+        "--out", required=True, help="file (d4rl), datasets root (minari), folder (memmap)"
+    )
+    export.add_argument("--dataset-id", help="NAMESPACE/NAME-vN (minari)")
+    export.add_argument("--overwrite", action="store_true")
+    return parser
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            "must be a JSON object such as '{\"max_episode_steps\": 100}'"
+        )
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or (args[0] not in COMMANDS and args[0] not in ("-h", "--help")):
+        args.insert(0, "collect")
+    ns = _parser().parse_args(args)
+    try:
+        return {"collect": _collect, "inspect": _inspect, "merge": _merge, "export": _export}[
+            ns.command
+        ](ns)
+    except _USER_ERRORS as err:
+        print(f"hpccollect: error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except HpcCollectError as err:
+        print(f"hpccollect: failed: {err}", file=sys.stderr)
+        return 1
+
+
+def _collect(ns: argparse.Namespace) -> int:
+    from hpccollect.job import run_collect
+    from hpccollect.progress import Progress
+
+    options = {k: v for k, v in vars(ns).items() if k not in ("command", "config", "quiet")}
+    cfg = RunConfig.from_sources(load_toml(ns.config) if ns.config else {}, options)
+    print(
+        f"collecting {cfg.total_frames} frames of {cfg.env} with {cfg.collector} "
+        f"({cfg.num_workers if cfg.collector != 'sync' else 1} process(es) x {cfg.num_envs} env(s)) "
+        f"-> {cfg.output}",
+        file=sys.stderr,
+    )
+    progress = None if ns.quiet else Progress(cfg.total_frames)
+    try:
+        summary = run_collect(cfg, None if progress is None else progress.update)
+    finally:
+        if progress is not None:
+            progress.close()
+    print("\n".join(summary.lines()))
+    return 0
+
+
+def _inspect(ns: argparse.Namespace) -> int:
+    from hpccollect.storage import open_dataset
+
+    with open_dataset(ns.file) as ds:
+        meta = ds.metadata
+        state = (
+            "complete"
+            if meta.get("complete")
+            else "unfinished (still being written, or its writer crashed)"
+        )
+        print(f"file              {ds.path} ({state})")
+        print(
+            f"env               {meta.get('env_id', '-')}   format v{meta.get('format_version')}, "
+            f"hpccollect {meta.get('hpccollect_version', '-')}, created {meta.get('created', '-')}"
+        )
+        if "merged_from" in meta:
+            print(
+                f"merged from       {len(meta['merged_from'])} shards: {', '.join(meta['merged_from'])}"
+            )
+        print(f"frames            {len(ds)} committed, {ds.written_steps} written")
+        print(f"episodes          {ds.committed_episodes}")
+        returns = ds.returns()
+        if len(returns):
+            print(
+                f"episode return    mean {returns.mean():.2f}  std {returns.std():.2f}  "
+                f"min {returns.min():.2f}  max {returns.max():.2f}"
+            )
+        print("keys")
+        for path, key in ds.keymap.items():
+            data = ds.file[path]
+            shape = data.shape[1:] + ((1,) if path in ds.squeezed else ())
+            print(
+                f"  {'/'.join(key):28s} {np.dtype(data.dtype)!s:8s} {tuple(shape)!s:12s} <- {path}"
+            )
+        problems = ds.check()
+        print("integrity         " + ("ok" if not problems else "PROBLEMS: " + "; ".join(problems)))
+    return 0 if not problems else 1
+
+
+def _merge(ns: argparse.Namespace) -> int:
+    from hpccollect.storage import merge_shards, open_dataset
+
+    out = merge_shards(ns.shards, ns.out, overwrite=ns.overwrite)
+    with open_dataset(out) as ds:
+        print(
+            f"merged {len(ns.shards)} shards into {out}: {len(ds)} frames, {ds.committed_episodes} episodes"
+        )
+    return 0
+
+
+def _export(ns: argparse.Namespace) -> int:
+    from hpccollect.storage import export_d4rl, export_memmap, export_minari
+
+    if ns.format == "minari":
+        if not ns.dataset_id:
+            raise ArgumentValueError("--format minari needs --dataset-id NAMESPACE/NAME-vN.")
+        out = export_minari(ns.file, ns.out, ns.dataset_id, overwrite=ns.overwrite)
+    elif ns.format == "d4rl":
+        out = export_d4rl(ns.file, ns.out, overwrite=ns.overwrite)
+    else:
+        out = export_memmap(ns.file, ns.out, overwrite=ns.overwrite)
+    print(f"exported {ns.file} as {ns.format} to {out}")
+    return 0

@@ -1,0 +1,113 @@
+"""Run configuration of the ``python -m hpccollect`` job: one frozen dataclass, from defaults,
+a TOML file and command-line options (later ones win). The only place environment variables
+are read."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpccollect.errors import ArgumentValueError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["COLLECTORS", "RunConfig", "data_dir", "load_toml"]
+
+COLLECTORS = ("sync", "multi-sync", "multi-async")
+COMPRESSIONS = ("none", "gzip", "lzf")
+
+
+def data_dir() -> Path:
+    """Where datasets go by default: ``$HPCCOLLECT_DATA_DIR``, else ``./data``."""
+    return Path(os.environ.get("HPCCOLLECT_DATA_DIR", "data"))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one collection run needs; the defaults are the embedded default job."""
+
+    env: str = "CartPole-v1"
+    env_kwargs: dict = field(default_factory=dict)
+    num_envs: int = 1
+    num_workers: int = 2
+    collector: str = "multi-sync"
+    frames_per_batch: int = 1000
+    total_frames: int = 20_000
+    max_steps: int | None = None
+    seed: int = 0
+    policy: str = "default"
+    out: str | None = None
+    compression: str = "none"
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("num_envs", "num_workers", "frames_per_batch", "total_frames"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ArgumentValueError(
+                    f"--{name.replace('_', '-')} must be a positive integer, got {value!r}."
+                )
+        if self.max_steps is not None and (
+            not isinstance(self.max_steps, int) or self.max_steps < 1
+        ):
+            raise ArgumentValueError(
+                f"--max-steps must be a positive integer, got {self.max_steps!r}."
+            )
+        if self.collector not in COLLECTORS:
+            raise ArgumentValueError(
+                f"--collector must be one of {', '.join(COLLECTORS)}; got {self.collector!r}."
+            )
+        if self.compression not in COMPRESSIONS:
+            raise ArgumentValueError(
+                f"--compression must be one of {', '.join(COMPRESSIONS)}; got {self.compression!r}."
+            )
+        if not isinstance(self.env_kwargs, dict):
+            raise ArgumentValueError(
+                f"--env-kwargs must be a JSON object, got {self.env_kwargs!r}."
+            )
+
+    @property
+    def output(self) -> Path:
+        """The dataset path: ``out``, or ``<data dir>/<env>-seed<seed>.h5``."""
+        if self.out:
+            return Path(self.out)
+        slug = self.env.replace("/", "_").replace(":", "_")
+        return data_dir() / f"{slug}-seed{self.seed}.h5"
+
+    @classmethod
+    def from_sources(cls, toml: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
+        """Defaults, then the TOML table, then explicit command-line options."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for source, where in ((toml, "the config file"), (overrides, "the command line")):
+            for key, value in source.items():
+                name = key.replace("-", "_")
+                if name not in names:
+                    raise ArgumentValueError(
+                        f"unknown option {key!r} in {where}; known: {', '.join(sorted(names))}."
+                    )
+                if value is not None:
+                    values[name] = value
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """The options in a TOML file (top level, or under a ``[collect]`` table)."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError as err:
+        raise ArgumentValueError(f"--config: {path} does not exist.") from err
+    except tomllib.TOMLDecodeError as err:
+        raise ArgumentValueError(f"--config: {path} is not valid TOML: {err}") from err
+    return data.get("collect", data)
