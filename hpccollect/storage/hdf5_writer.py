@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import itertools
 import os
 from pathlib import Path
 from typing import Any
@@ -97,6 +96,7 @@ class HDF5Writer:
         self._file = h5py.File(self.partial, "w")
         self._pending: dict[int, list[dict[str, np.ndarray]]] = {}
         self._keymap: dict[str, Key] | None = None
+        self._datasets: dict[str, h5py.Dataset] = {}
         self.committed_steps = self.committed_episodes = 0
         self.returns: list[float] = []
         self._appends = 0
@@ -108,8 +108,8 @@ class HDF5Writer:
         attrs["format_version"] = FORMAT_VERSION
         attrs["hpccollect_version"] = _version()
         attrs["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
-        attrs["committed_steps"] = 0
-        attrs["committed_episodes"] = 0
+        attrs["committed_steps"] = np.int64(0)
+        attrs["committed_episodes"] = np.int64(0)
         attrs["collector_config"] = describe(config or {})
         if seed is not None:
             attrs["seed"] = int(seed)
@@ -136,23 +136,40 @@ class HDF5Writer:
         keys = [k for k in keys if k != _MASK]
         if self._keymap is None:
             self._keymap = keymap_for(keys)
-        complete: list[tuple[int, bool]] = []
-        for ids, done, arrays in self._rows(batch, keys):
-            bounds = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1), len(ids)]
-            for j, (s, e) in enumerate(itertools.pairwise(bounds)):
-                tid = int(ids[s])
-                self._pending.setdefault(tid, []).append(
-                    {p: a[s:e].copy() for p, a in arrays.items()}
-                )
-                ended, last = bool(done[e - 1]), j == len(bounds) - 2
-                if ended or not last:
-                    complete.append((tid, not ended))
-        if complete:
-            self._commit([self._episode(tid, cut) for tid, cut in complete])
+        arrays, ids, done, row_end = self._flatten(batch, keys)
+        if not len(ids):
+            return
+        # segments: runs of one trajectory id within one env row
+        cut = np.flatnonzero((ids[1:] != ids[:-1]) | row_end[:-1]) + 1
+        starts = np.concatenate([[0], cut])
+        stops = np.concatenate([cut, [len(ids)]])
+        ended = done[stops - 1]
+        closes = ended | ~row_end[stops - 1]  # done, or followed by another trajectory in its row
+        row_start = np.ones(len(ids), dtype=bool)
+        row_start[1:] = row_end[:-1]
+        # only a row's first segment (it may continue a pending episode) and a segment that
+        # stays open need Python; every other segment is a whole episode inside this batch
+        special = np.flatnonzero(row_start[starts] | ~closes)
+        fresh = np.ones(len(starts), dtype=bool)
+        episodes: list[tuple[int, dict[str, Any]]] = []
+        for k in special:
+            tid = int(ids[starts[k]])
+            if tid in self._pending or not closes[k]:
+                fresh[k] = False
+                view = {p: a[starts[k] : stops[k]] for p, a in arrays.items()}
+                if closes[k]:  # the episode ends here: join its earlier parts, no extra copy
+                    self._pending[tid].append(view)
+                    episodes.append(self._episode(tid, not ended[k]))
+                else:  # still open: keep a copy (the batch's buffers may be reused)
+                    self._pending.setdefault(tid, []).append({p: v.copy() for p, v in view.items()})
+        if fresh.any():
+            episodes += self._gather(arrays, ids, starts[fresh], stops[fresh], ended[fresh])
+        if episodes:
+            self._commit(episodes)
 
-    def _rows(self, batch: TensorDictBase, keys: list[Key]):
-        """(traj ids, done, {path: array}) per env row, time along the first axis."""
-        paths = {path: key for path, key in self._keymap.items()}
+    def _flatten(self, batch: TensorDictBase, keys: list[Key]):
+        """Row-major arrays over every env row: {path: [R*T, ...]}, ids, done, row ends."""
+        paths = self._keymap
         if set(paths.values()) != set(keys):
             raise ArgumentValueError(
                 "this batch's keys differ from the first batch's: "
@@ -160,59 +177,105 @@ class HDF5Writer:
             )
         time_len = batch.shape[-1]
         flat = batch.reshape(-1, time_len) if batch.batch_dims != 1 else batch.unsqueeze(0)
-        mask = flat.get(_MASK).numpy() if _MASK in batch.keys(True, True) else None
-        arrays = {p: flat.get(k).detach().cpu().numpy() for p, k in paths.items()}
-        ids_all = flat.get(_TRAJ).numpy()
-        done_all = flat.get(("next", "done")).numpy()[..., 0]
-        for r in range(flat.shape[0]):
-            keep = slice(None) if mask is None else mask[r]
-            row = {p: a[r][keep] for p, a in arrays.items()}
-            if len(row[next(iter(row))]):
-                yield ids_all[r][keep], done_all[r][keep], row
+        rows = flat.shape[0]
+        keep = None
+        if _MASK in batch.keys(True, True):
+            keep = flat.get(_MASK).numpy().reshape(-1)
+        row_end = np.zeros((rows, time_len), dtype=bool)
+        row_end[:, -1] = True
+        row_end = row_end.reshape(-1)
+        arrays = {}
+        for p, k in paths.items():
+            value = flat.get(k).detach().cpu().numpy()
+            arrays[p] = value.reshape(rows * time_len, *value.shape[2:])
+        ids = flat.get(_TRAJ).numpy().reshape(-1)
+        done = flat.get(("next", "done")).numpy().reshape(-1)
+        if keep is not None:  # split trajectories: drop padding, a row ends at its last real step
+            last = np.zeros_like(keep)
+            counts = keep.reshape(rows, time_len).sum(1)
+            ends = np.flatnonzero(counts) * time_len + counts[counts > 0] - 1
+            last[ends] = True
+            arrays = {p: a[keep] for p, a in arrays.items()}
+            ids, done, row_end = ids[keep], done[keep], last[keep]
+        return arrays, ids, done, row_end
+
+    def _gather(self, arrays, ids, starts, stops, ended):
+        """Whole episodes that lie inside this batch, taken with one index per dataset."""
+        lengths = stops - starts
+        index = np.repeat(starts - np.cumsum(np.concatenate([[0], lengths[:-1]])), lengths)
+        index += np.arange(lengths.sum())
+        block = {p: a[index] for p, a in arrays.items()}
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        for k in np.flatnonzero(~ended):  # cut short (a reset): record as truncated
+            self._mark_truncated(block, offsets[k + 1] - 1)
+        return [(-1, {"__block__": block, "__ids__": ids[starts], "__lengths__": lengths})]
 
     def _episode(self, tid: int, cut: bool) -> tuple[int, dict[str, np.ndarray]]:
+        """The pending segments of ``tid`` as one episode (truncated at its end if ``cut``)."""
         segments = self._pending.pop(tid)
         episode = {p: np.concatenate([s[p] for s in segments]) for p in segments[0]}
         if cut:  # ended without done (end of run, or a reset): record it as truncated
-            for path, key in self._keymap.items():
-                if key in (("next", "truncated"), ("next", "done")):
-                    episode[path][-1] = True
+            self._mark_truncated(episode, -1)
         return tid, episode
 
+    def _mark_truncated(self, data: dict[str, np.ndarray], row: int) -> None:
+        for path, key in self._keymap.items():
+            if key in (("next", "truncated"), ("next", "done")):
+                data[path][row] = True
+
     # ------------------------------------------------------------------ output
-    def _commit(self, episodes: list[tuple[int, dict[str, np.ndarray]]]) -> None:
-        """Append whole episodes, then move the committed counters, then flush."""
-        data = {p: np.concatenate([ep[p] for _, ep in episodes]) for p in episodes[0][1]}
+    def _commit(self, episodes: list[tuple[int, dict[str, Any]]]) -> None:
+        """Append whole episodes, then move the committed counters, then flush.
+
+        Each item is (traj id, arrays) for one episode, or a block of several episodes
+        (``__block__`` arrays with their ``__ids__`` and ``__lengths__``).
+        """
+        parts, tids, lengths = [], [], []
+        for tid, episode in episodes:
+            if "__block__" in episode:
+                parts.append(episode["__block__"])
+                tids.append(episode["__ids__"])
+                lengths.append(episode["__lengths__"])
+            else:
+                parts.append(episode)
+                tids.append(np.array([tid]))
+                lengths.append(np.array([len(next(iter(episode.values())))]))
+        if len(parts) == 1:
+            data = dict(parts[0])
+        else:
+            data = {p: np.concatenate([part[p] for part in parts]) for p in parts[0]}
         data = {p: (a.reshape(len(a)) if p in SQUEEZED else a) for p, a in data.items()}
-        data[EPISODE] = np.concatenate(
-            [np.full(len(next(iter(ep.values()))), tid, dtype=np.int64) for tid, ep in episodes]
-        )
+        tids, lengths = np.concatenate(tids), np.concatenate(lengths)
+        data[EPISODE] = np.repeat(tids.astype(np.int64), lengths)
         if "rewards" in data:
-            self.returns += [float(ep["rewards"].sum()) for _, ep in episodes]
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            self.returns += np.add.reduceat(data["rewards"].astype(np.float64), starts).tolist()
         start, n = self.committed_steps, len(data[EPISODE])
         for path, array in data.items():
             ds = self._dataset(path, array)
             ds.resize(start + n, axis=0)
             ds[start:] = array
         self.committed_steps += n
-        self.committed_episodes += len(episodes)
-        self._file.attrs["committed_steps"] = self.committed_steps
-        self._file.attrs["committed_episodes"] = self.committed_episodes
+        self.committed_episodes += len(tids)
+        # modify() rewrites the value in place; item assignment would recreate the attribute
+        self._file.attrs.modify("committed_steps", np.int64(self.committed_steps))
+        self._file.attrs.modify("committed_episodes", np.int64(self.committed_episodes))
         self._file.flush()
         self._appends += 1
         if self._appends % self.fsync_every == 0:
             self._fsync()
 
     def _dataset(self, path: str, array: np.ndarray) -> h5py.Dataset:
-        if path in self._file:
-            return self._file[path]
+        cached = self._datasets.get(path)
+        if cached is not None:
+            return cached
         if "keymap" not in self._file.attrs:
             self._file.attrs["keymap"] = keymap_to_json(self._keymap)
             self._file.attrs["squeezed"] = sorted(SQUEEZED & set(self._keymap))
         trailing = array.shape[1:]
         row_bytes = max(1, int(np.prod(trailing, dtype=np.int64)) * array.dtype.itemsize)
         rows = int(min(max(1, self.chunk_bytes // row_bytes), 1 << 20))
-        return self._file.create_dataset(
+        self._datasets[path] = self._file.create_dataset(
             path,
             shape=(0, *trailing),
             maxshape=(None, *trailing),
@@ -220,6 +283,7 @@ class HDF5Writer:
             dtype=array.dtype,
             compression=self.compression,
         )
+        return self._datasets[path]
 
     def _fsync(self) -> None:
         # not a POSIX file driver: flush() is all we can do
