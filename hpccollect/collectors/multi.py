@@ -63,6 +63,7 @@ class _MultiCollector(DataCollectorBase):
         num_sub_threads: int = 1,
         mp_start_method: str = "spawn",
         worker_timeout: float = 600.0,
+        start_timeout: float = 120.0,
         categorical_action_encoding: bool = False,
         local_weight_updater: Any = None,
         remote_weight_updater: RemoteWeightsUpdaterBase | None = None,
@@ -104,9 +105,10 @@ class _MultiCollector(DataCollectorBase):
             raise ArgumentTypeError(
                 f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}."
             )
-        self.worker_timeout = float(worker_timeout)
-        if self.worker_timeout <= 0:
-            raise ArgumentValueError(f"worker_timeout must be > 0 seconds, got {worker_timeout}.")
+        self.worker_timeout, self.start_timeout = float(worker_timeout), float(start_timeout)
+        for name, value in (("worker_timeout", worker_timeout), ("start_timeout", start_timeout)):
+            if not float(value) > 0:
+                raise ArgumentValueError(f"{name} must be > 0 seconds, got {value}.")
         self.frames_per_batch = self.options.frames_per_batch
         self.total_frames = self.options.total_frames
         self.replay_buffer = replay_buffer
@@ -160,7 +162,7 @@ class _MultiCollector(DataCollectorBase):
         self._closed = False
         try:
             self._layouts: list[TensorDictBase] = [
-                self._pool.recv(i, Reply.LAYOUT, self.worker_timeout) for i in range(n)
+                self._pool.recv(i, Reply.LAYOUT, self.start_timeout) for i in range(n)
             ]
         except BaseException:
             self.shutdown()

@@ -253,6 +253,17 @@ def test_stuck_worker_times_out(no_leaks):
     collector.shutdown(timeout=1)
 
 
+def test_worker_stuck_at_start_times_out_at_construction(no_leaks):
+    def slow_env():
+        time.sleep(60)
+        return CounterEnv(3)
+
+    start = time.monotonic()
+    with pytest.raises(CollectorTimeoutError, match="no LAYOUT reply .* within 3 s"):
+        MultiSyncDataCollector([slow_env], None, frames_per_batch=5, start_timeout=3)
+    assert time.monotonic() - start < 30
+
+
 def test_closures_fork_and_stripped_launcher_variables(no_leaks, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "123")
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
