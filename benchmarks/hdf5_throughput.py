@@ -24,23 +24,11 @@ import gymnasium as gym
 import h5py
 import numpy as np
 import torch
-from torch import nn
-from torch.distributions import OneHotCategorical
+from _common import Actor
 
 from hpccollect import SyncDataCollector
 from hpccollect.storage import HDF5Writer
 from hpccollect.storage.layout import SQUEEZED, keymap_for
-
-
-class Actor(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2)
-        )
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return OneHotCategorical(logits=self.net(observation)).sample()
 
 
 def make_env() -> gym.vector.VectorEnv:

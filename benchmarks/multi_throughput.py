@@ -14,29 +14,10 @@ from __future__ import annotations
 import argparse
 import time
 
-import gymnasium as gym
 import torch
-from torch import nn
-from torch.distributions import OneHotCategorical
+from _common import Actor, cartpole
 
 from hpccollect import MultiaSyncDataCollector, MultiSyncDataCollector, SyncDataCollector
-
-
-class Actor(nn.Module):
-    """observation -> one-hot action sampled from OneHotCategorical(logits=mlp(obs))."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2)
-        )
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return OneHotCategorical(logits=self.net(observation)).sample()
-
-
-def cartpole() -> gym.Env:
-    return gym.make("CartPole-v1")
 
 
 def measure(collector, frames: int) -> float:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 import torch
+from _common import Actor, mlp
 from tensordict import TensorDict
 from tensordict.nn import (
     InteractionType,
@@ -27,27 +28,9 @@ from tensordict.nn import (
     TensorDictModule,
     set_interaction_type,
 )
-from torch import nn
 from torch.distributions import OneHotCategorical
 
 from hpccollect import SyncDataCollector
-
-
-def mlp() -> nn.Module:
-    return nn.Sequential(
-        nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2)
-    )
-
-
-class Actor(nn.Module):
-    """observation -> one-hot action sampled from OneHotCategorical(logits=mlp(obs))."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = mlp()
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return OneHotCategorical(logits=self.net(observation)).sample()
 
 
 def td_actor() -> ProbabilisticTensorDictSequential:
