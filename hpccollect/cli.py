@@ -32,24 +32,38 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hpccollect", description="Collect RL experience into HDF5 datasets.")
+    parser = _Parser(
+        prog="hpccollect",
+        description="Collect RL experience into HDF5 datasets. With no command, runs collect.",
+    )
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     collect = sub.add_parser("collect", help="collect a dataset (the default command)")
     collect.add_argument("--config", help="TOML file with any of these options")
-    collect.add_argument("--env", help="gymnasium env id (default CartPole-v1)")
+    d = RunConfig()
+    collect.add_argument("--env", help=f"gymnasium env id (default {d.env})")
     collect.add_argument(
         "--env-kwargs", type=_json_object, help="JSON object passed to gymnasium.make"
     )
-    collect.add_argument("--num-envs", type=int, help="envs per worker (a SyncVectorEnv when > 1)")
-    collect.add_argument("--num-workers", type=int, help="worker processes (multi-* collectors)")
-    collect.add_argument("--collector", choices=COLLECTORS, help="default multi-sync")
-    collect.add_argument("--frames-per-batch", type=int)
-    collect.add_argument("--total-frames", type=int)
+    collect.add_argument(
+        "--num-envs",
+        type=int,
+        help=f"envs per worker, a SyncVectorEnv when > 1 (default {d.num_envs})",
+    )
+    collect.add_argument(
+        "--num-workers",
+        type=int,
+        help=f"worker processes of multi-* collectors (default {d.num_workers})",
+    )
+    collect.add_argument("--collector", choices=COLLECTORS, help=f"default {d.collector}")
+    collect.add_argument("--frames-per-batch", type=int, help=f"default {d.frames_per_batch}")
+    collect.add_argument("--total-frames", type=int, help=f"default {d.total_frames}")
     collect.add_argument("--max-steps", type=int, help="truncate episodes after this many steps")
-    collect.add_argument("--seed", type=int)
-    collect.add_argument("--policy", help="random, default, module:function, or a state_dict file")
+    collect.add_argument("--seed", type=int, help=f"default {d.seed}")
+    collect.add_argument(
+        "--policy", help="default (a small MLP), random, module:function, or a state_dict file"
+    )
     collect.add_argument("--out", help="dataset file (default data/<env>-seed<seed>.h5)")
-    collect.add_argument("--compression", choices=COMPRESSIONS)
+    collect.add_argument("--compression", choices=COMPRESSIONS, help=f"default {d.compression}")
     collect.add_argument("--overwrite", action="store_true", default=None)
     collect.add_argument("--quiet", action="store_true", help="no progress line")
     inspect = sub.add_parser("inspect", help="describe and check a dataset file")
