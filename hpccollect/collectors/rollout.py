@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import set_interaction_type
+from tensordict.nn import TensorDictModuleBase, set_interaction_type
 
 from hpccollect.collectors.options import BatchOptions, Devices
 from hpccollect.collectors.trajectories import TrajIdPool
@@ -38,6 +38,16 @@ _SCALAR_KEYS = frozenset(
 def _show(keys: Any) -> list[str]:
     """Keys as users write them: ``"done"``, ``("sensors", "lidar")``."""
     return sorted(str(k[0] if isinstance(k, tuple) and len(k) == 1 else k) for k in keys)
+
+
+def _declared_inputs(module: Any) -> frozenset[str]:
+    """The root flags and step count a policy reads: those in its ``in_keys`` when it declares
+    them as a TensorDict module does, else all of them."""
+    everything = frozenset([*DONE_KEYS, "step_count"])
+    in_keys = getattr(module, "in_keys", None)
+    if not isinstance(module, TensorDictModuleBase) or not isinstance(in_keys, list) or not in_keys:
+        return everything
+    return frozenset(k for k in in_keys if isinstance(k, str)) & everything
 
 
 def _key(k: Any) -> Key:
@@ -75,6 +85,7 @@ class StepLoop:
             policy_dev is None or policy_dev.type == "cpu"
         )
         self.count_steps = options.max_frames_per_traj is not None
+        self._extra_inputs = _declared_inputs(policy.module)
         self.random_policy = RandomPolicy(env.action_spec)
         self.traj_ids = traj_pool.take(n)
         self._fresh_ids = True
@@ -90,19 +101,27 @@ class StepLoop:
 
     # ------------------------------------------------------------------ policy
     def _policy_input(self, root: Leaves) -> TensorDict:
-        """What the policy sees at the root, as in TorchRL: observations, done flags, step count."""
+        """What the policy sees at the root, as in TorchRL: observations, done flags, step count.
+
+        A module that declares its ``in_keys`` gets the flags and step count only if it reads
+        them (fewer keys make every TensorDict policy call cheaper); other callables get all.
+        """
         source: dict[str, Any] = {}
         for key, value in root.items():
             node = source
             for part in key[:-1]:
                 node = node.setdefault(part, {})
             node[key[-1]] = torch.from_numpy(value)
+        wanted = self._extra_inputs
         if self.root_flags.any():
             for i, name in enumerate(DONE_KEYS):
-                source[name] = torch.from_numpy(self.root_flags[i].reshape(self._flag_shape).copy())
+                if name in wanted:
+                    source[name] = torch.from_numpy(
+                        self.root_flags[i].reshape(self._flag_shape).copy()
+                    )
         else:
-            source.update(zip(DONE_KEYS, (self._false.clone() for _ in DONE_KEYS), strict=True))
-        if self.count_steps:
+            source.update((name, self._false.clone()) for name in DONE_KEYS if name in wanted)
+        if self.count_steps and "step_count" in wanted:
             source["step_count"] = torch.from_numpy(
                 self.step_count.reshape(self._flag_shape).copy()
             )

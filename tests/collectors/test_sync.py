@@ -644,3 +644,29 @@ def test_policy_and_storing_device_cuda():
     collector.update_policy_weights_()  # copies the CPU policy into the CUDA copy
     torch.testing.assert_close(collector.policy.module.weight.cpu(), policy.weight)
     collector.shutdown()
+
+
+def test_policy_inputs_follow_declared_in_keys():
+    seen = {}
+
+    class ReadsDone(nn.Module):
+        def forward(self, observation, done):
+            seen["done"] = done.shape
+            return torch.nn.functional.one_hot(torch.tensor(0), 2)
+
+    policy = TensorDictModule(ReadsDone(), in_keys=["observation", "done"], out_keys=["action"])
+    collector = SyncDataCollector("CartPole-v1", policy, frames_per_batch=4)
+    first(collector)
+    assert seen["done"] == (1,)
+    collector.shutdown()
+
+    keys = set()
+
+    def td_policy(td):
+        keys.update(td.keys())
+        return td.set("action", torch.nn.functional.one_hot(torch.tensor(0), 2))
+
+    collector = SyncDataCollector(counter(), td_policy, frames_per_batch=4, max_frames_per_traj=9)
+    first(collector)
+    assert {"observation", "done", "terminated", "truncated", "step_count"} <= keys
+    collector.shutdown()
