@@ -1,333 +1,25 @@
 """Multi-process collectors: ``MultiSyncDataCollector``, ``MultiaSyncDataCollector``,
-``aSyncDataCollector``.
-
-Each worker process runs a ``SyncDataCollector`` that writes every batch into shared-memory
-buffers allocated once; the parent is told (``Reply.BATCH``) which worker's buffers are ready and
-copies from them. ``split_trajs``, ``postproc`` and ``storing_device`` apply in the parent.
+``aSyncDataCollector``. The process machinery they share is in ``multi_base.py``; here is only how
+each gathers the workers' batches.
 """
 
 from __future__ import annotations
 
 import warnings
-import weakref
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import InteractionType
-from torch import nn
 
-from hpccollect._checks import check_int
-from hpccollect.collectors._worker import WorkerSpec, worker_main
-from hpccollect.collectors.base import DataCollectorBase
-from hpccollect.collectors.messages import Command, Reply
-from hpccollect.collectors.options import check_batch_options, env_fns, per_worker, resolve_devices
-from hpccollect.collectors.processes import WorkerPool
-from hpccollect.collectors.trajectories import split_trajectories
-from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
-from hpccollect.collectors.worker_weights import SharedWeightsSender
+from hpccollect.collectors.messages import Reply
+from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["MultiSyncDataCollector", "MultiaSyncDataCollector", "aSyncDataCollector"]
 
 
-class _MultiCollector(DataCollectorBase):
-    """What the multi-process collectors share; subclasses define ``iterator()``."""
-
-    def __init__(
-        self,
-        create_env_fn: Any,
-        policy: Any = None,
-        *,
-        num_workers: int | None = None,
-        frames_per_batch: int,
-        total_frames: int = -1,
-        device: Any = None,
-        storing_device: Any = None,
-        env_device: Any = None,
-        policy_device: Any = None,
-        create_env_kwargs: dict | Sequence[dict] | None = None,
-        max_frames_per_traj: int | None = None,
-        init_random_frames: int | None = None,
-        reset_at_each_iter: bool = False,
-        postproc: Any = None,
-        split_trajs: bool | None = None,
-        exploration_type: InteractionType | str = InteractionType.RANDOM,
-        exploration_mode: str | None = None,
-        reset_when_done: bool = True,
-        update_at_each_batch: bool = False,
-        set_truncated: bool = False,
-        replay_buffer: Any = None,
-        num_sub_threads: int = 1,
-        mp_start_method: str = "spawn",
-        worker_timeout: float = 600.0,
-        start_timeout: float = 120.0,
-        categorical_action_encoding: bool = False,
-        local_weight_updater: Any = None,
-        remote_weight_updater: RemoteWeightsUpdaterBase | None = None,
-        weight_updater: Any = None,
-    ) -> None:
-        self._closed = True
-        self._pool: WorkerPool | None = None
-        fns = env_fns(create_env_fn, num_workers)
-        self.num_workers = n = len(fns)
-        self.options = check_batch_options(
-            frames_per_batch=frames_per_batch,
-            total_frames=total_frames,
-            max_frames_per_traj=max_frames_per_traj,
-            init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter,
-            postproc=postproc,
-            split_trajs=split_trajs,
-            exploration_type=exploration_type,
-            exploration_mode=exploration_mode,
-            reset_when_done=reset_when_done,
-            set_truncated=set_truncated,
-        )
-        devices = [
-            resolve_devices(
-                *(
-                    per_worker(name, v, i, n)
-                    for name, v in (
-                        ("device", device),
-                        ("storing_device", storing_device),
-                        ("env_device", env_device),
-                        ("policy_device", policy_device),
-                    )
-                )
-            )
-            for i in range(n)
-        ]
-        env_kwargs = [per_worker("create_env_kwargs", create_env_kwargs, i, n) for i in range(n)]
-        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-            raise ArgumentTypeError(
-                f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}."
-            )
-        self.worker_timeout, self.start_timeout = float(worker_timeout), float(start_timeout)
-        for name, value in (("worker_timeout", worker_timeout), ("start_timeout", start_timeout)):
-            if not float(value) > 0:
-                raise ArgumentValueError(f"{name} must be > 0 seconds, got {value}.")
-        self.frames_per_batch = self.options.frames_per_batch
-        self.total_frames = self.options.total_frames
-        self.replay_buffer = replay_buffer
-        self.update_at_each_batch = update_at_each_batch
-        self.postproc, self.split_trajs = self.options.postproc, self.options.split_trajs
-        self.storing_device = devices[0].storing
-        self._policy_devices = [d.policy for d in devices]
-        self.policy = policy
-        self._frames = self._iter = 0
-        self._in_flight: set[int] = set()
-        self._filling = False
-        worker_fpb = self._worker_frames_per_batch()
-        init_random = -(-self.options.init_random_frames // n)
-        weights_module = policy if isinstance(policy, nn.Module) else None
-        has_weights = (
-            weights_module is not None and not TensorDict.from_module(weights_module).is_empty()
-        )
-        self._weights = [
-            TensorDict.from_module(weights_module).data.clone().share_memory_()
-            if has_weights
-            else None
-            for _ in range(n)
-        ]
-        args = []
-        for i in range(n):
-            kwargs = dict(
-                frames_per_batch=worker_fpb,
-                total_frames=-1,
-                device=None,
-                storing_device=None,
-                env_device=devices[i].env,
-                policy_device=devices[i].policy,
-                create_env_kwargs=env_kwargs[i],
-                max_frames_per_traj=max_frames_per_traj,
-                init_random_frames=init_random,
-                reset_at_each_iter=reset_at_each_iter,
-                exploration_type=self.options.exploration_type,
-                return_same_td=True,
-                reset_when_done=reset_when_done,
-                set_truncated=set_truncated,
-                categorical_action_encoding=categorical_action_encoding,
-                traj_id_offset=i,
-                traj_id_stride=n,
-            )
-            spec = WorkerSpec(
-                fns[i], policy, kwargs, check_int("num_sub_threads", num_sub_threads, minimum=1)
-            )
-            args.append((spec.dumps(), self._weights[i]))
-        self._pool = WorkerPool(worker_main, args, mp_start_method, name=type(self).__name__)
-        self._finalizer = weakref.finalize(self, self._pool.shutdown, 10.0)
-        self._closed = False
-        try:
-            self._layouts: list[TensorDictBase] = [
-                self._pool.recv(i, Reply.LAYOUT, self.start_timeout) for i in range(n)
-            ]
-        except BaseException:
-            self.shutdown()
-            raise
-        self._set_weight_updaters(
-            local_weight_updater,
-            remote_weight_updater
-            or SharedWeightsSender(
-                self._pool,
-                self._weights,
-                weights_module if has_weights else None,
-                self.worker_timeout,
-            ),
-            weight_updater,
-        )
-
-    def _worker_frames_per_batch(self) -> int:
-        return self.options.frames_per_batch
-
-    @property
-    def worker_pids(self) -> list[int]:
-        """Process ids of the workers (for monitoring; they are gone after ``shutdown()``)."""
-        return [w.process.pid for w in self._pool.workers] if self._pool is not None else []
-
-    # ------------------------------------------------------------------ batches
-    def _finish(self, batch: TensorDictBase) -> TensorDictBase | None:
-        """Count, split, post-process, store; return what the iterator yields."""
-        self._frames += batch.numel()
-        self._iter += 1
-        if self.storing_device is not None:
-            batch = batch.to(self.storing_device)
-        if self.split_trajs:
-            batch = split_trajectories(batch)
-        if self.postproc is not None:
-            batch = self.postproc(batch)
-        if self.replay_buffer is not None:
-            self.replay_buffer.extend(batch)
-            return None
-        return batch
-
-    def _more(self) -> bool:
-        return not self._closed and (self.total_frames < 0 or self._frames < self.total_frames)
-
-    def _collect_from(self, index: int) -> None:
-        self._pool.send(index, Command.COLLECT)
-        self._in_flight.add(index)
-
-    def _drain(self, indices: Sequence[int]) -> None:
-        """Wait out batches already requested (an earlier iteration that stopped early)."""
-        for i in [i for i in indices if i in self._in_flight]:
-            self._pool.recv(i, Reply.BATCH, self.worker_timeout)
-            self._in_flight.discard(i)
-
-    # ------------------------------------------------------------------ weights
-    def update_policy_weights_(
-        self, policy_or_weights: Any = None, *, worker_ids: Any = None, **kwargs: Any
-    ) -> None:
-        """Send weights to the named workers (all by default) before their next batch.
-
-        ``worker_ids``: an index, a list of indices, or devices (the workers whose policy runs
-        on that device). Blocks until every named worker has loaded the weights.
-        """
-        super().update_policy_weights_(
-            policy_or_weights, worker_ids=self._worker_indices(worker_ids), **kwargs
-        )
-
-    def _worker_indices(self, worker_ids: Any) -> list[int] | None:
-        if worker_ids is None:
-            return None
-        ids = worker_ids if isinstance(worker_ids, (list, tuple)) else [worker_ids]
-        out: list[int] = []
-        for wid in ids:
-            if isinstance(wid, (str, torch.device)):
-                device = torch.device(wid)
-                out += [i for i, d in enumerate(self._policy_devices) if _same_device(device, d)]
-            elif isinstance(wid, int) and 0 <= wid < self.num_workers:
-                out.append(wid)
-            else:
-                raise ArgumentValueError(
-                    f"worker_ids: {wid!r} is not a worker index in [0, {self.num_workers}) "
-                    "or a device."
-                )
-        return out
-
-    # ------------------------------------------------------------------ seeds and state
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Env ``j`` of worker ``i`` gets a distinct seed (the same one with ``static_seed``)."""
-        seed = check_int("seed", seed)
-        last = seed
-        for i, layout in enumerate(self._layouts):
-            n_env = layout.batch_size[0] if layout.batch_dims == 2 else 1
-            self._pool.send(i, Command.SEED, (last if static_seed else seed, static_seed))
-            last = self._pool.recv(i, Reply.SEEDED, self.worker_timeout)
-            seed = seed + n_env
-        return last
-
-    def state_dict(self) -> OrderedDict:
-        """``worker{i}``: each worker's collector state, plus ``frames`` and ``iter``."""
-        state: OrderedDict = OrderedDict()
-        for i in range(self.num_workers):
-            self._pool.send(i, Command.STATE_DICT)
-            state[f"worker{i}"] = self._pool.recv(i, Reply.STATE, self.worker_timeout)
-        state.update(frames=self._frames, iter=self._iter)
-        return state
-
-    def load_state_dict(self, state_dict: OrderedDict, **kwargs: Any) -> None:
-        for i in range(self.num_workers):
-            if f"worker{i}" in state_dict:
-                self._pool.send(i, Command.LOAD_STATE_DICT, state_dict[f"worker{i}"])
-                self._pool.recv(i, Reply.ACK, self.worker_timeout)
-        self._frames = int(state_dict.get("frames", self._frames))
-        self._iter = int(state_dict.get("iter", self._iter))
-
-    # ------------------------------------------------------------------ background
-    def start(self) -> None:
-        """Workers extend the (shared-memory) ``replay_buffer`` themselves until
-        ``async_shutdown()``."""
-        buffer = self.replay_buffer
-        if buffer is None or not hasattr(buffer, "share_memory_"):
-            raise RuntimeError(
-                "start() on a multi-process collector needs replay_buffer=hpccollect.ReplayBuffer"
-                "(...): the workers write into it through shared memory."
-            )
-        if self._filling:
-            raise RuntimeError("start() was already called; call async_shutdown() first.")
-        buffer.share_memory_()
-        buffer.allocate_like(self._layouts[0])
-        self._drain(range(self.num_workers))
-        for i in range(self.num_workers):
-            self._pool.send(i, Command.FILL_BUFFER, buffer)
-        self._filling = True
-
-    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
-        """Stop the workers filling the buffer (within ``timeout`` s), then shut down if
-        ``close_env``."""
-        try:
-            if self._filling and not self._closed:
-                self._filling = False
-                for i in range(self.num_workers):
-                    self._pool.send(i, Command.STOP_FILLING)
-                for i in range(self.num_workers):
-                    self._pool.recv(
-                        i, Reply.ACK, timeout if timeout is not None else self.worker_timeout
-                    )
-        finally:
-            if close_env:
-                self.shutdown(timeout)
-
-    def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
-        """Stop every worker and release their processes and shared memory; safe to call twice."""
-        if getattr(self, "_closed", True) or self._pool is None:
-            return
-        self._closed = True
-        self._finalizer.detach()
-        self._pool.shutdown(timeout if timeout is not None else 10.0, close_env)
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(num_workers={self.num_workers}, "
-            f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
-            f"frames={self._frames})"
-        )
-
-
-class MultiSyncDataCollector(_MultiCollector):
+class MultiSyncDataCollector(MultiCollectorBase):
     """Runs one ``SyncDataCollector`` per worker process and gathers a batch from each.
 
     ``frames_per_batch`` is the total over workers. Each iteration yields the workers' batches
@@ -405,7 +97,7 @@ class MultiSyncDataCollector(_MultiCollector):
             yield self._finish(self._gather())
 
 
-class MultiaSyncDataCollector(_MultiCollector):
+class MultiaSyncDataCollector(MultiCollectorBase):
     """Runs one ``SyncDataCollector`` per worker; yields each worker's batch as soon as it is
     ready (first ready, first served), ``frames_per_batch`` frames each, ``[T]`` named
     ``["time"]``. A worker starts its next batch as soon as its last one was copied out."""
@@ -438,8 +130,3 @@ class aSyncDataCollector(MultiaSyncDataCollector):
         if "num_workers" in kwargs:
             raise ArgumentTypeError("aSyncDataCollector runs exactly one worker; drop num_workers.")
         super().__init__([create_env_fn], policy, **kwargs)
-
-
-def _same_device(wanted: torch.device, policy_device: torch.device | None) -> bool:
-    actual = policy_device or torch.device("cpu")
-    return actual.type == wanted.type and (wanted.index is None or actual.index == wanted.index)
