@@ -169,6 +169,7 @@ def run_collect(
     writer = HDF5Writer(
         out,
         env=cfg.env,
+        env_kwargs=dict(cfg.env_kwargs),
         config=cfg.as_dict(),
         seed=cfg.seed,
         compression=None if cfg.compression == "none" else cfg.compression,

@@ -1,9 +1,12 @@
 """Exports of a dataset file for the tools offline-RL users already have.
 
 * ``export_d4rl``: one flat HDF5 file in D4RL's layout (gzip + shuffle), for
-  ``d4rl``-style ``get_dataset``/``qlearning_dataset`` loaders.
+  ``d4rl``-style ``get_dataset``/``qlearning_dataset`` loaders. Actions and single observations
+  are in the env's own format (a ``Discrete`` action is an integer, not one-hot), so their shape
+  is the space's shape as d4rl checks; the attribute ``action_encoding`` says which.
 * ``export_minari``: a Minari dataset (``<root>/<id>/data/main_data.hdf5`` + ``metadata.json``)
-  written through Minari's own API, so ``minari.load_dataset`` reads it (needs ``minari[hdf5]``).
+  written through Minari's own API, so ``minari.load_dataset`` reads it and
+  ``recover_environment()`` makes the recorded env spec (needs ``minari[hdf5]``).
 * ``export_memmap``: a TensorDict memory-mapped folder for ``TensorDict.load_memmap``.
 """
 
@@ -11,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,14 +22,15 @@ import gymnasium as gym
 import h5py
 import numpy as np
 
-from hpccollect.envs.spaces import action_codec, observation_codecs
+from hpccollect.envs.spaces import action_codec
 from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.hdf5_reader import H5Dataset
+from hpccollect.storage.metadata import ENV_ATTRS, recorded_env
 
 __all__ = ["export_d4rl", "export_memmap", "export_minari"]
 
 _D4RL = ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations")
-_DATASET_ID = re.compile(r"^[\w.-]+/[\w.-]+-v\d+$")
+_D4RL_ATTRS = (*ENV_ATTRS, "seed", "run_id", "hpccollect_version")
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
@@ -52,40 +55,69 @@ def _flat_observations(ds: H5Dataset, rows: Any, prefix: tuple[str, ...] = ()) -
 
 
 def export_d4rl(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Write D4RL's flat layout; Dict observations are flattened and concatenated (float32)."""
+    """Write D4RL's flat layout.
+
+    Actions are in the env's format: integers ``(N,)`` for ``Discrete``, ``(N, k)`` for
+    ``MultiDiscrete``, as stored for ``Box``/``MultiBinary`` (attribute ``action_encoding``:
+    ``integer``, ``continuous``, ``binary``). A single observation is in the env's format too;
+    Dict observations are flattened and concatenated (float32).
+    """
     out = Path(out)
     _check_out(out, overwrite)
     with H5Dataset(src) as ds:
-        if not len(ds):
+        n = len(ds)
+        if not n:
             raise ArgumentValueError(f"{src} has no committed rows to export.")
-        rows = slice(None)
+        obs_space, act_space = ds.observation_space, ds.action_space
         if ("observation",) in ds.keys():
-            obs = ds.file["observations"][: len(ds)]
-            nxt = ds.file["next_observations"][: len(ds)]
+            obs = _env_format(ds.file["observations"][:n], obs_space)
+            nxt = _env_format(ds.file["next_observations"][:n], obs_space)
         else:
+            rows = slice(None)
             obs, nxt = _flat_observations(ds, rows), _flat_observations(ds, rows, ("next",))
         columns = {
             "observations": obs,
-            "actions": ds.file["actions"][: len(ds)],
-            "rewards": ds.file["rewards"][: len(ds)].astype(np.float32),
-            "terminals": ds.file["terminals"][: len(ds)].astype(bool),
-            "timeouts": ds.file["timeouts"][: len(ds)].astype(bool),
+            "actions": _env_format(ds.file["actions"][:n], act_space),
+            "rewards": ds.file["rewards"][:n].astype(np.float32),
+            "terminals": ds.file["terminals"][:n].astype(bool),
+            "timeouts": ds.file["timeouts"][:n].astype(bool),
             "next_observations": nxt,
         }
         out.parent.mkdir(parents=True, exist_ok=True)
         with h5py.File(out, "w") as f:
             for name in _D4RL:
                 f.create_dataset(name, data=columns[name], compression="gzip", shuffle=True)
-            for key in (
-                "env_id",
-                "observation_space",
-                "action_space",
-                "seed",
-                "hpccollect_version",
-            ):
+            for key in _D4RL_ATTRS:
                 if key in ds.file.attrs:
                     f.attrs[key] = ds.file.attrs[key]
+            f.attrs["action_encoding"] = _encoding(act_space)
+            f.attrs["observation_encoding"] = (
+                _encoding(obs_space) if ("observation",) in ds.keys() else "flattened"
+            )
     return out
+
+
+def _stored_categorical(stored: np.ndarray, space: gym.Space) -> bool:
+    """Whether a Discrete/MultiDiscrete leaf was stored as indices (else one-hot)."""
+    return stored.shape[1:] == tuple(space.shape)
+
+
+def _env_format(stored: np.ndarray, space: gym.Space | None) -> np.ndarray:
+    """Stored values of one leaf (batched) as the env takes or returns them."""
+    if not isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        return stored
+    codec = action_codec(space, categorical=_stored_categorical(stored, space))
+    return np.asarray(codec.decode(stored), dtype=np.int64)
+
+
+def _encoding(space: gym.Space | None) -> str:
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        return "integer"
+    if isinstance(space, gym.spaces.Box):
+        return "continuous"
+    if isinstance(space, gym.spaces.MultiBinary):
+        return "binary"
+    return "as-stored"  # the file records no space: values exactly as the collector stored them
 
 
 def export_memmap(
@@ -102,18 +134,29 @@ def export_memmap(
 def export_minari(
     src: str | os.PathLike, root: str | os.PathLike, dataset_id: str, *, overwrite: bool = False
 ) -> Path:
-    """A Minari dataset ``dataset_id`` (``namespace/name-vN``) under the datasets folder ``root``."""
-    if not _DATASET_ID.match(dataset_id):
-        raise ArgumentValueError(
-            f"--dataset-id {dataset_id!r} must look like NAMESPACE/NAME-vN, e.g. hpccollect/cartpole-v0."
-        )
+    """A Minari dataset ``dataset_id`` under the datasets folder ``root``.
+
+    ``dataset_id`` is any id Minari accepts: ``NAME-vN`` or ``NAMESPACE/NAME-vN``, namespaces
+    nested as in ``D4RL/door/human-v2``; Minari writes each namespace's metadata file. The env
+    spec the file records (id, kwargs, ``max_episode_steps``, wrappers) goes to Minari, so
+    ``recover_environment()`` makes the env the data came from.
+    """
     try:
         import minari
         from minari.data_collector import EpisodeBuffer
+        from minari.dataset.minari_dataset import parse_dataset_id
     except ImportError as err:
         raise ArgumentValueError(
             "exporting to Minari needs the minari package: pip install -c constraints.txt "
             "'hpccollect[minari]'."
+        ) from err
+    try:
+        parse_dataset_id(dataset_id)
+    except (ValueError, TypeError) as err:
+        raise ArgumentValueError(
+            f"--dataset-id {dataset_id!r} is not a Minari id: use NAME-vN or NAMESPACE/NAME-vN "
+            "(namespaces may nest, as in hpc/pendulum/test-v0; letters, digits, - and _), "
+            "e.g. hpccollect/cartpole-v0."
         ) from err
     root = Path(root)
     target = root / dataset_id
@@ -137,19 +180,18 @@ def export_minari(
                 _minari_episodes(ds, obs_space, act_space)
             )
         ]
-        env_id = str(ds.file.attrs.get("env_id", ""))
-    registered = env_id in gym.registry
+        spec = recorded_env(ds.file.attrs)
     with _datasets_path(root):
         if overwrite and target.exists():
             minari.delete_dataset(dataset_id)
         minari.create_dataset_from_buffers(
             dataset_id,
             buffers,
-            env=env_id if registered else None,
-            eval_env=env_id if registered else None,
+            env=spec,
+            eval_env=spec,
             description=f"Collected with hpccollect ({Path(src).name}).",
-            observation_space=None if registered else obs_space,
-            action_space=None if registered else act_space,
+            observation_space=obs_space,
+            action_space=act_space,
             algorithm_name="hpccollect",
             author="hpccollect",
             author_email="unknown@localhost",
@@ -160,15 +202,14 @@ def export_minari(
 
 def _minari_episodes(ds: H5Dataset, obs_space: gym.Space, act_space: gym.Space) -> Iterator[tuple]:
     """Per episode: observations (T+1, env format), actions (env format), rewards, flags."""
-    obs_codecs = observation_codecs(obs_space)
-    act = action_codec(act_space)
+    spaces = _leaf_spaces(obs_space)
     for episode in ds.episodes():
         leaves = {}
-        for key, codec in obs_codecs.items():
+        for key, space in spaces.items():
             values = np.concatenate(
                 [episode.get(key).numpy(), episode.get(("next", *key))[-1:].numpy()]
             )
-            leaves[key] = codec.decode(values) if codec.encode is not None else values
+            leaves[key] = _env_format(values, space)
         if list(leaves) == [("observation",)]:
             observations: Any = leaves[("observation",)]
         else:
@@ -180,11 +221,21 @@ def _minari_episodes(ds: H5Dataset, obs_space: gym.Space, act_space: gym.Space) 
                 node[key[-1]] = value
         yield (
             observations,
-            np.asarray(act.decode(episode.get("action").numpy())),
+            _env_format(episode.get("action").numpy(), act_space),
             episode.get(("next", "reward")).reshape(-1).numpy().astype(np.float64),
             episode.get(("next", "terminated")).reshape(-1).numpy(),
             episode.get(("next", "truncated")).reshape(-1).numpy(),
         )
+
+
+def _leaf_spaces(space: gym.Space, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Observation key -> leaf space, keyed as ``observation_codecs`` keys them."""
+    if not isinstance(space, gym.spaces.Dict):
+        return {prefix or ("observation",): space}
+    out = {}
+    for name, sub in space.spaces.items():
+        out.update(_leaf_spaces(sub, (*prefix, name)))
+    return out
 
 
 @contextlib.contextmanager

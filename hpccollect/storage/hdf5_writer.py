@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import h5py
 import numpy as np
 from tensordict import TensorDictBase
@@ -28,7 +28,8 @@ from hpccollect.storage.layout import (
     keymap_for,
     keymap_to_json,
 )
-from hpccollect.storage.spaces_json import describe, space_to_json
+from hpccollect.storage.metadata import env_metadata
+from hpccollect.storage.spaces_json import describe
 
 __all__ = ["FORMAT_VERSION", "HDF5Writer", "partial_path"]
 
@@ -53,7 +54,11 @@ class HDF5Writer:
 
     Args:
         path: the final file name (``.h5``).
-        env: the env id, gymnasium env or ``GymEnv`` the data comes from (for the metadata).
+        env: the env id, ``EnvSpec``, gymnasium env or ``GymEnv`` the data comes from: its id,
+            spec (kwargs, ``max_episode_steps``, wrappers) and spaces are recorded.
+        env_kwargs: with an env id, the keyword arguments it was made with (``--env-kwargs``).
+        run_id: the run this shard belongs to; the shards of one run share it (default: new).
+        shard: this shard's index within its run (a distributed job's rank).
         config: the collector configuration to record (any JSON-able mapping).
         seed: the seed of the run.
         compression: None (default, fastest), ``"gzip"`` or ``"lzf"``.
@@ -67,6 +72,9 @@ class HDF5Writer:
         path: str | os.PathLike,
         *,
         env: Any = None,
+        env_kwargs: dict | None = None,
+        run_id: str | None = None,
+        shard: int = 0,
         config: dict | None = None,
         seed: int | None = None,
         compression: str | None = None,
@@ -101,9 +109,25 @@ class HDF5Writer:
         self.returns: list[float] = []
         self._appends = 0
         self._closed = False
-        self._write_metadata(env, config, seed)
+        self._write_metadata(env, env_kwargs, config, seed, run_id, shard)
 
-    def _write_metadata(self, env: Any, config: dict | None, seed: int | None) -> None:
+    def _write_metadata(
+        self,
+        env: Any,
+        env_kwargs: dict | None,
+        config: dict | None,
+        seed: int | None,
+        run_id: str | None,
+        shard: int,
+    ) -> None:
+        try:
+            env_attrs = env_metadata(env, env_kwargs)
+            if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
+                raise ArgumentValueError(f"shard must be an integer >= 0, got {shard!r}.")
+        except Exception:  # a bad argument leaves no file behind
+            self._file.close()
+            self.partial.unlink()
+            raise
         attrs = self._file.attrs
         attrs["format_version"] = FORMAT_VERSION
         attrs["hpccollect_version"] = _version()
@@ -111,14 +135,12 @@ class HDF5Writer:
         attrs["committed_steps"] = np.int64(0)
         attrs["committed_episodes"] = np.int64(0)
         attrs["collector_config"] = describe(config or {})
+        attrs["run_id"] = str(run_id) if run_id is not None else uuid.uuid4().hex
+        attrs["shard"] = shard
         if seed is not None:
             attrs["seed"] = int(seed)
-        env_id, obs_space, act_space = _env_description(env)
-        if env_id is not None:
-            attrs["env_id"] = env_id
-        if obs_space is not None:
-            attrs["observation_space"] = space_to_json(obs_space)
-            attrs["action_space"] = space_to_json(act_space)
+        for key, value in env_attrs.items():
+            attrs[key] = value
 
     # ------------------------------------------------------------------ input
     def extend(self, batch: TensorDictBase) -> None:
@@ -325,28 +347,6 @@ class HDF5Writer:
             f"HDF5Writer({str(self.path)!r}, committed_steps={self.committed_steps}, "
             f"committed_episodes={self.committed_episodes}, open_episodes={self.open_episodes})"
         )
-
-
-def _env_description(env: Any) -> tuple[str | None, gym.Space | None, gym.Space | None]:
-    """(env id, single observation space, single action space) of what ``env`` names."""
-    if env is None:
-        return None, None, None
-    if isinstance(env, str):
-        made = gym.make(env)
-        try:
-            return env, made.observation_space, made.action_space
-        finally:
-            made.close()
-    inner = getattr(env, "env", env)  # an hpccollect GymEnv wraps the gymnasium env
-    spec = getattr(inner, "spec", None)
-    env_id = getattr(spec, "id", None) or type(getattr(inner, "unwrapped", inner)).__name__
-    if isinstance(inner, gym.vector.VectorEnv):
-        return env_id, inner.single_observation_space, inner.single_action_space
-    if isinstance(inner, gym.Env):
-        return env_id, inner.observation_space, inner.action_space
-    raise ArgumentTypeError(
-        f"env must be an env id, a gymnasium env or a GymEnv, got {type(env).__name__}."
-    )
 
 
 def _version() -> str:
