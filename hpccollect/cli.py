@@ -72,6 +72,11 @@ def _parser() -> argparse.ArgumentParser:
     merge.add_argument("shards", nargs="+")
     merge.add_argument("--out", required=True)
     merge.add_argument("--overwrite", action="store_true")
+    merge.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="also merge unfinished (.partial) shards, their committed rows only",
+    )
     export = sub.add_parser("export", help="export to D4RL, Minari or a memory-mapped TensorDict")
     export.add_argument("file")
     export.add_argument("--format", required=True, choices=("d4rl", "minari", "memmap"))
@@ -177,7 +182,7 @@ def _inspect(ns: argparse.Namespace) -> int:
 def _merge(ns: argparse.Namespace) -> int:
     from hpccollect.storage import merge_shards, open_dataset
 
-    out = merge_shards(ns.shards, ns.out, overwrite=ns.overwrite)
+    out = merge_shards(ns.shards, ns.out, overwrite=ns.overwrite, allow_partial=ns.allow_partial)
     with open_dataset(out) as ds:
         print(
             f"merged {len(ns.shards)} shards into {out}: {len(ds)} frames, {ds.committed_episodes} episodes"
