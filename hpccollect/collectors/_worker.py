@@ -15,6 +15,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 
@@ -101,7 +102,12 @@ class _Server:
         return Reply.ACK, None
 
     def seed(self, argument: tuple[int, bool]) -> tuple[Reply, int]:
-        return Reply.SEEDED, self.collector.set_seed(*argument)
+        # as TorchRL's workers do: the process's own generators too, so stochastic actors and
+        # anything else drawing from torch or numpy repeat
+        last = self.collector.set_seed(*argument)
+        torch.manual_seed(argument[0])
+        np.random.seed(argument[0] % 2**32)
+        return Reply.SEEDED, last
 
     def state_dict(self, _: Any) -> tuple[Reply, Any]:
         return Reply.STATE, self.collector.state_dict()
