@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 import numpy as np
@@ -22,7 +24,7 @@ from hpccollect.errors import (
 
 __all__ = ["main"]
 
-COMMANDS = ("collect", "inspect", "merge", "export")
+COMMANDS = ("collect", "inspect", "repair", "merge", "export")
 _USER_ERRORS = (ArgumentValueError, ArgumentTypeError, EnvError, PolicyError)
 
 
@@ -35,12 +37,30 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="hpccollect",
         description="Collect RL experience into HDF5 datasets. With no command, runs collect.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    collect = sub.add_parser("collect", help="collect a dataset (the default command)")
+    collect = sub.add_parser(
+        "collect",
+        help="collect a dataset (the default command)",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     collect.add_argument("--config", help="TOML file with any of these options")
     d = RunConfig()
-    collect.add_argument("--env", help=f"gymnasium env id (default {d.env})")
+    collect.add_argument(
+        "--env",
+        help=f"gymnasium env id, or module:EnvName-v0 for an env that module registers "
+        f"(default {d.env})",
+    )
+    collect.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        metavar="MODULE",
+        help="import MODULE first (in every worker too), e.g. one that registers envs; repeatable",
+    )
     collect.add_argument(
         "--env-kwargs", type=_json_object, help="JSON object passed to gymnasium.make"
     )
@@ -65,9 +85,23 @@ def _parser() -> argparse.ArgumentParser:
     collect.add_argument("--out", help="dataset file (default data/<env>-seed<seed>.h5)")
     collect.add_argument("--compression", choices=COMPRESSIONS, help=f"default {d.compression}")
     collect.add_argument("--overwrite", action="store_true", default=None)
+    collect.add_argument(
+        "--worker-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="multi-* collectors: a worker that has not delivered its batch within this many "
+        f"seconds is taken as hung, killed, and the run ends with exit code 1 "
+        f"(default {d.worker_timeout:g})",
+    )
     collect.add_argument("--quiet", action="store_true", help="no progress line")
     inspect = sub.add_parser("inspect", help="describe and check a dataset file")
     inspect.add_argument("file")
+    repair = sub.add_parser(
+        "repair",
+        help="make an unfinished file (a crashed or killed run's .partial) readable: cut it "
+        "back to its committed rows and give it its final name",
+    )
+    repair.add_argument("file", help="the .partial file, or its final name")
     merge = sub.add_parser("merge", help="one file over many shards (virtual datasets)")
     merge.add_argument("shards", nargs="+")
     merge.add_argument("--out", required=True)
@@ -100,16 +134,47 @@ def _json_object(text: str) -> dict:
     return value
 
 
+EXIT_CODES = """\
+exit codes:
+  0  done, or stopped early by SIGTERM/SIGINT (SLURM preemption, scancel, timeout, Ctrl-C):
+     the summary says "stopped early by SIGTERM"; every committed episode is kept, episodes in
+     progress are written as truncated (a stop during start-up writes no dataset)
+  1  collection failed: a worker died, raised, or did not answer within --worker-timeout;
+     committed episodes are kept
+  2  a mistake in the arguments or the files named (nothing was started)
+"""
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: object = None,
+    line: str | None = None,
+) -> None:
+    """Warnings as one line each, like errors (no source path, no code line)."""
+    first = str(message).splitlines()[0] if str(message) else category.__name__
+    print(f"hpccollect: warning: {first}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or (args[0] not in COMMANDS and args[0] not in ("-h", "--help")):
         args.insert(0, "collect")
     ns = _parser().parse_args(args)
+    commands = {
+        "collect": _collect,
+        "inspect": _inspect,
+        "repair": _repair,
+        "merge": _merge,
+        "export": _export,
+    }
     try:
-        return {"collect": _collect, "inspect": _inspect, "merge": _merge, "export": _export}[
-            ns.command
-        ](ns)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return commands[ns.command](ns)
     except _USER_ERRORS as err:
         print(f"hpccollect: error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -143,12 +208,14 @@ def _collect(ns: argparse.Namespace) -> int:
 def _inspect(ns: argparse.Namespace) -> int:
     from hpccollect.storage import open_dataset
 
+    _unfinished_hint(ns.file)
     with open_dataset(ns.file) as ds:
         meta = ds.metadata
         state = (
             "complete"
             if meta.get("complete")
-            else "unfinished (still being written, or its writer crashed)"
+            else "unfinished: still being written, or its run was killed; if that run is over, "
+            f"make it readable with: python -m hpccollect repair {ns.file}"
         )
         print(f"file              {ds.path} ({state})")
         print(
@@ -177,6 +244,34 @@ def _inspect(ns: argparse.Namespace) -> int:
         problems = ds.check()
         print("integrity         " + ("ok" if not problems else "PROBLEMS: " + "; ".join(problems)))
     return 0 if not problems else 1
+
+
+def _unfinished_hint(file: str) -> None:
+    """A final name that does not exist yet while its ``.partial`` does: say what that is."""
+    path = Path(file)
+    partial = path.with_name(path.name + ".partial")
+    if not path.exists() and partial.exists():
+        raise ArgumentValueError(
+            f"{path} does not exist yet, but {partial} does: its run is still writing it, or was "
+            f"killed; inspect that file, or if the run is over: python -m hpccollect repair {path}"
+        )
+
+
+def _repair(ns: argparse.Namespace) -> int:
+    from hpccollect.storage import open_dataset, repair
+
+    path = Path(ns.file)
+    partial = path if path.name.endswith(".partial") else path.with_name(path.name + ".partial")
+    if not path.exists() and not partial.exists():
+        raise ArgumentValueError(f"{ns.file} does not exist (nor {partial.name}).")
+    out = repair(path)
+    with open_dataset(out) as ds:
+        problems = ds.check()
+        print(f"repaired {out}: {len(ds)} committed frames, {ds.committed_episodes} episodes kept")
+    if problems:
+        print("still has problems: " + "; ".join(problems), file=sys.stderr)
+        return 1
+    return 0
 
 
 def _merge(ns: argparse.Namespace) -> int:

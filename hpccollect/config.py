@@ -5,6 +5,7 @@ are read."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ class RunConfig:
     out: str | None = None
     compression: str = "none"
     overwrite: bool = False
+    worker_timeout: float = 600.0
+    imports: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "num_workers", "frames_per_batch", "total_frames"):
@@ -72,6 +75,52 @@ class RunConfig:
             raise ArgumentValueError(
                 f"--env-kwargs must be a JSON object, got {self.env_kwargs!r}."
             )
+        if isinstance(self.worker_timeout, bool) or not (
+            isinstance(self.worker_timeout, (int, float)) and self.worker_timeout > 0
+        ):
+            raise ArgumentValueError(
+                f"--worker-timeout must be a number of seconds > 0, got {self.worker_timeout!r}."
+            )
+        if isinstance(self.imports, str) or not all(isinstance(m, str) for m in self.imports):
+            raise ArgumentValueError(
+                f"--import must name modules (a list in TOML), got {self.imports!r}."
+            )
+        object.__setattr__(self, "imports", tuple(self.imports))
+        self._check_batch_split()
+
+    @property
+    def env_copies(self) -> int:
+        """How many envs share one batch: a multi-sync batch is split over every worker's envs."""
+        return self.num_envs * (self.num_workers if self.collector == "multi-sync" else 1)
+
+    def _check_batch_split(self) -> None:
+        """Every env of a batch collects the same number of frames and every batch is whole, so
+        ``total_frames`` is collected exactly; refuse what cannot be split, naming values that
+        can."""
+        fpb, total, unit = self.frames_per_batch, self.total_frames, self.env_copies
+        if fpb % unit:
+            who = f"{self.num_envs} env(s)"
+            if self.collector == "multi-sync":
+                who = f"{self.num_workers} workers x {who}"
+            fits = _nearest(fpb, [d for d in _divisors(total) if d % unit == 0])
+            hint = (
+                f"use a multiple of {unit} that divides --total-frames {total}, e.g. "
+                + " or ".join(map(str, fits))
+                if fits
+                else f"e.g. --frames-per-batch {max(unit, fpb - fpb % unit)} with a "
+                f"--total-frames that is a multiple of it"
+            )
+            raise ArgumentValueError(
+                f"--frames-per-batch {fpb} cannot be split evenly over {who} "
+                f"({self.collector} gives each of the {unit} envs the same share): {hint}."
+            )
+        if total % fpb:
+            low, high = total - total % fpb, total - total % fpb + fpb
+            fits = " or ".join(str(v) for v in (low, high) if v > 0)
+            raise ArgumentValueError(
+                f"--total-frames ({total}) must be a multiple of --frames-per-batch ({fpb}), "
+                f"e.g. {fits}."
+            )
 
     @property
     def output(self) -> Path:
@@ -88,7 +137,7 @@ class RunConfig:
         values: dict[str, Any] = {}
         for source, where in ((toml, "the config file"), (overrides, "the command line")):
             for key, value in source.items():
-                name = key.replace("-", "_")
+                name = "imports" if key == "import" else key.replace("-", "_")
                 if name not in names:
                     raise ArgumentValueError(
                         f"unknown option {key!r} in {where}; known: {', '.join(sorted(names))}."
@@ -111,3 +160,15 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as err:
         raise ArgumentValueError(f"--config: {path} is not valid TOML: {err}") from err
     return data.get("collect", data)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _nearest(value: int, candidates: list[int]) -> list[int]:
+    """The closest candidate below ``value`` and the closest above (those that exist)."""
+    below = [c for c in candidates if c < value]
+    above = [c for c in candidates if c > value]
+    return ([max(below)] if below else []) + ([min(above)] if above else [])

@@ -1,8 +1,19 @@
 """The collection job behind ``python -m hpccollect collect``: env, policy, collector, dataset.
 
-SIGTERM (SLURM preemption) and a first Ctrl-C stop the run after the current batch: the
-dataset keeps every committed episode and the episodes in progress are written as truncated.
-A second Ctrl-C interrupts at once; committed data is still kept.
+Signals. SLURM (preemption, ``scancel``, the time limit), ``timeout`` and Ctrl-C signal every
+process of the job. The workers ignore SIGTERM and SIGINT; this process decides:
+
+* during start-up (env probe, worker start, before the first batch) nothing is worth finishing:
+  the workers are stopped at once and no dataset is written;
+* while collecting, SIGTERM and a first SIGINT stop the run after the current batch: the batch
+  is committed, the episodes in progress are written as truncated, and the summary names the
+  signal. A second SIGINT interrupts at once; committed data is still kept.
+
+Either way the run ends normally (exit code 0 on the command line).
+
+Reproducibility: ``seed`` seeds the envs, the random policy, torch's generator before the default
+MLP is built (its weights) and during sampling (in this process for ``sync``, in each worker for
+the multi-process collectors).
 """
 
 from __future__ import annotations
@@ -10,56 +21,73 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import math
+import os
+import pickle
 import signal
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import torch
+from torch import nn
 
 from hpccollect.collectors import MultiaSyncDataCollector, MultiSyncDataCollector, SyncDataCollector
 from hpccollect.config import RunConfig
 from hpccollect.envs.gym import GymEnv
-from hpccollect.errors import ArgumentValueError
+from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.policy import MLPActor
-from hpccollect.storage.hdf5_writer import HDF5Writer
+from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path
 
-__all__ = ["Summary", "build_policy", "run_collect"]
+__all__ = ["Summary", "build_policy", "resolve_env", "run_collect"]
 
 
 @dataclass
 class Summary:
-    """What a run did and kept."""
+    """What a run did and kept.
+
+    ``collecting`` runs from the first batch request to the last batch written (the progress
+    line's clock); ``elapsed`` is the whole run, start-up (env probe, worker start) and shutdown
+    included. ``path`` is None when nothing was written (stopped during start-up).
+    """
 
     frames: int
     episodes: int
     committed_steps: int
     returns: list[float]
+    collecting: float
     elapsed: float
-    path: Path
+    path: Path | None
     stopped_by: str | None
 
     @property
     def frames_per_second(self) -> float:
-        return self.frames / max(self.elapsed, 1e-9)
+        """Frames per second while collecting (start-up and shutdown excluded)."""
+        return self.frames / max(self.collecting, 1e-9)
 
     def lines(self) -> list[str]:
+        if self.path is None:
+            return [
+                f"stopped by {self.stopped_by} during start-up, before the first batch: "
+                "nothing was collected and no dataset was written"
+            ]
+        overall = self.frames / max(self.elapsed, 1e-9)
         out = [
-            f"frames collected  {self.frames}  ({self.frames_per_second:,.0f} frames/s over "
-            f"{self.elapsed:.1f} s)"
+            f"frames collected  {self.frames}  ({self.frames_per_second:,.0f} frames/s while "
+            f"collecting, {self.collecting:.1f} s; {overall:,.0f} frames/s incl. start-up and "
+            f"shutdown, {self.elapsed:.1f} s)"
         ]
         out.append(f"episodes kept     {self.episodes}  ({self.committed_steps} steps)")
         if self.returns:
             std = statistics.pstdev(self.returns) if len(self.returns) > 1 else 0.0
             out.append(
                 f"episode return    mean {statistics.fmean(self.returns):.2f}  std {std:.2f}  "
-                f"min {min(self.returns):.2f}  max {max(self.returns):.2f}"
+                f"min {min(self.returns):.2f}  max {max(self.returns):.2f}  "
+                f"(all {len(self.returns)} kept episodes)"
             )
         out.append(f"dataset           {self.path}")
         if self.stopped_by:
@@ -70,12 +98,60 @@ class Summary:
         return out
 
 
-def _make_env(env_id: str, kwargs: dict, num_envs: int) -> gym.Env:
+# ---------------------------------------------------------------------------------- env
+def _import(module: str, option: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as err:
+        raise ArgumentValueError(
+            f"{option}: cannot import module {module!r} ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); check the name and that its "
+            "directory is on PYTHONPATH."
+        ) from err
+
+
+def resolve_env(env: str, imports: tuple[str, ...] = ()) -> str:
+    """Import ``imports`` and, for gymnasium's ``module:EnvName-v0``, the module; check that the
+    env id is registered. Returns the bare env id."""
+    for module in imports:
+        _import(module, f"--import {module}")
+    module, _, name = env.rpartition(":")
+    if module:
+        _import(module, f"--env {env}")
+    if name not in gym.registry:
+        where = f" (module {module!r} was imported but did not register it)" if module else ""
+        raise ArgumentValueError(
+            f"--env: unknown gymnasium env {name!r}{where}; list ids with "
+            "python -c 'import gymnasium; gymnasium.pprint_registry()', and for envs that a "
+            "module registers use --env module:EnvName-v0 or --import module."
+        )
+    return name
+
+
+def _make_env(env_id: str, kwargs: dict, num_envs: int, imports: tuple[str, ...] = ()) -> gym.Env:
+    for module in imports:  # a worker process starts fresh: register its envs there too
+        importlib.import_module(module)
     if num_envs == 1:
         return gym.make(env_id, **kwargs)
     return gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id, **kwargs)] * num_envs)
 
 
+def _check_writable(out: Path) -> None:
+    """Refuse an output that cannot be written before any worker starts."""
+    probe = out.parent / f".{out.name}.{os.getpid()}.write-test"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        os.unlink(probe)
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ArgumentValueError(
+            f"--out {out}: cannot write in {out.parent} ({reason}); choose a writable "
+            "directory with --out (or $HPCCOLLECT_DATA_DIR)."
+        ) from err
+
+
+# ---------------------------------------------------------------------------------- policy
 def build_policy(spec: str, env: GymEnv) -> Any:
     """``random``, ``default`` (a small MLP), ``module:function`` (called with the observation
     and action spaces) or a path to a ``state_dict`` checkpoint for the default MLP."""
@@ -85,49 +161,129 @@ def build_policy(spec: str, env: GymEnv) -> Any:
     if spec == "default":
         return MLPActor(shapes, env.action_codec.spec)
     if ":" in spec and not Path(spec).exists():
-        module_name, _, attr = spec.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as err:
-            raise ArgumentValueError(
-                f"--policy {spec}: cannot import {attr} from {module_name}: {err}"
-            ) from err
-        space = env.env
-        return factory(
-            getattr(space, "single_observation_space", space.observation_space),
-            getattr(space, "single_action_space", space.action_space),
-        )
+        return _from_factory(spec, env)
     path = Path(spec)
-    if not path.exists():
+    if not path.is_file():
         raise ArgumentValueError(
             f"--policy {spec!r} is not 'random', 'default', a module:function factory or an "
             "existing checkpoint file."
         )
     policy = MLPActor(shapes, env.action_codec.spec)
-    try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
-        policy.load_state_dict(state)
-    except Exception as err:
-        raise ArgumentValueError(
-            f"--policy {path}: not a state_dict of the default policy for this env: "
-            f"{str(err).splitlines()[0]}"
-        ) from err
+    policy.load_state_dict(_read_state_dict(path, policy))
     return policy
 
 
-class _StopFlag:
-    """SIGTERM and the first SIGINT set the flag; a second SIGINT interrupts at once."""
+def _from_factory(spec: str, env: GymEnv) -> Any:
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ArgumentValueError(
+            f"--policy {spec}: cannot import {attr} from {module_name}: {err}"
+        ) from err
+    space = env.env
+    try:
+        policy = factory(
+            getattr(space, "single_observation_space", space.observation_space),
+            getattr(space, "single_action_space", space.action_space),
+        )
+    except Exception as err:
+        raise ArgumentValueError(
+            f"--policy {spec}: {attr}(observation_space, action_space) raised "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else '(no message)'}"
+        ) from err
+    if not callable(policy):
+        raise ArgumentValueError(
+            f"--policy {spec}: {attr}() returned {type(policy).__name__}, not a policy; return an "
+            "nn.Module or a callable that maps observation tensors to an action."
+        )
+    return policy
+
+
+def _read_state_dict(path: Path, policy: nn.Module) -> Mapping[str, torch.Tensor]:
+    """The checkpoint at ``path``, checked against the default MLP ``policy`` key by key."""
+    expected = policy.state_dict()
+    wanted = (
+        f"a state_dict of the default MLP for this env (torch.save(policy.state_dict(), path); "
+        f"keys {', '.join(expected)})"
+    )
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        what = (
+            "holds Python objects, not only tensors (it is read with weights_only=True)"
+            if "Unsupported global" in str(err)
+            else "is not a readable torch checkpoint"
+        )
+        raise ArgumentValueError(f"--policy {path}: {what}; expected {wanted}.") from err
+    except Exception as err:
+        raise ArgumentValueError(
+            f"--policy {path}: is not a readable torch checkpoint ({type(err).__name__}); "
+            f"expected {wanted}."
+        ) from err
+    if not isinstance(state, Mapping) or not all(
+        isinstance(v, torch.Tensor) for v in state.values()
+    ):
+        raise ArgumentValueError(
+            f"--policy {path}: holds a {type(state).__name__}, not a state_dict; expected {wanted}."
+        )
+    missing = [k for k in expected if k not in state]
+    unexpected = [str(k) for k in state if k not in expected]
+    if missing or unexpected:
+        raise ArgumentValueError(
+            f"--policy {path}: keys do not match the default MLP: missing {missing}, "
+            f"unexpected {unexpected}; expected {wanted}."
+        )
+    for key, value in expected.items():
+        if tuple(state[key].shape) != tuple(value.shape):
+            raise ArgumentValueError(
+                f"--policy {path}: {key} has shape {tuple(state[key].shape)} but the default MLP "
+                f"for this env needs {tuple(value.shape)} (was it trained on another env?)."
+            )
+    return state
+
+
+# ---------------------------------------------------------------------------------- signals
+class _Stopped(BaseException):
+    """A stop signal during start-up (a BaseException, so ``except Exception`` lets it pass)."""
+
+
+class _StopSignals:
+    """SIGTERM/SIGINT: raise ``_Stopped`` during start-up, set ``signal`` while collecting; a
+    second SIGINT while collecting raises ``KeyboardInterrupt``. Each raises at most once, so
+    the shutdown that follows is not interrupted."""
 
     def __init__(self) -> None:
         self.signal: str | None = None
+        self.collecting = False
+        self._raised = self._deferred = False
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.signal is not None and signum == signal.SIGINT:
+        first = self.signal is None
+        self.signal = self.signal or signal.Signals(signum).name
+        if self._raised or self._deferred or (first and self.collecting):
+            return
+        if not self.collecting:
+            self._raised = True
+            raise _Stopped
+        if signum == signal.SIGINT:
+            self._raised = True
             raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
 
     @contextlib.contextmanager
-    def installed(self) -> Iterator[_StopFlag]:
+    def deferred(self) -> Iterator[None]:
+        """A start-up step that must not be cut in half: a signal stops after it."""
+        self._deferred = True
+        try:
+            yield
+        finally:
+            self._deferred = False
+        if self.signal is not None and not self.collecting and not self._raised:
+            self._raised = True
+            raise _Stopped
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_StopSignals]:
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
@@ -139,69 +295,127 @@ class _StopFlag:
                 signal.signal(s, handler)
 
 
+# ---------------------------------------------------------------------------------- the run
+class _Run:
+    """One collection: ``prepare()`` (checks, probe, policy, workers), ``collect()``,
+    ``close()``."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.collector: Any = None
+        self.writer: HDF5Writer | None = None
+        self.frames = 0
+        self.start = time.perf_counter()
+        self.collect_start = self.last_batch = self.start
+
+    def prepare(self) -> None:
+        cfg, out = self.cfg, self.cfg.output
+        env_id = resolve_env(cfg.env, cfg.imports)
+        if (out.exists() or partial_path(out).exists()) and not cfg.overwrite:
+            raise ArgumentValueError(
+                f"{out} already exists; pass --overwrite to replace it or --out elsewhere."
+            )
+        _check_writable(out)
+        make = functools.partial(
+            _make_env, env_id, dict(cfg.env_kwargs), cfg.num_envs, tuple(cfg.imports)
+        )
+        try:
+            probe = GymEnv(make())
+        except Exception as err:
+            raise ArgumentValueError(
+                f"--env {cfg.env} with --env-kwargs {cfg.env_kwargs}: {err}"
+            ) from err
+        try:
+            torch.manual_seed(cfg.seed)  # the default MLP's weights, and sync's sampling
+            policy = build_policy(cfg.policy, probe)
+        finally:
+            probe.close()
+        self.collector = _collector(cfg, make, policy)
+        self.collector.set_seed(cfg.seed)
+
+    def collect(self, stop: _StopSignals, on_progress: Callable | None) -> None:
+        cfg = self.cfg
+        with stop.deferred():
+            self.writer = HDF5Writer(
+                cfg.output,
+                env=cfg.env,
+                env_kwargs=dict(cfg.env_kwargs),
+                config=cfg.as_dict(),
+                seed=cfg.seed,
+                compression=None if cfg.compression == "none" else cfg.compression,
+                overwrite=cfg.overwrite,
+            )
+        stop.collecting = True
+        self.collect_start = self.last_batch = time.perf_counter()
+        if on_progress is not None:
+            on_progress(0, 0, None)
+        for batch in self.collector:
+            self.writer.extend(batch)
+            self.frames += batch.numel()
+            self.last_batch = time.perf_counter()
+            if on_progress is not None:
+                returns = self.writer.returns
+                mean = statistics.fmean(returns[-100:]) if returns else None
+                on_progress(self.frames, self.writer.committed_episodes, mean)
+            if stop.signal is not None:
+                break
+
+    def close(self, discard: bool = False) -> None:
+        """Stop the workers and close the dataset; ``discard`` removes a dataset that has
+        received no batch (a stop during start-up)."""
+        if self.collector is not None:
+            self.collector.shutdown()
+            self.collector = None
+        if self.writer is not None:
+            path = self.writer.close()
+            if discard and self.frames == 0:
+                path.unlink(missing_ok=True)
+                self.writer = None
+
+    def summary(self, stopped_by: str | None) -> Summary:
+        w = self.writer
+        return Summary(
+            self.frames,
+            w.committed_episodes if w else 0,
+            w.committed_steps if w else 0,
+            list(w.returns) if w else [],
+            self.last_batch - self.collect_start,
+            time.perf_counter() - self.start,
+            w.path if w else None,
+            stopped_by,
+        )
+
+
 def run_collect(
     cfg: RunConfig, on_progress: Callable[[int, int, float | None], None] | None = None
 ) -> Summary:
-    """Collect ``cfg.total_frames`` frames into ``cfg.output``; see the module docstring."""
-    if cfg.env not in gym.registry:
-        raise ArgumentValueError(
-            f"--env: unknown gymnasium env {cfg.env!r}; list ids with "
-            "python -c 'import gymnasium; gymnasium.pprint_registry()'."
-        )
-    out = cfg.output
-    if (out.exists() or out.with_name(out.name + ".partial").exists()) and not cfg.overwrite:
-        raise ArgumentValueError(
-            f"{out} already exists; pass --overwrite to replace it or --out elsewhere."
-        )
-    make = functools.partial(_make_env, cfg.env, dict(cfg.env_kwargs), cfg.num_envs)
-    try:
-        probe = GymEnv(make())
-    except Exception as err:
-        raise ArgumentValueError(
-            f"--env {cfg.env} with --env-kwargs {cfg.env_kwargs}: {err}"
-        ) from err
-    try:
-        policy = build_policy(cfg.policy, probe)
-    finally:
-        probe.close()
-    collector = _collector(cfg, make, policy)
-    collector.set_seed(cfg.seed)
-    writer = HDF5Writer(
-        out,
-        env=cfg.env,
-        env_kwargs=dict(cfg.env_kwargs),
-        config=cfg.as_dict(),
-        seed=cfg.seed,
-        compression=None if cfg.compression == "none" else cfg.compression,
-        overwrite=cfg.overwrite,
-    )
-    frames, start, stop = 0, time.perf_counter(), _StopFlag()
-    if on_progress is not None:
-        on_progress(0, 0, None)
-    try:
-        with stop.installed():
-            for batch in collector:
-                writer.extend(batch)
-                frames += batch.numel()
-                if on_progress is not None:
-                    mean = statistics.fmean(writer.returns[-100:]) if writer.returns else None
-                    on_progress(frames, writer.committed_episodes, mean)
-                if stop.signal is not None:
-                    break
-    except KeyboardInterrupt:
-        stop.signal = stop.signal or "SIGINT"
-    finally:
-        collector.shutdown()
-        path = writer.close()
-    return Summary(
-        frames,
-        writer.committed_episodes,
-        writer.committed_steps,
-        writer.returns,
-        time.perf_counter() - start,
-        path,
-        stop.signal,
-    )
+    """Collect ``cfg.total_frames`` frames into ``cfg.output``; see the module docstring.
+
+    ``on_progress(frames, episodes, mean return of the last 100 episodes)`` is called with
+    ``frames == 0`` when collection starts, then after every batch.
+    """
+    run, stop = _Run(cfg), _StopSignals()
+    with stop.installed():
+        try:
+            run.prepare()
+            run.collect(stop, on_progress)
+        except _Stopped:
+            run.close(discard=True)
+        except KeyboardInterrupt:
+            stop.signal = stop.signal or "SIGINT"
+        except CollectorTimeoutError as err:
+            if run.writer is None:  # start-up: its message names start_timeout already
+                raise
+            run.close()
+            kept = run.writer.committed_episodes
+            raise CollectorTimeoutError(
+                f"a worker stopped answering: {str(err).split(';')[0]} (--worker-timeout "
+                f"{cfg.worker_timeout:g}); it was killed, {kept} committed episodes were kept in "
+                f"{cfg.output}. Raise --worker-timeout for slow envs or large batches."
+            ) from err
+        finally:
+            run.close()
+    return run.summary(stop.signal)
 
 
 def _collector(cfg: RunConfig, make: Callable, policy: Any) -> Any:
@@ -210,13 +424,7 @@ def _collector(cfg: RunConfig, make: Callable, policy: Any) -> Any:
         total_frames=cfg.total_frames,
         max_frames_per_traj=cfg.max_steps,
     )
-    if cfg.total_frames % cfg.frames_per_batch:
-        fixed = math.ceil(cfg.total_frames / cfg.frames_per_batch) * cfg.frames_per_batch
-        raise ArgumentValueError(
-            f"--total-frames ({cfg.total_frames}) must be a multiple of --frames-per-batch "
-            f"({cfg.frames_per_batch}), e.g. {fixed}."
-        )
     if cfg.collector == "sync":
         return SyncDataCollector(make, policy, **common)
     cls = MultiSyncDataCollector if cfg.collector == "multi-sync" else MultiaSyncDataCollector
-    return cls([make] * cfg.num_workers, policy, **common)
+    return cls([make] * cfg.num_workers, policy, worker_timeout=cfg.worker_timeout, **common)

@@ -10,7 +10,8 @@ __all__ = ["Progress"]
 
 
 class Progress:
-    """Shows frames, frames/s, episodes and mean return.
+    """Shows frames, frames/s while collecting (from the first batch request, start-up
+    excluded), episodes kept and the mean return of the last 100 kept episodes.
 
     On a terminal the line is redrawn in place (at most 10 times a second); otherwise (a SLURM
     log, a pipe) a full line is printed every ``log_every`` seconds, so logs stay readable.
@@ -32,7 +33,8 @@ class Progress:
         ret = "-" if mean_return is None else f"{mean_return:.1f}"
         return (
             f"[{'#' * filled}{'.' * (width - filled)}] {frames}/{self.total} frames  "
-            f"{frames / elapsed:,.0f} frames/s  {episodes} episodes  mean return {ret}"
+            f"{frames / elapsed:,.0f} frames/s while collecting  {episodes} episodes  "
+            f"mean return {ret} (last 100 episodes)"
         )
 
     def update(self, frames: int, episodes: int, mean_return: float | None) -> None:

@@ -48,7 +48,10 @@ def worker_main(
     index: int, conn: Connection, payload: bytes, weights: TensorDictBase | None
 ) -> None:
     """Entry point of worker ``index``; ``weights`` is its shared-memory weights buffer."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    # A scheduler (SLURM, timeout) or Ctrl-C signals the whole process group: the parent
+    # decides when to stop and sends SHUTDOWN; if it is gone, recv() ends with EOF.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     collector = None
     close_env = True
     try:

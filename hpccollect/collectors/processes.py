@@ -3,10 +3,16 @@
 Every wait is bounded and also watches each worker's process sentinel, so a worker that dies
 (an exception, a segfault, ``kill -9``) is reported at once as a ``WorkerError`` instead of
 being waited on. Nothing here knows what the workers compute.
+
+Workers ignore SIGTERM and SIGINT: a batch scheduler signals every process of a job, and the
+stop belongs to the parent, which then sends ``SHUTDOWN``. A worker that does not obey in time
+is killed (SIGKILL, since SIGTERM is ignored); one that never answered yet, or stopped answering,
+is killed at once. Workers exit by themselves when the parent's end of their pipe closes.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing as mp
 import os
@@ -60,6 +66,8 @@ class _Worker:
     process: Any
     conn: Connection
     inbox: deque = field(default_factory=deque)
+    #: the worker has replied at least once and has not missed a deadline since
+    responsive: bool = False
 
 
 class WorkerPool:
@@ -95,10 +103,12 @@ class WorkerPool:
                 process = ctx.Process(
                     target=target, args=(index, child, *extra), name=f"{name}-{index}", daemon=True
                 )
+                # registered before it starts, so an exception (a signal) during start() still
+                # finds it at shutdown
+                self.workers.append(_Worker(index, process, parent))
                 with clean_env():
                     process.start()
                 child.close()
-                self.workers.append(_Worker(index, process, parent))
         except BaseException:
             self.shutdown(timeout=5)
             raise
@@ -165,6 +175,7 @@ class WorkerPool:
                 kind, payload = worker.conn.recv()
             except (EOFError, OSError) as err:
                 raise self._death(worker) from err
+            worker.responsive = True
             if kind is Reply.ERROR:
                 type_name, message, trace = payload
                 raise WorkerError(
@@ -195,6 +206,8 @@ class WorkerPool:
         )
 
     def _timeout(self, workers: list[_Worker], expected: Reply, timeout: float) -> Exception:
+        for worker in workers:
+            worker.responsive = False
         which = ", ".join(str(w.index) for w in workers)
         return CollectorTimeoutError(
             f"no {expected.name} reply from worker(s) {which} within {timeout:g} s; they are alive but "
@@ -203,24 +216,25 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self, timeout: float = 10.0, close_env: bool = True) -> None:
-        """Ask every worker to exit, then terminate (and kill) those still running; idempotent."""
+        """Ask every worker to exit; kill those that do not within ``timeout`` s, and at once
+        those that never answered or missed a deadline (they cannot be listening); idempotent."""
         if self._closed:
             return
         self._closed = True
         deadline = time.monotonic() + timeout
-        for worker in self.workers:
+        started = [w for w in self.workers if _started(w.process)]
+        for worker in started:
             if worker.process.is_alive():
                 with contextlib.suppress(Exception):
                     worker.conn.send((Command.SHUTDOWN, close_env))
-        for worker in self.workers:
+        for worker in started:
+            if not worker.responsive:
+                _kill(worker.process)
+        for worker in started:
             worker.process.join(max(0.0, deadline - time.monotonic()))
         for worker in self.workers:
-            if worker.process.is_alive():
-                worker.process.terminate()
-                worker.process.join(2)
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join(2)
+            if _started(worker.process):
+                _kill(worker.process)
             worker.conn.close()
             with contextlib.suppress(ValueError):
                 worker.process.close()
@@ -233,3 +247,24 @@ class WorkerPool:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def _started(process: Any) -> bool:
+    return getattr(process, "_popen", None) is not None
+
+
+def _kill(process: Any) -> None:
+    """SIGKILL ``process`` if it still runs, and reap it (bounded)."""
+    if process.is_alive():
+        with contextlib.suppress(OSError):
+            process.kill()
+    process.join(5)
+
+
+@atexit.register
+def _shutdown_live_pools() -> None:
+    # Runs before multiprocessing's own exit handler, whose terminate() the workers ignore and
+    # whose join() has no timeout.
+    for pool in list(_LIVE_POOLS):
+        with contextlib.suppress(Exception):
+            pool.shutdown(timeout=2)
