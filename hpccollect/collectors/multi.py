@@ -40,6 +40,9 @@ class MultiSyncDataCollector(MultiCollectorBase):
         super().__init__(*args, **kwargs)
         self._check_layouts()
 
+    def _time_named_split(self) -> bool:
+        return self.cat_results in ("stack", -1)
+
     def _worker_frames_per_batch(self) -> int:
         fpb, n = self.options.frames_per_batch, self.num_workers
         if fpb % n:

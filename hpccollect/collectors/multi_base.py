@@ -193,12 +193,19 @@ class MultiCollectorBase(DataCollectorBase):
             batch = batch.to(self.storing_device)
         if self.split_trajs:
             batch = split_trajectories(batch)
+            if self._time_named_split():
+                batch.names = [None] * (batch.ndim - 1) + ["time"]
         if self.postproc is not None:
             batch = self.postproc(batch)
         if self.replay_buffer is not None:
             self.replay_buffer.extend(batch)
             return None
         return batch
+
+    def _time_named_split(self) -> bool:
+        """Whether a split batch names its last dim "time" (TorchRL: MultiSync stacking or
+        concatenating along time); otherwise it keeps ``split_trajectories``' names."""
+        return False
 
     def _more(self) -> bool:
         return not self._closed and (self.total_frames < 0 or self._frames < self.total_frames)

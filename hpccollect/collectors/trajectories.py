@@ -44,23 +44,36 @@ def split_trajectories(
     """Regroup a ``[..., T]`` batch as ``[n_traj, max_len]``, one row per trajectory.
 
     Rows are in order of first appearance (env by env, then time); each row is zero-padded and
-    ``(prefix, "mask")`` is True on real steps.
+    ``(prefix, "mask")`` is True on real steps. Frames whose id is -1 (padding of a preempted
+    worker) belong to no trajectory and are left out.
+
+    Names and shapes are TorchRL 0.14.1's: a ``[T]`` batch gives ``[None, "time"]``; when every
+    trajectory spans the whole time dim the batch keeps its shape and names (only the mask is
+    added); otherwise the padded result is unnamed (``[None, None]``).
     """
     ids_key = (prefix, traj_key)
+    mask_key = (prefix, "mask")
     if ids_key not in rollout.keys(True):
         raise ArgumentValueError(
             f"split_trajectories needs {ids_key} in the batch; it was produced without it."
         )
-    flat = rollout.reshape(-1) if rollout.ndim != 1 else rollout
-    if rollout.names[0] is not None or rollout.ndim != 1:
-        flat = flat.clone(False)
-        flat.names = None
+    names = rollout.names if rollout.ndim else []
+    flat = rollout.clone(False)
+    flat.names = None
+    flat = flat.reshape(-1)
     ids = flat.get(ids_key)
+    valid = ids != -1
+    if not bool(valid.all()):
+        flat, ids = flat[valid], ids[valid]
     n = ids.shape[0]
     starts = torch.ones(n, dtype=torch.bool)
     starts[1:] = ids[1:] != ids[:-1]
     start_idx = torch.nonzero(starts).squeeze(-1)
     lengths = torch.diff(torch.cat([start_idx, torch.tensor([n])]))
+    if n == rollout.numel() and bool((lengths == rollout.shape[-1]).all()):
+        whole = rollout.clone(False)
+        whole.set(mask_key, torch.ones(whole.shape, dtype=torch.bool, device=ids.device))
+        return whole.unsqueeze(0) if whole.ndim == 1 else whole
     max_len = int(lengths.max()) if lengths.numel() else 0
     steps = torch.arange(max_len)
     mask = steps.unsqueeze(0) < lengths.unsqueeze(1)
@@ -72,6 +85,7 @@ def split_trajectories(
         return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
     out = out.apply(_pad)
-    out.set((*ids_key[:-1], "mask"), mask)
-    out.names = [None, "time"]
+    out.set(mask_key, mask)
+    if rollout.ndim == 1 and names[0] is not None:
+        out.names = [None, names[0]]
     return out

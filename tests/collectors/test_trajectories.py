@@ -14,10 +14,32 @@ def test_split_two_env_rows():
     ids = torch.tensor([[0, 0, 2, 2, 2], [1, 1, 1, 3, 3]])
     td = TensorDict({"x": torch.arange(10.0).reshape(2, 5), ("collector", "traj_ids"): ids}, [2, 5])
     out = split_trajectories(td)
-    assert out.batch_size == (4, 3) and out.names == [None, "time"]
+    assert out.batch_size == (4, 3) and out.names == [None, None]  # TorchRL's names
     assert out["collector", "traj_ids"][:, 0].tolist() == [0, 2, 1, 3]
     assert out["collector", "mask"].sum(-1).tolist() == [2, 3, 3, 2]
     assert out["x"].tolist() == [[0, 1, 0], [2, 3, 4], [5, 6, 7], [8, 9, 0]]
+
+
+def test_split_one_env_and_whole_rows_keep_time_name():
+    one = TensorDict(
+        {"x": torch.arange(5.0), ("collector", "traj_ids"): torch.tensor([3] * 5)}, [5]
+    )
+    one.names = ["time"]
+    out = split_trajectories(one)
+    assert out.batch_size == (1, 5) and out.names == [None, "time"]
+    rows = TensorDict({("collector", "traj_ids"): torch.tensor([[0] * 4, [1] * 4])}, [2, 4])
+    rows.names = [None, "time"]
+    out = split_trajectories(rows)  # every trajectory spans the batch: kept as is, as TorchRL
+    assert out.batch_size == (2, 4) and out.names == [None, "time"]
+    assert out["collector", "mask"].all()
+
+
+def test_split_leaves_out_preempted_padding():
+    ids = torch.tensor([[0, 0, 0, 2], [1, 1, -1, -1]])
+    td = TensorDict({"x": torch.arange(8.0).reshape(2, 4), ("collector", "traj_ids"): ids}, [2, 4])
+    out = split_trajectories(td)
+    assert out["collector", "traj_ids"][:, 0].tolist() == [0, 2, 1]
+    assert out["collector", "mask"].sum().item() == 6
 
 
 def test_split_needs_traj_ids():
