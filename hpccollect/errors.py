@@ -14,6 +14,7 @@ __all__ = [
     "EnvError",
     "HpcCollectError",
     "PolicyError",
+    "StorageError",
     "WorkerError",
 ]
 
@@ -46,6 +47,13 @@ class EnvError(HpcCollectError, RuntimeError):
 
 class PolicyError(HpcCollectError, RuntimeError):
     """The policy raised, or wrote outputs that do not match the environment's action spec."""
+
+
+class StorageError(HpcCollectError, OSError):
+    """Writing a dataset file failed (full disk, file-size limit, I/O error, read-only disk).
+
+    The message is one line naming the file and the cause; rows committed before it are kept.
+    """
 
 
 class CollectorTimeoutError(HpcCollectError, TimeoutError):

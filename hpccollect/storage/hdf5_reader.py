@@ -1,7 +1,9 @@
-"""Reading HDF5 shards and merged files back as TensorDicts, lazily; checking and repairing them.
+"""Reading HDF5 shards and merged files back as TensorDicts, lazily, and checking them.
 
 Only committed rows are visible: a file cut short by a crash shows every whole episode it
-committed and nothing else.
+committed and nothing else. Files are opened without HDF5's file lock, so a file still being
+written (``*.partial``) can be read: an open ``H5Dataset`` shows the rows committed when it was
+opened; reopen it to see newer ones.
 """
 
 from __future__ import annotations
@@ -22,16 +24,26 @@ from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.layout import EPISODE, Key, keymap_from_json
 from hpccollect.storage.spaces_json import space_from_json
 
-__all__ = ["H5Dataset", "TransitionDataset", "open_dataset", "repair"]
+__all__ = ["H5Dataset", "TransitionDataset", "open_dataset"]
 
 
 def _open(path: Path) -> h5py.File:
+    """Open for reading without taking HDF5's lock (the writer of a ``.partial`` holds it)."""
     if not path.exists():
         raise ArgumentValueError(f"{path} does not exist.")
     try:
-        return h5py.File(path, "r")
-    except OSError as err:
-        raise ArgumentValueError(f"{path} is not a readable HDF5 file: {err}") from err
+        return h5py.File(path, "r", locking=False)
+    except OSError as first:
+        try:  # this process has it open already (a writer): HDF5 shares that handle
+            return h5py.File(path, "r")
+        except OSError:
+            pass
+        hint = (
+            "; if its run is over, python -m hpccollect repair may recover its committed rows"
+            if path.name.endswith(".partial")
+            else ""
+        )
+        raise ArgumentValueError(f"{path} is not a readable HDF5 file: {first}{hint}") from first
 
 
 class H5Dataset:
@@ -92,6 +104,11 @@ class H5Dataset:
         return None if text is None else space_from_json(text)
 
     @property
+    def complete(self) -> bool:
+        """False for a file still being written, or left by a run that crashed (``.partial``)."""
+        return bool(self.file.attrs.get("complete")) and not self.path.name.endswith(".partial")
+
+    @property
     def written_steps(self) -> int:
         """Rows physically present (more than committed after a crash, until repaired)."""
         return int(self.file[EPISODE].shape[0]) if EPISODE in self.file else 0
@@ -111,6 +128,38 @@ class H5Dataset:
             value = torch.from_numpy(np.asarray(_read(self.file[path], rows)))
             out.set(key, value.unsqueeze(-1) if path in self.squeezed else value)
         return out
+
+    def read_rows(self, rows: Any) -> TensorDict:
+        """Rows in any order, repeats allowed, in one read per dataset: the fast minibatch path.
+
+        Each dataset is read once at the sorted unique rows (what HDF5 reads fastest), then the
+        rows are put back in the order asked.
+        """
+        rows = np.asarray(rows.cpu() if isinstance(rows, torch.Tensor) else rows, dtype=np.int64)
+        n = self.committed_steps
+        if rows.ndim != 1:
+            raise IndexError(f"read_rows takes a 1-d list of row numbers, got shape {rows.shape}")
+        if rows.size and (rows.min() < -n or rows.max() >= n):
+            raise IndexError(f"rows out of range for {n} committed rows")
+        rows = np.where(rows < 0, rows + n, rows)
+        unique, inverse = np.unique(rows, return_inverse=True)
+        same = len(unique) == len(rows) and bool((unique == rows).all())
+        out: dict = {}
+        for path, key in self.keymap.items():
+            value = self.file[path][unique] if len(unique) else self.file[path][:0]
+            if not same:
+                value = value[inverse]
+            if path in self.squeezed:
+                value = value[:, None]
+            _put(out, key, torch.from_numpy(value))
+        return TensorDict(out, batch_size=[len(rows)])
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> TensorDict:
+        """``batch_size`` rows drawn uniformly with replacement (``generator`` for repeatability)."""
+        if len(self) == 0:
+            raise IndexError(f"{self.path} has no committed rows to sample from")
+        rows = torch.randint(len(self), (batch_size,), generator=generator)
+        return self.read_rows(rows)
 
     def _rows(self, index: Any) -> Any:
         n = self.committed_steps
@@ -161,6 +210,22 @@ class H5Dataset:
         """One TensorDict ``[T]`` per episode, in file order."""
         for start, stop in self.episode_bounds():
             yield self[start:stop]
+
+    def episode_lengths(self) -> np.ndarray:
+        """The number of steps of each episode, in file order."""
+        return np.array([stop - start for start, stop in self.episode_bounds()], dtype=np.int64)
+
+    def episode_ends(self) -> dict[str, int]:
+        """How the episodes ended: ``terminated`` and ``truncated`` counts (by their last step)."""
+        ends = [stop - 1 for _, stop in self.episode_bounds()]
+        out = {}
+        for name, path in (("terminated", "terminals"), ("truncated", "timeouts")):
+            if ends and path in self.file:
+                flags = self.file[path][: self.committed_steps].reshape(self.committed_steps, -1)
+                out[name] = int(flags[ends].any(axis=-1).sum())
+            else:
+                out[name] = 0
+        return out
 
     def returns(self) -> np.ndarray:
         """The sum of rewards of each episode."""
@@ -230,6 +295,12 @@ def _read(ds: h5py.Dataset, rows: Any) -> np.ndarray:
     return ds[rows]
 
 
+def _put(tree: dict, key: Key, value: torch.Tensor) -> None:
+    for part in key[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[key[-1]] = value
+
+
 def _count(rows: Any, n: int) -> int:
     if isinstance(rows, slice):
         return len(range(*rows.indices(n)))
@@ -244,48 +315,46 @@ def open_dataset(path: str | os.PathLike) -> H5Dataset:
 class TransitionDataset(torch.utils.data.Dataset):
     """A ``torch.utils.data.Dataset`` of transitions (one TensorDict row each).
 
-    The file is opened lazily in each process, so it works with ``DataLoader`` workers; batch
-    with ``collate_fn=torch.stack``.
+    A ``DataLoader`` with a ``batch_size`` calls ``__getitems__`` with the whole minibatch, which
+    reads it with one HDF5 read per dataset (``H5Dataset.read_rows``); pass
+    ``collate_fn=TransitionDataset.collate``. The file is opened lazily in each process, so
+    ``num_workers > 0`` works. ``in_memory=True`` loads the committed rows into memory once per
+    process: for files that fit in RAM, the fastest.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, in_memory: bool = False) -> None:
         self.path = Path(path)
         with H5Dataset(self.path) as ds:
             self._len = len(ds)
-        self._ds: H5Dataset | None = None
+        self.in_memory = in_memory
+        self._ds: H5Dataset | TensorDict | None = None
         self._pid: int | None = None
 
     def __len__(self) -> int:
         return self._len
 
-    def __getitem__(self, index: int) -> TensorDict:
+    def _source(self) -> H5Dataset | TensorDict:
         if self._ds is None or self._pid != os.getpid():
-            self._ds, self._pid = H5Dataset(self.path), os.getpid()
-        return self._ds[index]
+            ds = H5Dataset(self.path)
+            if self.in_memory:
+                with ds:
+                    ds = ds[: self._len]
+            self._ds, self._pid = ds, os.getpid()
+        return self._ds
 
+    def __getitem__(self, index: int) -> TensorDict:
+        return self._source()[index]
 
-def repair(path: str | os.PathLike) -> Path:
-    """Cut a file left by a crash back to its committed rows; give a ``.partial`` its final name.
+    def __getitems__(self, indices: list[int]) -> TensorDict:
+        source = self._source()
+        if isinstance(source, TensorDict):
+            return source[torch.as_tensor(indices, dtype=torch.long)]
+        return source.read_rows(indices)
 
-    Returns the repaired file's path.
-    """
-    path = Path(path)
-    partial = path if path.name.endswith(".partial") else path.with_name(path.name + ".partial")
-    target = partial if partial.exists() else path
-    final = target.with_name(target.name.removesuffix(".partial"))
-    try:
-        file = h5py.File(target, "r+")
-    except OSError as err:
-        raise ArgumentValueError(f"{target} cannot be opened for repair: {err}") from err
-    with file:
-        n = int(file.attrs["committed_steps"])
-        names = [*keymap_from_json(file.attrs["keymap"]), EPISODE] if "keymap" in file.attrs else []
-        for name in names:
-            if name in file and file[name].shape[0] != n:
-                file[name].resize(n, axis=0)
-        file.flush()
-    if target != final:
-        if final.exists():
-            raise ArgumentValueError(f"cannot rename {target} to {final}: it exists.")
-        os.replace(target, final)
-    return final
+    @staticmethod
+    def collate(batch: TensorDict | list[TensorDict]) -> TensorDict:
+        """A ``DataLoader`` ``collate_fn``: the minibatch ``__getitems__`` read, or rows stacked."""
+        return batch if isinstance(batch, TensorDict) else torch.stack(list(batch))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_ds": None, "_pid": None}  # each process opens its own

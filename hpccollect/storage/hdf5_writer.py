@@ -9,8 +9,8 @@ The file is ``<path>.partial`` while open and renamed to ``<path>`` when closed.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
+import errno
 import os
 import uuid
 from pathlib import Path
@@ -20,7 +20,8 @@ import h5py
 import numpy as np
 from tensordict import TensorDictBase
 
-from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError, StorageError
+from hpccollect.storage.diskspace import SpaceReserver, describe_os_error, release_beyond_end
 from hpccollect.storage.layout import (
     EPISODE,
     SQUEEZED,
@@ -31,12 +32,15 @@ from hpccollect.storage.layout import (
 from hpccollect.storage.metadata import env_metadata
 from hpccollect.storage.spaces_json import describe
 
-__all__ = ["FORMAT_VERSION", "HDF5Writer", "partial_path"]
+__all__ = ["DEFAULT_EXPECTED_ROWS", "FORMAT_VERSION", "HDF5Writer", "chunk_rows", "partial_path"]
 
 FORMAT_VERSION = 1
 _TRAJ: Key = ("collector", "traj_ids")
 _MASK: Key = ("collector", "mask")
 _COMPRESSIONS = (None, "gzip", "lzf")
+#: chunks are sized for this many rows when the writer is not told how many to expect
+DEFAULT_EXPECTED_ROWS = 16_384
+_MIN_CHUNK_BYTES = 16 << 10
 
 
 def partial_path(path: str | os.PathLike) -> Path:
@@ -62,7 +66,10 @@ class HDF5Writer:
         config: the collector configuration to record (any JSON-able mapping).
         seed: the seed of the run.
         compression: None (default, fastest), ``"gzip"`` or ``"lzf"``.
-        chunk_bytes: target chunk size per dataset.
+        chunk_bytes: the largest chunk per dataset.
+        expected_rows: about how many rows the file will hold (``total_frames``): chunks are
+            sized from it and each dataset's row size, so a small run makes a small file.
+            Default: a few thousand rows' worth (small chunks).
         fsync_every: fsync the file every this many appends (flush happens at every append).
         overwrite: replace an existing file of that name.
     """
@@ -79,9 +86,18 @@ class HDF5Writer:
         seed: int | None = None,
         compression: str | None = None,
         chunk_bytes: int = 1 << 20,
+        expected_rows: int | None = None,
         fsync_every: int = 8,
         overwrite: bool = False,
     ) -> None:
+        if expected_rows is not None and (
+            isinstance(expected_rows, bool)
+            or not isinstance(expected_rows, int)
+            or expected_rows < 1
+        ):
+            raise ArgumentValueError(
+                f"expected_rows must be a positive integer (or None), got {expected_rows!r}."
+            )
         if compression not in _COMPRESSIONS:
             raise ArgumentValueError(
                 f"compression={compression!r} is not supported; use one of {_COMPRESSIONS}."
@@ -99,9 +115,15 @@ class HDF5Writer:
                     )
                     + "."
                 )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.compression, self.chunk_bytes, self.fsync_every = compression, chunk_bytes, fsync_every
-        self._file = h5py.File(self.partial, "w")
+        self.expected_rows = expected_rows
+        self.failed: StorageError | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = h5py.File(self.partial, "w")
+            self._space = SpaceReserver(self.partial, self._file.id.get_vfd_handle())
+        except (OSError, RuntimeError) as err:
+            raise StorageError(f"cannot create {self.partial}: {describe_os_error(err)}") from err
         self._pending: dict[int, list[dict[str, np.ndarray]]] = {}
         self._keymap: dict[str, Key] | None = None
         self._datasets: dict[str, h5py.Dataset] = {}
@@ -145,6 +167,10 @@ class HDF5Writer:
     # ------------------------------------------------------------------ input
     def extend(self, batch: TensorDictBase) -> None:
         """Take a collector batch (``[T]``, ``[N, T]``, ``[W, N, T]`` or split trajectories)."""
+        if self.failed is not None:
+            raise StorageError(
+                f"{self.partial}: no more writes after an earlier error: {self.failed}"
+            )
         if self._closed:
             raise ArgumentValueError(f"{self.path} is closed; open a new HDF5Writer to write more.")
         if not isinstance(batch, TensorDictBase):
@@ -247,7 +273,7 @@ class HDF5Writer:
 
     # ------------------------------------------------------------------ output
     def _commit(self, episodes: list[tuple[int, dict[str, Any]]]) -> None:
-        """Append whole episodes, then move the committed counters, then flush.
+        """Append whole episodes, flush, then move the committed counters and flush again.
 
         Each item is (traj id, arrays) for one episode, or a block of several episodes
         (``__block__`` arrays with their ``__ids__`` and ``__lengths__``).
@@ -269,23 +295,70 @@ class HDF5Writer:
         data = {p: (a.reshape(len(a)) if p in SQUEEZED else a) for p, a in data.items()}
         tids, lengths = np.concatenate(tids), np.concatenate(lengths)
         data[EPISODE] = np.repeat(tids.astype(np.int64), lengths)
+        start, n = self.committed_steps, len(data[EPISODE])
+        try:
+            # fail before HDF5 writes anything when the disk cannot take this append
+            self._space.ensure(self._file.id.get_filesize() + self._bytes_needed(data, start, n))
+            for path, array in data.items():
+                ds = self._dataset(path, array)
+                ds.resize(start + n, axis=0)
+                ds[start:] = array
+            self._file.flush()  # the rows are written before any counter covers them
+            self._appends += 1
+            if self._appends % self.fsync_every == 0:
+                self._fsync()
+            # modify() rewrites the value in place; item assignment would recreate the attribute
+            self._file.attrs.modify("committed_steps", np.int64(start + n))
+            self._file.attrs.modify(
+                "committed_episodes", np.int64(self.committed_episodes + len(tids))
+            )
+            self._file.flush()
+        except (OSError, RuntimeError) as err:
+            raise self._fail(err) from err
+        self.committed_steps += n
+        self.committed_episodes += len(tids)
         if "rewards" in data:
             starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
             self.returns += np.add.reduceat(data["rewards"].astype(np.float64), starts).tolist()
-        start, n = self.committed_steps, len(data[EPISODE])
+
+    def _fail(self, err: BaseException) -> StorageError:
+        """Remember the first write error; the file keeps its committed rows and stays partial."""
+        if self.failed is None:
+            self.failed = StorageError(
+                f"cannot write {self.partial}: {describe_os_error(err)}; its "
+                f"{self.committed_steps} committed rows ({self.committed_episodes} episodes) are "
+                f"kept: free space, then run `python -m hpccollect repair {self.partial}`."
+            )
+            self.failed.errno = getattr(err, "errno", None)
+        return self.failed
+
+    def _freeze(self) -> None:
+        """After a write error, point HDF5's descriptor at /dev/null: the file stays exactly as it
+        was, and HDF5 can close without failing again (a close that fails crashes h5py later)."""
+        try:
+            fd = self._file.id.get_vfd_handle()
+            null = os.open(os.devnull, os.O_RDWR)
+        except (OSError, TypeError, ValueError):
+            return
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+
+    def _bytes_needed(self, data: dict[str, np.ndarray], start: int, n: int) -> int:
+        """At most how much the file grows by appending ``n`` rows at ``start``."""
+        total = 64 << 10  # object headers, chunk index nodes
         for path, array in data.items():
-            ds = self._dataset(path, array)
-            ds.resize(start + n, axis=0)
-            ds[start:] = array
-        self.committed_steps += n
-        self.committed_episodes += len(tids)
-        # modify() rewrites the value in place; item assignment would recreate the attribute
-        self._file.attrs.modify("committed_steps", np.int64(self.committed_steps))
-        self._file.attrs.modify("committed_episodes", np.int64(self.committed_episodes))
-        self._file.flush()
-        self._appends += 1
-        if self._appends % self.fsync_every == 0:
-            self._fsync()
+            ds = self._datasets.get(path)
+            rows = ds.chunks[0] if ds is not None else self._chunk_rows(array)
+            new_chunks = -(-(start + n) // rows) + (start // -rows)
+            if self.compression:  # a compressed chunk that grows is written elsewhere
+                new_chunks += 1
+            total += new_chunks * (rows * _row_bytes(array) + 4096)
+        return total
+
+    def _chunk_rows(self, array: np.ndarray) -> int:
+        return chunk_rows(_row_bytes(array), self.expected_rows, self.chunk_bytes)
 
     def _dataset(self, path: str, array: np.ndarray) -> h5py.Dataset:
         cached = self._datasets.get(path)
@@ -295,8 +368,7 @@ class HDF5Writer:
             self._file.attrs["keymap"] = keymap_to_json(self._keymap)
             self._file.attrs["squeezed"] = sorted(SQUEEZED & set(self._keymap))
         trailing = array.shape[1:]
-        row_bytes = max(1, int(np.prod(trailing, dtype=np.int64)) * array.dtype.itemsize)
-        rows = int(min(max(1, self.chunk_bytes // row_bytes), 1 << 20))
+        rows = self._chunk_rows(array)
         self._datasets[path] = self._file.create_dataset(
             path,
             shape=(0, *trailing),
@@ -308,9 +380,15 @@ class HDF5Writer:
         return self._datasets[path]
 
     def _fsync(self) -> None:
-        # not a POSIX file driver: flush() is all we can do
-        with contextlib.suppress(OSError, TypeError, ValueError):
-            os.fsync(self._file.id.get_vfd_handle())
+        try:
+            fd = self._file.id.get_vfd_handle()
+        except (OSError, TypeError, ValueError):  # not a POSIX file driver: flush() is all
+            return
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            if err.errno != errno.EINVAL:  # EINVAL: this file cannot be synced
+                raise
 
     @property
     def open_episodes(self) -> int:
@@ -318,20 +396,48 @@ class HDF5Writer:
         return len(self._pending)
 
     def close(self) -> Path:
-        """Write open episodes as truncated, fsync, close, and rename to the final name."""
+        """Write open episodes as truncated, fsync, close, and rename to the final name.
+
+        After a write error (``self.failed``) nothing more is written: the file stays
+        ``.partial`` with its committed rows, and its path is returned.
+        """
         if self._closed:
-            return self.path
+            return self.path if self.failed is None else self.partial
         try:
-            if self._pending:
-                self._commit([self._episode(tid, True) for tid in list(self._pending)])
-            self._file.attrs["complete"] = True
-            self._file.flush()
-            self._fsync()
+            if self.failed is None:
+                if self._pending:
+                    self._commit([self._episode(tid, True) for tid in list(self._pending)])
+                try:
+                    self._file.attrs["complete"] = True
+                    self._file.flush()
+                    self._fsync()
+                except (OSError, RuntimeError) as err:
+                    raise self._fail(err) from err
         finally:
             self._closed = True
-            self._file.close()
+            self._close_file()
+        if self.failed is not None:
+            return self.partial
         os.replace(self.partial, self.path)
         return self.path
+
+    def _close_file(self) -> None:
+        """Close the HDF5 file, then give back the space reserved past its end."""
+        if self.failed is not None:
+            self._freeze()
+        self._datasets.clear()
+        try:
+            self._file.close()
+        except (OSError, RuntimeError) as err:
+            self._fail(err)
+        try:
+            fd = os.open(self.partial, os.O_WRONLY)
+        except OSError:
+            return
+        try:
+            release_beyond_end(fd, self._space.reserved)
+        finally:
+            os.close(fd)
 
     def __enter__(self) -> HDF5Writer:
         return self
@@ -347,6 +453,21 @@ class HDF5Writer:
             f"HDF5Writer({str(self.path)!r}, committed_steps={self.committed_steps}, "
             f"committed_episodes={self.committed_episodes}, open_episodes={self.open_episodes})"
         )
+
+
+def _row_bytes(array: np.ndarray) -> int:
+    return max(1, int(np.prod(array.shape[1:], dtype=np.int64)) * array.dtype.itemsize)
+
+
+def chunk_rows(row_bytes: int, expected_rows: int | None, max_bytes: int = 1 << 20) -> int:
+    """Rows per chunk: about an eighth of the expected data, at least 16 KiB, at most ``max_bytes``.
+
+    A small run gets small chunks (its file is about its data's size), a long one big chunks
+    (fewer, faster appends and sequential reads).
+    """
+    expected = expected_rows or DEFAULT_EXPECTED_ROWS
+    target = min(max_bytes, max(_MIN_CHUNK_BYTES, expected * row_bytes // 8))
+    return int(min(max(1, target // row_bytes), 1 << 20))
 
 
 def _version() -> str:

@@ -30,6 +30,7 @@ from hpccollect.storage import (
     open_dataset,
     repair,
 )
+from hpccollect.storage.hdf5_writer import chunk_rows
 from hpccollect.storage.spaces_json import space_from_json
 
 pytestmark = pytest.mark.timeout(120)
@@ -142,8 +143,7 @@ def test_metadata_attributes_and_keymap(tmp_path):
         assert "next" not in f and "metadata" not in f  # no root next/metadata group
         assert f["rewards"].shape == (200,) and f["observations"].shape == (200, 4)
         assert f["observations"].compression is None
-        chunk_bytes = np.prod(f["observations"].chunks) * 4
-        assert chunk_bytes <= 1 << 20 and chunk_bytes > (1 << 20) // 2
+        assert f["observations"].chunks == (chunk_rows(16, None), 4)
         assert all(
             isinstance(f[name], h5py.Dataset) and f[name].ndim >= 1
             for name in ("observations", "episode")
@@ -237,7 +237,7 @@ def test_sigkill_keeps_every_committed_row_and_nothing_else(tmp_path, wait):
     partial = tmp_path / "crash.h5.partial"
     assert partial.exists() and not path.exists()
     with open_dataset(partial) as ds:
-        assert len(ds) >= printed[-1] > 0
+        assert len(ds) >= printed[-1] > 0 and not ds.complete
         assert ds.check() == []
         data = ds.to_tensordict()
         for episode in ds.episodes():  # CounterEnv(7): every committed episode is 0..6, whole
@@ -247,7 +247,8 @@ def test_sigkill_keeps_every_committed_row_and_nothing_else(tmp_path, wait):
     fixed = repair(partial)
     assert fixed == path and not partial.exists()
     with open_dataset(path) as ds:
-        assert ds.written_steps == len(ds) and ds.check() == []
+        assert ds.written_steps == len(ds) and ds.check() == [] and ds.complete
+        assert ds.metadata["repaired"].startswith(f"kept {len(ds)} committed rows")
 
 
 def test_merge_three_shards(tmp_path):

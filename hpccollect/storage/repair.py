@@ -1,0 +1,116 @@
+"""``repair``: make a file left by a crash, a ``kill -9`` or a full disk whole again.
+
+It keeps exactly the committed rows, checks the result with ``H5Dataset.check()`` and only then
+gives the file its final name; what it cannot save, it says.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import h5py
+
+from hpccollect.errors import ArgumentValueError, StorageError
+from hpccollect.storage.diskspace import SpaceReserver, describe_os_error, release_beyond_end
+from hpccollect.storage.hdf5_reader import H5Dataset
+from hpccollect.storage.layout import EPISODE, keymap_from_json
+
+__all__ = ["repair"]
+
+#: room for the attributes repair adds (reserved before anything is written)
+_REPAIR_BYTES = 64 << 10
+# HDF5's message when a write failed after the superblock recorded a larger end of file
+_TRUNCATED = re.compile(r"truncated file: eof = (\d+).*stored_eof = (\d+)")
+
+
+def repair(path: str | os.PathLike) -> Path:
+    """Cut a file back to its committed rows, check it, and give a ``.partial`` its final name.
+
+    Returns the repaired file's path. Raises ``StorageError`` naming what could not be saved when
+    the file cannot be written (still no space, read-only) or still has problems afterwards; the
+    file then keeps its ``.partial`` name.
+    """
+    path = Path(path)
+    partial = path if path.name.endswith(".partial") else path.with_name(path.name + ".partial")
+    target = partial if partial.exists() else path
+    final = target.with_name(target.name.removesuffix(".partial"))
+    if not target.exists():
+        raise ArgumentValueError(f"{path} does not exist (nor {partial.name}).")
+    if target != final and final.exists():
+        raise ArgumentValueError(f"cannot rename {target} to {final}: it exists; move one away.")
+    committed = _cut_to_committed(target)
+    with H5Dataset(target) as ds:
+        problems = ds.check()
+    if problems:
+        with h5py.File(target, "r+") as file:  # deleting needs no space
+            del file.attrs["complete"]
+        raise StorageError(
+            f"{target}: cut back to its {committed} committed rows, but they are not sound "
+            f"({'; '.join(problems)}); those rows could not be saved, the file keeps its name."
+        )
+    if target != final:
+        os.replace(target, final)
+    return final
+
+
+def _cut_to_committed(target: Path) -> int:
+    """Resize every dataset to ``committed_steps`` and mark the file complete; the rows kept."""
+    try:
+        file = _open_for_repair(target)
+    except OSError as err:
+        raise StorageError(
+            f"cannot repair {target}: {describe_os_error(err)}; nothing was changed."
+        ) from err
+    space = SpaceReserver(target, file.id.get_vfd_handle())
+    try:
+        space.ensure(file.id.get_filesize() + _REPAIR_BYTES)
+    except OSError as err:
+        file.close()  # nothing was written: closing writes nothing either
+        raise StorageError(
+            f"cannot repair {target}: {describe_os_error(err)}; nothing was changed, its committed "
+            "rows are still readable: free space (or make it writable) and run repair again."
+        ) from err
+    try:
+        with file:
+            if "committed_steps" not in file.attrs:
+                raise ArgumentValueError(
+                    f"{target} is not an hpccollect dataset (no committed_steps)."
+                )
+            n = int(file.attrs["committed_steps"])
+            keymap = file.attrs.get("keymap")
+            names = [*keymap_from_json(keymap), EPISODE] if keymap is not None else []
+            dropped = max((file[x].shape[0] - n for x in names if x in file), default=0)
+            for name in names:
+                if name in file and file[name].shape[0] != n:
+                    file[name].resize(n, axis=0)
+            file.flush()  # the cut frees the space the attributes may need
+            file.attrs["repaired"] = f"kept {n} committed rows, dropped {max(dropped, 0)} others"
+            file.attrs["complete"] = True
+            file.flush()
+    except (OSError, RuntimeError) as err:
+        raise StorageError(
+            f"cannot repair {target}: {describe_os_error(err)}; free space (or make it "
+            "writable) and run repair again: its committed rows are still readable."
+        ) from err
+    fd = os.open(target, os.O_WRONLY)
+    try:
+        release_beyond_end(fd, space.reserved)  # and what a killed writer had reserved
+    finally:
+        os.close(fd)
+    return n
+
+
+def _open_for_repair(target: Path) -> h5py.File:
+    """Open read-write; a file whose last write failed is first grown back to its recorded end."""
+    try:
+        return h5py.File(target, "r+")
+    except OSError as err:
+        found = _TRUNCATED.search(str(err))
+        if found is None:
+            raise
+        eof, stored = int(found.group(1)), int(found.group(2))
+    if os.path.getsize(target) == eof:
+        os.truncate(target, stored)  # zeros (a hole) where the failed write did not land
+    return h5py.File(target, "r+")
