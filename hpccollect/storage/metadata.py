@@ -110,7 +110,12 @@ def recorded_env(attrs: Any) -> EnvSpec | None:
     spec = gym.spec(str(env_id))
     kwargs = json.loads(attrs.get("env_kwargs", "{}"))
     steps = kwargs.pop("max_episode_steps", spec.max_episode_steps)
-    return dataclasses.replace(spec, kwargs={**spec.kwargs, **kwargs}, max_episode_steps=steps)
+    spec = dataclasses.replace(spec, kwargs={**spec.kwargs, **kwargs}, max_episode_steps=steps)
+    try:  # kwargs recorded as text (not JSON-able values) may not make the env any more
+        gym.make(spec).close()
+    except Exception:
+        return None
+    return spec
 
 
 def _loadable(entry_point: Any) -> bool:

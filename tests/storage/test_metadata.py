@@ -92,6 +92,13 @@ def test_minari_recover_environment_rebuilds_the_env_used(tmp_path, monkeypatch)
         assert env.spec.max_episode_steps == 50 and env.spec.kwargs["map_name"] == "8x8"
     assert dataset.spec.observation_space == gym.spaces.Discrete(64)
 
+    # a file without env_spec (an env whose spec JSON cannot hold): env_id + env_kwargs suffice
+    with h5py.File(path, "r+") as f:
+        del f.attrs["env_spec"]
+    export_minari(path, tmp_path / "datasets", "hpc/lake8-v1")
+    env = minari.load_dataset("hpc/lake8-v1").recover_environment()
+    assert env.observation_space == gym.spaces.Discrete(64) and env.spec.max_episode_steps == 50
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
