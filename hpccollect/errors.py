@@ -7,6 +7,10 @@ code written against TorchRL's exceptions keeps catching them.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+_E = TypeVar("_E", bound="HpcCollectError")
+
 __all__ = [
     "ArgumentTypeError",
     "ArgumentValueError",
@@ -16,6 +20,7 @@ __all__ = [
     "PolicyError",
     "StorageError",
     "WorkerError",
+    "with_builtin",
 ]
 
 
@@ -77,3 +82,41 @@ class WorkerError(HpcCollectError, RuntimeError):
         self.worker = worker
         self.host = host
         self.remote_traceback = remote_traceback
+
+
+def _builtin_base(original: BaseException | type[BaseException]) -> type[BaseException] | None:
+    """The first builtin exception class ``original`` is an instance (or subclass) of."""
+    cls = original if isinstance(original, type) else type(original)
+    for base in cls.__mro__:
+        if base.__module__ == "builtins" and issubclass(base, Exception):
+            return base
+    return None
+
+
+_VARIANTS: dict[tuple[type, type], type] = {}
+
+
+def with_builtin(cls: type[_E], original: BaseException | type[BaseException]) -> type[_E]:
+    """``cls``, or a subclass of it that is also ``original``'s builtin exception class.
+
+    A policy's ``ValueError`` becomes a ``PolicyError`` that ``except ValueError`` still catches,
+    as the ``ValueError`` TorchRL lets through would be. The subclass is made once per pair,
+    named like ``PolicyValueError`` and kept in this module (so it pickles); builtins whose
+    instance layout cannot be combined with ``cls`` give ``cls`` itself.
+    """
+    base = _builtin_base(original)
+    if base is None or issubclass(cls, base):
+        return cls
+    key = (cls, base)
+    if key not in _VARIANTS:
+        name = f"{cls.__name__.removesuffix('Error')}{base.__name__}"
+        try:
+            variant = type(name, (cls, base), {"__str__": BaseException.__str__})
+        except TypeError:  # incompatible instance layouts
+            variant = cls
+        else:
+            variant.__module__ = __name__
+            variant.__doc__ = f"A {cls.__name__} that is also a builtin {base.__name__}."
+            globals()[name] = variant
+        _VARIANTS[key] = variant
+    return _VARIANTS[key]

@@ -136,17 +136,28 @@ def resolve_devices(
     env_device: Any = None,
     policy_device: Any = None,
 ) -> Devices:
-    """``device`` fills each of the other three that is not given, as in TorchRL."""
-    default = to_device("device", device)
-    storing = to_device("storing_device", storing_device) or default
-    env = to_device("env_device", env_device) or default
-    policy = to_device("policy_device", policy_device) or default
-    for name, dev in (("storing_device", storing), ("env_device", env), ("policy_device", policy)):
-        if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
-            raise ArgumentValueError(
-                f"{name} is {dev} but CUDA is not available on this machine; use 'cpu'."
-            )
+    """TorchRL's rules: ``device`` fills each of the other three that is not given, ``"cuda"``
+    means the current CUDA device, and with no ``storing_device`` batches are stored on the env's
+    device when env and policy share one. Each argument is checked under its own name."""
+    default = _usable("device", device)
+    storing = _usable("storing_device", storing_device) or default
+    env = _usable("env_device", env_device) or default
+    policy = _usable("policy_device", policy_device) or default
+    if storing is None and env == policy:
+        storing = env
     return Devices(env=env, policy=policy, storing=storing)
+
+
+def _usable(name: str, value: Any) -> torch.device | None:
+    dev = to_device(name, value)
+    if dev is None or dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
+        raise ArgumentValueError(
+            f"{name}={value!r} asks for CUDA, but CUDA is not available on this machine; "
+            "use 'cpu' or leave it unset."
+        )
+    return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
 def env_fns(create_env_fn: Any, num_workers: int | None) -> list:

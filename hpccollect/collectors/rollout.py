@@ -19,7 +19,7 @@ from hpccollect.collectors.options import BatchOptions, Devices
 from hpccollect.collectors.trajectories import TrajIdPool
 from hpccollect.envs.gym import DONE_KEYS, GymEnv, Leaves
 from hpccollect.envs.spaces import Key
-from hpccollect.errors import EnvError, PolicyError
+from hpccollect.errors import EnvError, PolicyError, with_builtin
 from hpccollect.policy import RandomPolicy, WrappedPolicy
 
 __all__ = ["StepLoop"]
@@ -144,7 +144,7 @@ class StepLoop:
                 out = self.policy.module(td_in)
                 out = td_in if out is None else out
         except Exception as err:
-            raise PolicyError(
+            raise with_builtin(PolicyError, err)(
                 f"the policy raised {type(err).__name__} on the env's first observation: {err}. "
                 f"It was called with a TensorDict holding {_show(in_keys)} "
                 f"(batch_size={list(self.env.batch_size)})."
@@ -173,8 +173,8 @@ class StepLoop:
     def _check_action(self, fields: dict[Key, torch.Tensor], out: TensorDictBase) -> None:
         spec = self.env.action_spec
         action = fields.get(("action",))
-        if action is None:
-            raise PolicyError(
+        if action is None:  # TorchRL raises KeyError here
+            raise with_builtin(PolicyError, KeyError)(
                 f"the policy did not write the action key 'action'; its output keys were "
                 f"{_show(out.keys(True, True))}. A TensorDictModule policy must list "
                 f"'action' in its out_keys; a plain module must return the action tensor of shape "
@@ -296,7 +296,7 @@ class StepLoop:
                 try:
                     outputs = self._act(root, random)
                 except Exception as err:
-                    raise PolicyError(
+                    raise with_builtin(PolicyError, err)(
                         f"the policy raised {type(err).__name__} at step {self.steps_taken} "
                         f"(step {t} of this batch): {err}"
                     ) from err
@@ -307,7 +307,7 @@ class StepLoop:
                 try:
                     nobs, rew, term, trunc = env.step_arrays(action_view[r, t])
                 except Exception as err:
-                    raise EnvError(
+                    raise with_builtin(EnvError, err)(
                         f"env {env.name!r} raised {type(err).__name__} in step() at step "
                         f"{self.steps_taken} (step {t} of this batch): {err}",
                         env_name=env.name,

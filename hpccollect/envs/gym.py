@@ -21,7 +21,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from hpccollect.envs.spaces import Key, LeafCodec, action_codec, observation_codecs
 from hpccollect.envs.specs import Categorical, Composite, TensorSpec, Unbounded
-from hpccollect.errors import ArgumentTypeError, ArgumentValueError, EnvError
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError, EnvError, with_builtin
 
 __all__ = ["DONE_KEYS", "GymEnv", "env_seeds", "make_env"]
 
@@ -174,7 +174,7 @@ class GymEnv:
         except EnvError:
             raise
         except Exception as err:
-            raise EnvError(
+            raise with_builtin(EnvError, err)(
                 f"env {self.name!r} raised {type(err).__name__} in reset(): {err}",
                 env_name=self.name,
             ) from err
@@ -368,7 +368,7 @@ def make_env(
         try:
             made = create_env_fn(**kwargs)
         except Exception as err:
-            raise EnvError(
+            raise with_builtin(EnvError, err)(
                 f"create_env_fn raised {type(err).__name__} while building the env: {err}"
             ) from err
         if isinstance(made, (GymEnv, gym.Env, gym.vector.VectorEnv, str)):

@@ -9,10 +9,12 @@ import gymnasium as gym
 import pytest
 import torch
 from conftest import CounterEnv
+from tensordict.nn import TensorDictModule
 from torch import nn
 from torch.distributions import OneHotCategorical
 
 from hpccollect import MultiSyncDataCollector, SyncDataCollector
+from hpccollect.errors import EnvError, HpcCollectError, PolicyError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -82,3 +84,58 @@ def test_multisync_split_trajs_names_time():
     (batch,) = list(collector)
     collector.shutdown()
     assert batch.names == [None, "time"] and batch["collector", "mask"].sum() == 24
+
+
+# ---------------------------------------------------------------------------- item 24: errors
+class RaisesAt(nn.Module):
+    """Raises ``error`` at call ``at`` (0: the construction-time probe)."""
+
+    def __init__(self, error: Exception, at: int) -> None:
+        super().__init__()
+        self.error, self.at, self.calls = error, at, 0
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls > self.at:
+            raise self.error
+        return torch.nn.functional.one_hot(torch.zeros((), dtype=torch.long), 2)
+
+
+@pytest.mark.parametrize("at", [0, 3])
+@pytest.mark.parametrize("error", [ValueError("bad value"), KeyError("k"), IndexError("i")])
+def test_policy_errors_keep_their_builtin_class(error, at):
+    def collect():
+        collector = SyncDataCollector(cartpole, RaisesAt(error, at), frames_per_batch=10)
+        try:
+            next(iter(collector))
+        finally:
+            collector.shutdown()
+
+    with pytest.raises(type(error)) as info:
+        collect()
+    assert isinstance(info.value, PolicyError) and isinstance(info.value, HpcCollectError)
+    assert f"raised {type(error).__name__}" in str(info.value)
+    assert info.value.__cause__ is error
+
+
+def test_missing_action_key_is_a_key_error():
+    policy = TensorDictModule(nn.Linear(4, 2), in_keys=["observation"], out_keys=["logits"])
+    with pytest.raises(KeyError) as info:
+        SyncDataCollector(cartpole, policy, frames_per_batch=10)
+    assert isinstance(info.value, PolicyError)
+    assert str(info.value).startswith("the policy did not write the action key 'action'")
+
+
+class FailingStep(gym.Wrapper):
+    def step(self, action):
+        raise ValueError("env broke")
+
+
+def test_env_errors_keep_their_builtin_class():
+    collector = SyncDataCollector(
+        lambda: FailingStep(cartpole()), None, frames_per_batch=10, total_frames=10
+    )
+    with pytest.raises(ValueError, match="raised ValueError in step") as info:
+        next(iter(collector))
+    collector.shutdown()
+    assert isinstance(info.value, EnvError) and info.value.step == 0

@@ -166,8 +166,10 @@ def test_bad_arguments_name_the_argument(kwargs, match):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
 def test_cuda_device_without_cuda_is_clear():
-    with pytest.raises(ArgumentValueError, match="policy_device is cuda.*not available"):
-        SyncDataCollector(counter(), None, frames_per_batch=10, policy_device="cuda")
+    for name in ("device", "policy_device", "storing_device", "env_device"):
+        # the argument the user passed is named, not one that device filled in
+        with pytest.raises(ArgumentValueError, match=rf"^{name}='cuda' asks for CUDA.*available"):
+            SyncDataCollector(counter(), None, frames_per_batch=10, **{name: "cuda"})
 
 
 def test_transitions_are_exact_on_a_counter_env():
