@@ -96,7 +96,9 @@ class GymEnv:
     # ---------------------------------------------------------------- specs and keys
     @property
     def observation_keys(self) -> list[Key]:
-        """Leaf keys of the observation, as tuples (``("observation",)`` for non-Dict spaces)."""
+        """Leaf keys of the observation, as tuples: ``("observation",)`` for a non-Dict space, or
+        ``("pixels",)`` for an image (``spaces.is_image``: TorchRL's rule, applied to the single
+        env's space, so a vector env of image envs gives ``pixels`` too)."""
         return list(self.obs_codecs)
 
     @property

@@ -27,7 +27,13 @@ from hpccollect.envs.specs import (
 )
 from hpccollect.errors import ArgumentValueError
 
-__all__ = ["LeafCodec", "action_codec", "observation_codecs"]
+__all__ = [
+    "LeafCodec",
+    "action_codec",
+    "is_image",
+    "observation_codecs",
+    "single_observation_key",
+]
 
 Key = tuple[str, ...]
 
@@ -114,11 +120,30 @@ def _(space: gym.spaces.MultiBinary, categorical: bool) -> LeafCodec:
     return LeafCodec(spec, dtype, None, lambda a: np.asarray(a, dtype=dtype))
 
 
+def is_image(space: gym.Space) -> bool:
+    """TorchRL's gym wrapper's test for an image observation: a ``Box`` of shape ``(H, W, 3)``
+    whose every low bound is 0 and every high bound 255 (of any dtype)."""
+    return (
+        isinstance(space, gym.spaces.Box)
+        and len(space.shape) == 3
+        and space.shape[-1] == 3
+        and bool(np.all(space.low == 0))
+        and bool(np.all(space.high == 255))
+    )
+
+
+def single_observation_key(space: gym.Space) -> Key:
+    """The key of a non-Dict observation: ``pixels`` for an image (as TorchRL names it), else
+    ``observation``."""
+    return ("pixels",) if is_image(space) else ("observation",)
+
+
 def observation_codecs(space: gym.Space, categorical: bool = False) -> dict[Key, LeafCodec]:
     """Leaf codecs of an observation space: a Dict gives one key per entry at the root (nested
-    Dicts give nested keys), any other space gives the single key ``observation``."""
+    Dicts give nested keys), any other space the single key ``single_observation_key`` names
+    (``pixels`` for an image, ``observation`` otherwise)."""
     if not isinstance(space, gym.spaces.Dict):
-        return {("observation",): leaf_codec(space, categorical)}
+        return {single_observation_key(space): leaf_codec(space, categorical)}
     out: dict[Key, LeafCodec] = {}
     for name, sub in space.spaces.items():
         if isinstance(sub, gym.spaces.Dict):

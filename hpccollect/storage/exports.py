@@ -25,6 +25,7 @@ import numpy as np
 from hpccollect.envs.spaces import action_codec
 from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.hdf5_reader import H5Dataset
+from hpccollect.storage.layout import dataset_path
 from hpccollect.storage.metadata import ENV_ATTRS, recorded_env
 
 __all__ = ["export_d4rl", "export_memmap", "export_minari"]
@@ -43,6 +44,15 @@ def _obs_keys(ds: H5Dataset) -> list[tuple[str, ...]]:
     skip = {"action", "done", "terminated", "truncated", "step_count", "collector", "next"}
     obs = [k for k in ds.keys() if k[0] not in skip]
     return [k for k in obs if ("next", *k) in ds.keys()]
+
+
+def _single_obs_key(ds: H5Dataset, space: gym.Space | None) -> tuple[str, ...] | None:
+    """The key of a non-Dict observation: ``observation``, or ``pixels`` for an image (TorchRL's
+    name, see ``hpccollect.envs.spaces.is_image``); None for Dict observations."""
+    if isinstance(space, gym.spaces.Dict):
+        return None
+    keys = _obs_keys(ds)
+    return keys[0] if len(keys) == 1 and keys[0] in (("observation",), ("pixels",)) else None
 
 
 def _flat_observations(ds: H5Dataset, rows: Any, prefix: tuple[str, ...] = ()) -> np.ndarray:
@@ -69,9 +79,10 @@ def export_d4rl(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bo
         if not n:
             raise ArgumentValueError(f"{src} has no committed rows to export.")
         obs_space, act_space = ds.observation_space, ds.action_space
-        if ("observation",) in ds.keys():
-            obs = _env_format(ds.file["observations"][:n], obs_space)
-            nxt = _env_format(ds.file["next_observations"][:n], obs_space)
+        single = _single_obs_key(ds, obs_space)
+        if single is not None:
+            obs = _env_format(ds.file[dataset_path(single)][:n], obs_space)
+            nxt = _env_format(ds.file[dataset_path(("next", *single))][:n], obs_space)
         else:
             rows = slice(None)
             obs, nxt = _flat_observations(ds, rows), _flat_observations(ds, rows, ("next",))
@@ -92,7 +103,7 @@ def export_d4rl(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bo
                     f.attrs[key] = ds.file.attrs[key]
             f.attrs["action_encoding"] = _encoding(act_space)
             f.attrs["observation_encoding"] = (
-                _encoding(obs_space) if ("observation",) in ds.keys() else "flattened"
+                _encoding(obs_space) if single is not None else "flattened"
             )
     return out
 
@@ -202,7 +213,8 @@ def export_minari(
 
 def _minari_episodes(ds: H5Dataset, obs_space: gym.Space, act_space: gym.Space) -> Iterator[tuple]:
     """Per episode: observations (T+1, env format), actions (env format), rewards, flags."""
-    spaces = _leaf_spaces(obs_space)
+    single = _single_obs_key(ds, obs_space)
+    spaces = {single: obs_space} if single is not None else _leaf_spaces(obs_space)
     for episode in ds.episodes():
         leaves = {}
         for key, space in spaces.items():
@@ -210,8 +222,8 @@ def _minari_episodes(ds: H5Dataset, obs_space: gym.Space, act_space: gym.Space) 
                 [episode.get(key).numpy(), episode.get(("next", *key))[-1:].numpy()]
             )
             leaves[key] = _env_format(values, space)
-        if list(leaves) == [("observation",)]:
-            observations: Any = leaves[("observation",)]
+        if single is not None:
+            observations: Any = leaves[single]
         else:
             observations = {}
             for key, value in leaves.items():

@@ -6,6 +6,8 @@ Each test pins one behaviour observed on TorchRL 0.14.1 itself (names, keys, err
 from __future__ import annotations
 
 import gymnasium as gym
+import h5py
+import numpy as np
 import pytest
 import torch
 from conftest import CounterEnv
@@ -13,8 +15,9 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 from torch.distributions import OneHotCategorical
 
-from hpccollect import MultiSyncDataCollector, SyncDataCollector
+from hpccollect import GymEnv, MultiSyncDataCollector, SyncDataCollector
 from hpccollect.errors import EnvError, HpcCollectError, PolicyError
+from hpccollect.storage import HDF5Writer, export_d4rl, export_minari, open_dataset
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -139,3 +142,65 @@ def test_env_errors_keep_their_builtin_class():
         next(iter(collector))
     collector.shutdown()
     assert isinstance(info.value, EnvError) and info.value.step == 0
+
+
+# ---------------------------------------------------------------------------- item 21: pixels
+class ImageEnv(gym.Env):
+    """A uint8 ``(H, W, 3)`` image observation, as Atari or a rendering wrapper gives."""
+
+    def __init__(self, shape=(6, 5, 3), high=255) -> None:
+        self.observation_space = gym.spaces.Box(0, high, shape, np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), 1.0, self.t >= 7, False, {}
+
+
+@pytest.mark.parametrize(
+    ("space", "key"),
+    [
+        (gym.spaces.Box(0, 255, (6, 5, 3), np.uint8), "pixels"),
+        (gym.spaces.Box(0.0, 255.0, (6, 5, 3), np.float32), "pixels"),  # TorchRL ignores dtype
+        (gym.spaces.Box(0, 255, (6, 5, 4), np.uint8), "observation"),
+        (gym.spaces.Box(0, 255, (3, 6, 5), np.uint8), "observation"),
+        (gym.spaces.Box(0, 1, (6, 5, 3), np.uint8), "observation"),
+        (gym.spaces.Box(0, 255, (2, 6, 5, 3), np.uint8), "observation"),
+    ],
+)
+def test_image_observation_key_is_torchrl_s(space, key):
+    env = ImageEnv()
+    env.observation_space = space
+    assert GymEnv(env).observation_keys == [(key,)]
+    assert GymEnv(gym.vector.SyncVectorEnv([lambda: env] * 2)).observation_keys == [(key,)]
+
+
+def test_pixels_batch_hdf5_and_exports(tmp_path, monkeypatch):
+    collector = SyncDataCollector(ImageEnv, None, frames_per_batch=28, total_frames=28)
+    (batch,) = list(collector)
+    collector.shutdown()
+    assert batch["pixels"].shape == (28, 6, 5, 3) and batch["pixels"].dtype == torch.uint8
+    assert batch["next", "pixels"].shape == (28, 6, 5, 3) and "observation" not in batch.keys()
+    path = tmp_path / "img.h5"
+    with HDF5Writer(path, env=ImageEnv()) as writer:
+        writer.extend(batch)
+    with open_dataset(path) as ds:
+        f = ds.file
+        assert "pixels" in f and "next_pixels" in f and "observations" not in f
+        assert torch.equal(ds[0:28]["pixels"], batch["pixels"])
+    with h5py.File(export_d4rl(path, tmp_path / "img.hdf5")) as f:
+        assert f["observations"].shape == (28, 6, 5, 3) and f["observations"].dtype == np.uint8
+        np.testing.assert_array_equal(f["next_observations"][:], batch["next", "pixels"].numpy())
+        assert f.attrs["observation_encoding"] == "continuous"
+    minari = pytest.importorskip("minari")
+    export_minari(path, tmp_path / "datasets", "hpc/img-v0")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    episode = next(iter(minari.load_dataset("hpc/img-v0").iterate_episodes()))
+    assert episode.observations.shape == (8, 6, 5, 3)  # 7 steps + the last next observation
+    np.testing.assert_array_equal(episode.observations[:7], batch["pixels"][:7].numpy())
