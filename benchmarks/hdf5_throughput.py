@@ -1,7 +1,8 @@
 """HDF5 sink throughput, against plain h5py appends and against collection without a sink.
 
 1. Write: ``HDF5Writer.extend`` on pre-collected CartPole batches (8 envs) against plain h5py
-   appends of the same arrays into datasets with the same dtypes and chunking. Both are equally
+   appends of the same arrays into datasets with the same dtypes and chunking (both sized by
+   ``chunk_rows`` for the number of frames written). Both are equally
    durable (a flush after every append, an fsync at close), so the ratio measures the writer's
    episode bookkeeping. Files in a temporary folder, same run, best of ``--repeats``.
 2. Collection: a SyncDataCollector over a SyncVectorEnv of 8 CartPoles with a 2x64 MLP actor,
@@ -28,6 +29,7 @@ from _common import Actor
 
 from hpccollect import SyncDataCollector
 from hpccollect.storage import HDF5Writer
+from hpccollect.storage.hdf5_writer import chunk_rows
 from hpccollect.storage.layout import SQUEEZED, keymap_for
 
 
@@ -43,7 +45,8 @@ def collector(total: int, fpb: int) -> SyncDataCollector:
 
 def write_ours(batches, path: Path) -> float:
     start = time.perf_counter()
-    with HDF5Writer(path, fsync_every=1 << 30) as writer:
+    frames = sum(b.numel() for b in batches)
+    with HDF5Writer(path, fsync_every=1 << 30, expected_rows=frames) as writer:
         for batch in batches:
             writer.extend(batch)
     return time.perf_counter() - start
@@ -53,6 +56,7 @@ def write_plain(batches, path: Path) -> float:
     """The same arrays appended batch by batch with h5py, same dtypes and chunk sizes."""
     keys = [k if isinstance(k, tuple) else (k,) for k in batches[0].keys(True, True)]
     keymap = keymap_for(keys)
+    frames = sum(b.numel() for b in batches)
     start = time.perf_counter()
     with h5py.File(path, "w") as f:
         datasets, n = {}, 0
@@ -64,7 +68,7 @@ def write_plain(batches, path: Path) -> float:
                     array = array.reshape(len(array))
                 if name not in datasets:
                     row = max(1, int(np.prod(array.shape[1:])) * array.dtype.itemsize)
-                    chunk = int(min(max(1, (1 << 20) // row), 1 << 20))
+                    chunk = chunk_rows(row, frames)
                     datasets[name] = f.create_dataset(
                         name,
                         shape=(0, *array.shape[1:]),

@@ -343,6 +343,7 @@ class _Run:
                 config=cfg.as_dict(),
                 seed=cfg.seed,
                 compression=None if cfg.compression == "none" else cfg.compression,
+                expected_rows=cfg.total_frames,
                 overwrite=cfg.overwrite,
             )
         stop.collecting = True

@@ -126,7 +126,9 @@ class HDF5Writer:
             raise StorageError(f"cannot create {self.partial}: {describe_os_error(err)}") from err
         self._pending: dict[int, list[dict[str, np.ndarray]]] = {}
         self._keymap: dict[str, Key] | None = None
-        self._datasets: dict[str, h5py.Dataset] = {}
+        self._datasets: dict[str, h5py.h5d.DatasetID] = {}
+        self._chunking: dict[str, tuple[int, int]] = {}
+        self._counters: tuple[h5py.h5a.AttrID, ...] | None = None
         self.committed_steps = self.committed_episodes = 0
         self.returns: list[float] = []
         self._appends = 0
@@ -300,18 +302,12 @@ class HDF5Writer:
             # fail before HDF5 writes anything when the disk cannot take this append
             self._space.ensure(self._file.id.get_filesize() + self._bytes_needed(data, start, n))
             for path, array in data.items():
-                ds = self._dataset(path, array)
-                ds.resize(start + n, axis=0)
-                ds[start:] = array
+                self._append(self._dataset(path, array), array, start, n)
             self._file.flush()  # the rows are written before any counter covers them
             self._appends += 1
             if self._appends % self.fsync_every == 0:
                 self._fsync()
-            # modify() rewrites the value in place; item assignment would recreate the attribute
-            self._file.attrs.modify("committed_steps", np.int64(start + n))
-            self._file.attrs.modify(
-                "committed_episodes", np.int64(self.committed_episodes + len(tids))
-            )
+            self._write_counters(start + n, self.committed_episodes + len(tids))
             self._file.flush()
         except (OSError, RuntimeError) as err:
             raise self._fail(err) from err
@@ -349,18 +345,19 @@ class HDF5Writer:
         """At most how much the file grows by appending ``n`` rows at ``start``."""
         total = 64 << 10  # object headers, chunk index nodes
         for path, array in data.items():
-            ds = self._datasets.get(path)
-            rows = ds.chunks[0] if ds is not None else self._chunk_rows(array)
+            rows, row_bytes = self._chunking.get(path) or self._chunk_shape(array)
             new_chunks = -(-(start + n) // rows) + (start // -rows)
             if self.compression:  # a compressed chunk that grows is written elsewhere
                 new_chunks += 1
-            total += new_chunks * (rows * _row_bytes(array) + 4096)
+            total += new_chunks * (rows * row_bytes + 4096)
         return total
 
-    def _chunk_rows(self, array: np.ndarray) -> int:
-        return chunk_rows(_row_bytes(array), self.expected_rows, self.chunk_bytes)
+    def _chunk_shape(self, array: np.ndarray) -> tuple[int, int]:
+        """(rows per chunk, bytes per row) of the dataset for ``array``."""
+        row_bytes = _row_bytes(array)
+        return chunk_rows(row_bytes, self.expected_rows, self.chunk_bytes), row_bytes
 
-    def _dataset(self, path: str, array: np.ndarray) -> h5py.Dataset:
+    def _dataset(self, path: str, array: np.ndarray) -> h5py.h5d.DatasetID:
         cached = self._datasets.get(path)
         if cached is not None:
             return cached
@@ -368,7 +365,7 @@ class HDF5Writer:
             self._file.attrs["keymap"] = keymap_to_json(self._keymap)
             self._file.attrs["squeezed"] = sorted(SQUEEZED & set(self._keymap))
         trailing = array.shape[1:]
-        rows = self._chunk_rows(array)
+        self._chunking[path] = rows, _ = self._chunk_shape(array)
         self._datasets[path] = self._file.create_dataset(
             path,
             shape=(0, *trailing),
@@ -376,8 +373,28 @@ class HDF5Writer:
             chunks=(rows, *trailing),
             dtype=array.dtype,
             compression=self.compression,
-        )
+        ).id
         return self._datasets[path]
+
+    @staticmethod
+    def _append(ds: h5py.h5d.DatasetID, array: np.ndarray, start: int, n: int) -> None:
+        """Grow ``ds`` by ``n`` rows and write ``array`` there (h5py's low level: per-append
+        Python overhead is a large part of the cost)."""
+        trailing = array.shape[1:]
+        ds.set_extent((start + n, *trailing))
+        file_space = ds.get_space()
+        file_space.select_hyperslab((start,) + (0,) * len(trailing), (n, *trailing))
+        ds.write(h5py.h5s.create_simple(array.shape), file_space, np.ascontiguousarray(array))
+
+    def _write_counters(self, steps: int, episodes: int) -> None:
+        """Rewrite the committed counters in place (the attributes exist from the start)."""
+        if self._counters is None:
+            fid = self._file.id
+            self._counters = tuple(
+                h5py.h5a.open(fid, name) for name in (b"committed_steps", b"committed_episodes")
+            )
+        for attr, value in zip(self._counters, (steps, episodes), strict=True):
+            attr.write(np.array(value, dtype=np.int64))
 
     def _fsync(self) -> None:
         try:
@@ -426,6 +443,7 @@ class HDF5Writer:
         if self.failed is not None:
             self._freeze()
         self._datasets.clear()
+        self._counters = None
         try:
             self._file.close()
         except (OSError, RuntimeError) as err:
