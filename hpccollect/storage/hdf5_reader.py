@@ -68,6 +68,7 @@ class H5Dataset:
         self.committed_steps = int(attrs["committed_steps"])
         self.committed_episodes = int(attrs["committed_episodes"])
         self._episode_ids: np.ndarray | None = None
+        self._readers: dict[str, tuple[h5py.Dataset, tuple[int, ...], np.ndarray]] = {}
 
     def _check_shards(self) -> None:
         shards = json.loads(self.file.attrs.get("merged_from", "[]"))
@@ -132,8 +133,9 @@ class H5Dataset:
     def read_rows(self, rows: Any) -> TensorDict:
         """Rows in any order, repeats allowed, in one read per dataset: the fast minibatch path.
 
-        Each dataset is read once at the sorted unique rows (what HDF5 reads fastest), then the
-        rows are put back in the order asked.
+        Each dataset is read once at the sorted unique rows, as an HDF5 point selection (a few
+        times faster than h5py's fancy indexing for small rows), then the rows are put back in
+        the order asked.
         """
         rows = np.asarray(rows.cpu() if isinstance(rows, torch.Tensor) else rows, dtype=np.int64)
         n = self.committed_steps
@@ -146,13 +148,36 @@ class H5Dataset:
         same = len(unique) == len(rows) and bool((unique == rows).all())
         out: dict = {}
         for path, key in self.keymap.items():
-            value = self.file[path][unique] if len(unique) else self.file[path][:0]
+            value = self._read_points(path, unique)
             if not same:
                 value = value[inverse]
             if path in self.squeezed:
                 value = value[:, None]
             _put(out, key, torch.from_numpy(value))
         return TensorDict(out, batch_size=[len(rows)])
+
+    def _read_points(self, path: str, rows: np.ndarray) -> np.ndarray:
+        """``file[path][rows]`` for sorted unique ``rows``."""
+        reader = self._readers.get(path)
+        if reader is None:
+            ds = self.file[path]
+            trailing = ds.shape[1:]
+            if trailing:
+                inner = np.indices(trailing).reshape(len(trailing), -1).T.astype(np.uint64)
+            else:  # one value per row
+                inner = np.zeros((1, 0), dtype=np.uint64)
+            self._readers[path] = reader = (ds, trailing, inner)
+        ds, trailing, inner = reader
+        if not len(rows) or len(inner) > _POINTS_PER_ROW:
+            return ds[rows] if len(rows) else ds[:0]
+        coords = np.empty((len(rows) * len(inner), 1 + len(trailing)), dtype=np.uint64)
+        coords[:, 0] = np.repeat(rows, len(inner))
+        coords[:, 1:] = np.tile(inner, (len(rows), 1))
+        space = ds.id.get_space()
+        space.select_elements(coords)
+        out = np.empty((len(rows), *trailing), dtype=ds.dtype)
+        ds.id.read(h5py.h5s.create_simple(out.shape), space, out)
+        return out
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> TensorDict:
         """``batch_size`` rows drawn uniformly with replacement (``generator`` for repeatability)."""
@@ -279,6 +304,10 @@ class H5Dataset:
         )
 
 
+#: rows with more values than this are read with h5py's fancy indexing instead of points
+_POINTS_PER_ROW = 256
+
+
 class _Gather:
     """Rows in any order (with repeats): read sorted unique rows, then reorder."""
 
@@ -316,10 +345,10 @@ class TransitionDataset(torch.utils.data.Dataset):
     """A ``torch.utils.data.Dataset`` of transitions (one TensorDict row each).
 
     A ``DataLoader`` with a ``batch_size`` calls ``__getitems__`` with the whole minibatch, which
-    reads it with one HDF5 read per dataset (``H5Dataset.read_rows``); pass
-    ``collate_fn=TransitionDataset.collate``. The file is opened lazily in each process, so
-    ``num_workers > 0`` works. ``in_memory=True`` loads the committed rows into memory once per
-    process: for files that fit in RAM, the fastest.
+    reads it with one HDF5 read per dataset (``H5Dataset.read_rows``) into one TensorDict; keep
+    the default ``collate_fn`` (``collate_fn=torch.stack`` would re-stack it row by row). The file
+    is opened lazily in each process, so ``num_workers > 0`` works. ``in_memory=True`` loads the
+    committed rows into memory once per process: for files that fit in RAM, the fastest.
     """
 
     def __init__(self, path: str | os.PathLike, *, in_memory: bool = False) -> None:
@@ -350,11 +379,6 @@ class TransitionDataset(torch.utils.data.Dataset):
         if isinstance(source, TensorDict):
             return source[torch.as_tensor(indices, dtype=torch.long)]
         return source.read_rows(indices)
-
-    @staticmethod
-    def collate(batch: TensorDict | list[TensorDict]) -> TensorDict:
-        """A ``DataLoader`` ``collate_fn``: the minibatch ``__getitems__`` read, or rows stacked."""
-        return batch if isinstance(batch, TensorDict) else torch.stack(list(batch))
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_ds": None, "_pid": None}  # each process opens its own
