@@ -21,6 +21,7 @@ from hpccollect.errors import (
     HpcCollectError,
     PolicyError,
 )
+from hpccollect.progress import show_warning_line
 
 __all__ = ["main"]
 
@@ -78,7 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     collect.add_argument("--frames-per-batch", type=int, help=f"default {d.frames_per_batch}")
     collect.add_argument("--total-frames", type=int, help=f"default {d.total_frames}")
     collect.add_argument("--max-steps", type=int, help="truncate episodes after this many steps")
-    collect.add_argument("--seed", type=int, help=f"default {d.seed}")
+    collect.add_argument(
+        "--seed",
+        type=int,
+        help="seeds envs, policy weights and sampling: the same seed and options give the same "
+        f"dataset with sync and multi-sync (default {d.seed})",
+    )
     collect.add_argument(
         "--policy", help="default (a small MLP), random, module:function, or a state_dict file"
     )
@@ -145,19 +151,6 @@ exit codes:
 """
 
 
-def _show_warning(
-    message: Warning | str,
-    category: type[Warning],
-    filename: str,
-    lineno: int,
-    file: object = None,
-    line: str | None = None,
-) -> None:
-    """Warnings as one line each, like errors (no source path, no code line)."""
-    first = str(message).splitlines()[0] if str(message) else category.__name__
-    print(f"hpccollect: warning: {first}", file=sys.stderr)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -173,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         with warnings.catch_warnings():
-            warnings.showwarning = _show_warning
+            warnings.showwarning = show_warning_line
             return commands[ns.command](ns)
     except _USER_ERRORS as err:
         print(f"hpccollect: error: {str(err).splitlines()[0]}", file=sys.stderr)

@@ -21,12 +21,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import multiprocessing
 import os
 import pickle
 import signal
 import statistics
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,7 @@ from hpccollect.config import RunConfig
 from hpccollect.envs.gym import GymEnv
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.policy import MLPActor
+from hpccollect.progress import show_warning_line
 from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path
 
 __all__ = ["Summary", "build_policy", "resolve_env", "run_collect"]
@@ -129,7 +132,11 @@ def resolve_env(env: str, imports: tuple[str, ...] = ()) -> str:
 
 
 def _make_env(env_id: str, kwargs: dict, num_envs: int, imports: tuple[str, ...] = ()) -> gym.Env:
-    for module in imports:  # a worker process starts fresh: register its envs there too
+    # a worker process starts fresh: it imports the modules (and gymnasium the ``module:`` of
+    # ``module:EnvName-v0``) to register the envs there too
+    if multiprocessing.parent_process() is not None:  # a worker: its warnings as the job's
+        warnings.showwarning = show_warning_line
+    for module in imports:
         importlib.import_module(module)
     if num_envs == 1:
         return gym.make(env_id, **kwargs)
@@ -234,12 +241,16 @@ def _read_state_dict(path: Path, policy: nn.Module) -> Mapping[str, torch.Tensor
             f"--policy {path}: keys do not match the default MLP: missing {missing}, "
             f"unexpected {unexpected}; expected {wanted}."
         )
-    for key, value in expected.items():
-        if tuple(state[key].shape) != tuple(value.shape):
-            raise ArgumentValueError(
-                f"--policy {path}: {key} has shape {tuple(state[key].shape)} but the default MLP "
-                f"for this env needs {tuple(value.shape)} (was it trained on another env?)."
-            )
+    wrong = [
+        f"{key} {tuple(state[key].shape)} (needs {tuple(value.shape)})"
+        for key, value in expected.items()
+        if tuple(state[key].shape) != tuple(value.shape)
+    ]
+    if wrong:
+        raise ArgumentValueError(
+            f"--policy {path}: shapes do not match the default MLP for this env (was it trained "
+            f"on another env?): {', '.join(sorted(wrong, key=lambda w: not w.startswith('net')))}."
+        )
     return state
 
 
@@ -310,14 +321,14 @@ class _Run:
 
     def prepare(self) -> None:
         cfg, out = self.cfg, self.cfg.output
-        env_id = resolve_env(cfg.env, cfg.imports)
+        resolve_env(cfg.env, cfg.imports)
         if (out.exists() or partial_path(out).exists()) and not cfg.overwrite:
             raise ArgumentValueError(
                 f"{out} already exists; pass --overwrite to replace it or --out elsewhere."
             )
         _check_writable(out)
         make = functools.partial(
-            _make_env, env_id, dict(cfg.env_kwargs), cfg.num_envs, tuple(cfg.imports)
+            _make_env, cfg.env, dict(cfg.env_kwargs), cfg.num_envs, tuple(cfg.imports)
         )
         try:
             probe = GymEnv(make())

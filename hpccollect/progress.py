@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import TextIO
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "show_warning_line"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def show_warning_line(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """A ``warnings.showwarning`` that prints ``hpccollect: warning: <first line>``, like the
+    errors: no source path, no code line, no colour codes."""
+    text = _ANSI.sub("", str(message)).strip()
+    first = text.splitlines()[0] if text else category.__name__
+    print(f"hpccollect: warning: {first}", file=file if file is not None else sys.stderr)
 
 
 class Progress:

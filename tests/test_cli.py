@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +47,20 @@ def test_default_run_then_inspect_merge_export(tmp_path):
         "frames collected  20000" in done.stdout and str(path.relative_to(tmp_path)) in done.stdout
     )
     assert "episode return" in done.stdout and "mean return" in done.stderr  # summary and progress
+    # both rates are labelled, and the progress line's last rate is the summary's "while
+    # collecting" rate (same clock); the mean returns say over which episodes
+    last = [line for line in done.stderr.splitlines() if "20000/20000 frames" in line][-1]
+    assert "frames/s while collecting" in last and "mean return" in last
+    assert "(last 100 episodes)" in last
+    progress_rate = float(
+        re.search(r"([\d,]+) frames/s while collecting", last)[1].replace(",", "")
+    )
+    summary_rate = float(
+        re.search(r"([\d,]+) frames/s while collecting", done.stdout)[1].replace(",", "")
+    )
+    assert abs(progress_rate - summary_rate) <= 0.05 * summary_rate, (last, done.stdout)
+    assert "frames/s incl. start-up and shutdown" in done.stdout
+    assert re.search(r"\(all \d+ kept episodes\)", done.stdout), done.stdout
     with open_dataset(path) as ds:
         assert len(ds) == 20000 and ds.check() == [] and ds.metadata["env_id"] == "CartPole-v1"
 
@@ -95,7 +110,34 @@ def test_default_run_then_inspect_merge_export(tmp_path):
         (["--env", "NoSuchEnv-v9"], "unknown gymnasium env 'NoSuchEnv-v9'"),
         (["--frames-per-batch", "abc"], "invalid int value"),
         (["--collector", "fast"], "invalid choice"),
-        (["--total-frames", "450"], "must be a multiple of --frames-per-batch"),
+        (
+            ["--total-frames", "450"],
+            "must be a multiple of --frames-per-batch (200), e.g. 400 or 600",
+        ),
+        (
+            [
+                "--collector",
+                "multi-sync",
+                "--num-envs",
+                3,
+                "--num-workers",
+                2,
+                "--total-frames",
+                6000,
+                "--frames-per-batch",
+                1000,
+            ],
+            "cannot be split evenly over 2 workers x 3 env(s) (multi-sync gives each of the 6 "
+            "envs the same share): use a multiple of 6 that divides --total-frames 6000, e.g. "
+            "750 or 1200",
+        ),
+        (["--num-envs", 3], "--frames-per-batch 200 cannot be split evenly over 3 env(s)"),
+        (["--worker-timeout", "0"], "--worker-timeout must be a number of seconds > 0"),
+        (["--import", "no_such_module_xyz"], "--import no_such_module_xyz: cannot import module"),
+        (["--env", "no_such_module_xyz:Env-v0"], "--env no_such_module_xyz:Env-v0: cannot import"),
+        (["--env", "json:Env-v0"], "unknown gymnasium env 'Env-v0' (module 'json' was imported"),
+        (["--out", "/proc/hpccollect-test.h5"], "--out /proc/hpccollect-test.h5: cannot write in"),
+        (["--out", "afile/x.h5"], "--out afile/x.h5: cannot write in afile"),
         (["--num-workers", "0"], "--num-workers must be a positive integer"),
         (["--env-kwargs", "{oops"], "not JSON"),
         (["--env-kwargs", '{"no_such_kwarg": 1}'], "--env CartPole-v1 with --env-kwargs"),
@@ -110,6 +152,7 @@ def test_default_run_then_inspect_merge_export(tmp_path):
 )
 def test_user_mistakes_get_one_line_and_exit_code_2(tmp_path, args, message):
     (tmp_path / "junk.h5").write_text("not an hdf5 file")
+    (tmp_path / "afile").write_text("a regular file")
     if args[0] in ("inspect", "export"):
         done = run(*args, cwd=tmp_path)
     else:
@@ -207,3 +250,208 @@ def test_signal_mid_run_keeps_committed_data(tmp_path, sig):
     with open_dataset(tmp_path / "long.h5") as ds:
         assert len(ds) > 0 and ds.check() == [] and ds.metadata["complete"]
         assert f"episodes kept     {ds.committed_episodes}" in out
+
+
+def test_unwritable_output_is_refused_before_any_worker_starts(tmp_path):
+    """A read-only file system (a tmpfs mounted ro; root ignores permissions), with an env
+    whose workers would take a minute to start: the refusal comes first."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)])
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here")
+    try:
+        (tmp_path / "slowstart.py").write_text(
+            "import multiprocessing, time, gymnasium as gym\n"
+            "from gymnasium.envs.classic_control.cartpole import CartPoleEnv\n"
+            "class SlowStart(CartPoleEnv):\n"
+            "    def __init__(self, **kw):\n"
+            "        if multiprocessing.parent_process() is not None:\n"
+            "            time.sleep(120)\n"
+            "        super().__init__(**kw)\n"
+            "gym.register('SlowStart-v0', entry_point=SlowStart)\n"
+        )
+        args = ["--collector", "multi-sync", "--import", "slowstart", "--env", "SlowStart-v0"]
+        done = run(
+            *small(*args, "--out", "ro/sub/x.h5"),
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            timeout=60,
+        )
+    finally:
+        subprocess.run(["umount", str(ro)])
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("hpccollect")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "--out ro/sub/x.h5: cannot write in ro/sub (Read-only file system)" in done.stderr
+
+
+def _state_dict_files(tmp_path):
+    from hpccollect.envs import GymEnv
+    from hpccollect.policy import MLPActor
+
+    pendulum = GymEnv("Pendulum-v1")
+    torch.save(MLPActor([(3,)], pendulum.action_codec.spec).state_dict(), tmp_path / "shape.pt")
+    torch.save({"weight": torch.zeros(2)}, tmp_path / "keys.pt")
+    torch.save([torch.zeros(2)], tmp_path / "list.pt")
+    torch.save({"model": object.__new__(torch.nn.Linear)}, tmp_path / "objects.pt")
+    (tmp_path / "corrupt.pt").write_bytes(b"PK\x03\x04 this is not a whole zip archive")
+    (tmp_path / "factories.py").write_text(
+        "def raises(observation_space, action_space):\n"
+        "    raise RuntimeError('no GPU here')\n"
+        "def returns_none(observation_space, action_space):\n"
+        "    return None\n"
+        "def returns_number(observation_space, action_space):\n"
+        "    return 3\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "policy,message",
+    [
+        (
+            "factories:raises",
+            "factories:raises: raises(observation_space, action_space) raised "
+            "RuntimeError: no GPU here",
+        ),
+        (
+            "factories:returns_none",
+            "returns_none() returned NoneType, not a policy; return an nn.Module or a callable",
+        ),
+        ("factories:returns_number", "returns_number() returned int, not a policy"),
+        (
+            "shape.pt",
+            "shape.pt: shapes do not match the default MLP for this env (was it trained on "
+            "another env?): net.0.weight (64, 3) (needs (64, 4))",
+        ),
+        ("keys.pt", "unexpected ['weight']; expected a state_dict of the default MLP for this env"),
+        ("list.pt", "holds a list, not a state_dict; expected a state_dict of the default MLP"),
+        ("objects.pt", "holds Python objects, not only tensors"),
+        ("corrupt.pt", "corrupt.pt: is not a readable torch checkpoint"),
+    ],
+)
+def test_bad_policies_get_one_line_and_exit_code_2(tmp_path, policy, message):
+    _state_dict_files(tmp_path)
+    done = run(
+        *small("--policy", policy), cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("hpccollect")]
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_envs_registered_by_a_module(tmp_path):
+    (tmp_path / "myenvs.py").write_text(
+        "import gymnasium as gym\n"
+        "from gymnasium.envs.classic_control.cartpole import CartPoleEnv\n"
+        "class Short(CartPoleEnv):\n"
+        "    pass\n"
+        "gym.register('MyShort-v0', entry_point=Short, max_episode_steps=7)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    # gymnasium's own syntax, with worker processes (which must import the module themselves)
+    done = run(
+        *small("--env", "myenvs:MyShort-v0", "--collector", "multi-sync", "--out", "a.h5"),
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    # --import, with the bare id
+    again = run(
+        *small("--import", "myenvs", "--env", "MyShort-v0", "--out", "b.h5"), cwd=tmp_path, env=env
+    )
+    assert again.returncode == 0, again.stderr
+    for name in ("a.h5", "b.h5"):
+        with open_dataset(tmp_path / name) as ds:
+            assert len(ds) == 400 and ds.check() == []
+            assert max(ep.shape[0] for ep in ds.episodes()) <= 7  # MyShort's step limit
+
+
+def test_exact_frames_and_no_raw_warning(tmp_path):
+    """3 envs x 2 workers share each batch evenly: exactly the frames asked for. Warnings (here
+    gymnasium's, for an old env version, in the main process and in each worker) are one line
+    each, like errors."""
+    done = run(
+        *small("--collector", "multi-sync", "--num-workers", 2, "--num-envs", 3),
+        *("--total-frames", 1200, "--frames-per-batch", 600, "--out", "x.h5"),
+        *("--env", "CartPole-v0"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "frames collected  1200" in done.stdout
+    warned = [line for line in done.stderr.splitlines() if "out of date" in line]
+    assert len(warned) >= 1 and all(
+        line.startswith("hpccollect: warning: ") and "\x1b" not in line for line in warned
+    ), done.stderr
+    assert "Warning" not in done.stderr and "warnings.warn" not in done.stderr, done.stderr
+    with open_dataset(tmp_path / "x.h5") as ds:
+        assert ds.written_steps == 1200 and ds.check() == []
+
+
+def _arrays(path):
+    with open_dataset(path) as ds:
+        return {"/".join(key): ds.file[name][...] for name, key in ds.keymap.items()}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("collector", ["sync", "multi-sync"])
+def test_same_seed_same_dataset(tmp_path, collector):
+    """The default MLP policy (weights and sampling) is seeded: same --seed, same data."""
+    common = ["--collector", collector, "--num-workers", 2, "--total-frames", 1000]
+    common += ["--frames-per-batch", 500, "--quiet"]
+    for name, seed in (("a", 11), ("b", 11), ("c", 12)):
+        done = run(*common, "--seed", seed, "--out", f"{name}.h5", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    a, b, c = (_arrays(tmp_path / f"{name}.h5") for name in "abc")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert (a[key] == b[key]).all(), key
+    assert not (a["action"] == c["action"]).all()  # another seed: other actions
+
+
+def test_repair_command_and_inspect_of_an_unfinished_file(tmp_path):
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpccollect",
+            "--collector",
+            "multi-sync",
+            "--quiet",
+            "--total-frames",
+            "10000000",
+            "--frames-per-batch",
+            "500",
+            "--out",
+            "run.h5",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "run.h5.partial").exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        time.sleep(4)
+        os.killpg(proc.pid, signal.SIGKILL)  # a crash: nothing is closed
+    finally:
+        proc.wait(30)
+    partial = tmp_path / "run.h5.partial"
+    final_name = run("inspect", "run.h5", cwd=tmp_path)
+    assert final_name.returncode == 2
+    assert "run.h5.partial does: its run is still writing it, or was killed" in final_name.stderr
+    inspect = run("inspect", partial, cwd=tmp_path)
+    assert "unfinished" in inspect.stdout, (inspect.stdout, inspect.stderr)
+    assert f"python -m hpccollect repair {partial}" in inspect.stdout
+    repaired = run("repair", "run.h5.partial", cwd=tmp_path)
+    assert repaired.returncode == 0, repaired.stderr
+    assert repaired.stdout.startswith("repaired run.h5: ")
+    assert not partial.exists()
+    again = run("inspect", "run.h5", cwd=tmp_path)
+    assert again.returncode == 0 and "integrity         ok" in again.stdout, again.stdout
+    missing = run("repair", "nothing.h5", cwd=tmp_path)
+    assert missing.returncode == 2 and "nothing.h5 does not exist" in missing.stderr
