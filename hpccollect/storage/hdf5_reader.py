@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,19 +32,22 @@ def _open(path: Path) -> h5py.File:
     """Open for reading without taking HDF5's lock (the writer of a ``.partial`` holds it)."""
     if not path.exists():
         raise ArgumentValueError(f"{path} does not exist.")
-    try:
-        return h5py.File(path, "r", locking=False)
-    except OSError as first:
+    live = path.name.endswith(".partial")
+    for attempt in range(3 if live else 1):
+        try:
+            return h5py.File(path, "r", locking=False)
+        except OSError as err:
+            first = err
         try:  # this process has it open already (a writer): HDF5 shares that handle
             return h5py.File(path, "r")
         except OSError:
             pass
-        hint = (
-            "; if its run is over, python -m hpccollect repair may recover its committed rows"
-            if path.name.endswith(".partial")
-            else ""
-        )
-        raise ArgumentValueError(f"{path} is not a readable HDF5 file: {first}{hint}") from first
+        if live and attempt < 2:
+            time.sleep(0.2)  # caught its writer mid-flush: look again
+    hint = "; if its run is over, python -m hpccollect repair may recover its committed rows"
+    raise ArgumentValueError(
+        f"{path} is not a readable HDF5 file: {first}{hint if live else ''}"
+    ) from first
 
 
 class H5Dataset:
@@ -220,7 +224,11 @@ class H5Dataset:
     @property
     def episode_ids(self) -> np.ndarray:
         if self._episode_ids is None:
-            self._episode_ids = self.file[EPISODE][: self.committed_steps]
+            self._episode_ids = (
+                self.file[EPISODE][: self.committed_steps]
+                if EPISODE in self.file
+                else np.zeros(0, dtype=np.int64)  # nothing written yet
+            )
         return self._episode_ids
 
     def episode_bounds(self) -> list[tuple[int, int]]:

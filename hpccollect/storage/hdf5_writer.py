@@ -134,6 +134,13 @@ class HDF5Writer:
         self._appends = 0
         self._closed = False
         self._write_metadata(env, env_kwargs, config, seed, run_id, shard)
+        try:  # a reader can open the file from now on
+            self._file.flush()
+        except (OSError, RuntimeError) as err:
+            self.failed = StorageError(f"cannot write {self.partial}: {describe_os_error(err)}")
+            self._closed = True
+            self._close_file()
+            raise self.failed from err
 
     def _write_metadata(
         self,

@@ -111,3 +111,23 @@ def test_episode_ends_count_terminated_and_truncated(tmp_path):
         assert ds.episode_ends() == {"terminated": 8, "truncated": 1}
         assert ds.episode_lengths().tolist() == [7] * 8 + [4]
         assert ds.complete
+
+
+@pytest.mark.timeout(60)
+def test_a_file_whose_writer_has_committed_nothing_yet_reads_as_empty(tmp_path):
+    path = tmp_path / "fresh.h5"
+    script = (
+        "import time\nfrom hpccollect.storage import HDF5Writer\n"
+        f"writer = HDF5Writer({str(path)!r}, env='CartPole-v1')\nprint(1, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "1"
+        with open_dataset(tmp_path / "fresh.h5.partial") as ds:
+            assert len(ds) == 0 and not ds.complete and ds.check() == []
+            assert ds.metadata["env_id"] == "CartPole-v1"
+            assert ds.episode_ends() == {"terminated": 0, "truncated": 0}
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
