@@ -21,7 +21,13 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import InteractionType, TensorDictModule, TensorDictModuleBase, interaction_type
+from tensordict.nn import (
+    CudaGraphModule,
+    InteractionType,
+    TensorDictModule,
+    TensorDictModuleBase,
+    interaction_type,
+)
 from torch import nn
 
 from hpccollect.envs.specs import TensorSpec
@@ -35,6 +41,7 @@ __all__ = [
     "copy_weights_",
     "load_weights_",
     "resolve_exploration_type",
+    "resolve_trust_policy",
     "takes_tensordict",
     "to_weights",
     "wrap_policy",
@@ -150,8 +157,13 @@ def wrap_policy(
     observation_keys: Sequence[Any],
     action_spec: TensorSpec,
     action_key: str = "action",
+    trust_policy: bool = False,
 ) -> WrappedPolicy:
-    """Apply TorchRL's wrapping rules to ``policy`` (see the module docstring)."""
+    """Apply TorchRL's wrapping rules to ``policy`` (see the module docstring).
+
+    ``trust_policy=True`` skips the rules, as TorchRL does: the policy is called with the
+    TensorDict whatever its signature (it must read and write TensorDicts).
+    """
     keys = [k[0] if isinstance(k, tuple) and len(k) == 1 else k for k in observation_keys]
     if policy is None:
         return WrappedPolicy(RandomPolicy(action_spec, action_key), None, None)
@@ -163,10 +175,20 @@ def wrap_policy(
             f"{type(policy).__name__}."
         )
     weights = policy if isinstance(policy, nn.Module) else None
-    if takes_tensordict(policy):
+    if trust_policy or takes_tensordict(policy):
         return WrappedPolicy(_TensorDictCallable(policy, [action_key]), weights, None)
     module = TensorDictModule(policy, in_keys=list(keys), out_keys=[action_key])
     return WrappedPolicy(module, weights, (policy, list(keys), [action_key]))
+
+
+def resolve_trust_policy(trust_policy: Any, policy: Any) -> bool:
+    """TorchRL's default for ``trust_policy``: True for a ``CudaGraphModule`` (or a
+    ``RandomPolicy``), False otherwise."""
+    if trust_policy is None:
+        return isinstance(policy, (CudaGraphModule, RandomPolicy))
+    if not isinstance(trust_policy, bool):
+        raise ArgumentTypeError(f"trust_policy must be True, False or None; got {trust_policy!r}.")
+    return trust_policy
 
 
 def _direct_call(policy: TensorDictModuleBase) -> tuple[Callable, list, list] | None:

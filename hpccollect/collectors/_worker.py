@@ -45,9 +45,14 @@ class _Shutdown(Exception):
 
 
 def worker_main(
-    index: int, conn: Connection, payload: bytes, weights: TensorDictBase | None
+    index: int,
+    conn: Connection,
+    payload: bytes,
+    weights: TensorDictBase | None,
+    interruptor: Any = None,
 ) -> None:
-    """Entry point of worker ``index``; ``weights`` is its shared-memory weights buffer."""
+    """Entry point of worker ``index``; ``weights`` is its shared-memory weights buffer and
+    ``interruptor`` the parent's shared stop flag (``preemptive_threshold``), or None."""
     # A scheduler (SLURM, timeout) or Ctrl-C signals the whole process group: the parent
     # decides when to stop and sends SHUTDOWN; if it is gone, recv() ends with EOF.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -57,7 +62,9 @@ def worker_main(
     try:
         spec: WorkerSpec = cloudpickle.loads(payload)
         torch.set_num_threads(spec.num_threads)
-        collector = SyncDataCollector(spec.create_env_fn, spec.policy, **spec.kwargs)
+        collector = SyncDataCollector(
+            spec.create_env_fn, spec.policy, interruptor=interruptor, **spec.kwargs
+        )
         conn.send((Reply.LAYOUT, collector._shared_batch()))
         _Server(collector, conn, weights).serve()
     except _Shutdown as stop:
@@ -84,6 +91,7 @@ class _Server:
             Command.COLLECT: self.collect,
             Command.UPDATE_WEIGHTS: self.update_weights,
             Command.SEED: self.seed,
+            Command.RESET: self.reset,
             Command.STATE_DICT: self.state_dict,
             Command.LOAD_STATE_DICT: self.load_state_dict,
             Command.FILL_BUFFER: self.fill_buffer,
@@ -111,6 +119,10 @@ class _Server:
         torch.manual_seed(argument[0])
         np.random.seed(argument[0] % 2**32)
         return Reply.SEEDED, last
+
+    def reset(self, _: Any) -> tuple[Reply, None]:
+        self.collector.reset()
+        return Reply.ACK, None
 
     def state_dict(self, _: Any) -> tuple[Reply, Any]:
         return Reply.STATE, self.collector.state_dict()

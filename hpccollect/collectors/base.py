@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from tensordict import TensorDictBase
 
 from hpccollect.collectors.weights import (
@@ -22,7 +23,7 @@ from hpccollect.collectors.weights import (
 )
 from hpccollect.errors import ArgumentTypeError, CollectorTimeoutError
 
-__all__ = ["DataCollectorBase", "Interruptor"]
+__all__ = ["DataCollectorBase", "Interruptor", "SharedInterruptor"]
 
 
 class Interruptor:
@@ -43,6 +44,34 @@ class Interruptor:
 
     def collection_stopped(self) -> bool:
         return self._stopped.is_set()
+
+
+class SharedInterruptor(Interruptor):
+    """An ``Interruptor`` whose flag is one byte of shared memory, for worker processes.
+
+    The parent process writes it, workers read it after every env step. It reaches a worker
+    only when the worker process is created (it is one of the process's arguments).
+    """
+
+    def __init__(self) -> None:
+        self._flag = torch.zeros(1, dtype=torch.uint8).share_memory_()
+        self._view = self._flag.numpy()
+
+    def start_collection(self) -> None:
+        self._view[0] = 0
+
+    def stop_collection(self) -> None:
+        self._view[0] = 1
+
+    def collection_stopped(self) -> bool:
+        return bool(self._view[0])
+
+    def __getstate__(self) -> dict:
+        return {"_flag": self._flag}
+
+    def __setstate__(self, state: dict) -> None:
+        self._flag = state["_flag"]
+        self._view = self._flag.numpy()
 
 
 class DataCollectorBase(abc.ABC):

@@ -18,6 +18,7 @@ class Command(enum.Enum):
     COLLECT = "collect"  # None: write one batch into the shared buffers, reply BATCH
     UPDATE_WEIGHTS = "update_weights"  # None: load the shared weights buffer, reply ACK
     SEED = "seed"  # (seed, static_seed): reply SEEDED with the last seed used
+    RESET = "reset"  # None: reset every env before the next batch, reply ACK
     STATE_DICT = "state_dict"  # None: reply STATE with the worker collector's state_dict
     LOAD_STATE_DICT = "load_state_dict"  # state dict: reply ACK
     FILL_BUFFER = "fill_buffer"  # replay buffer: extend it until STOP_FILLING, then reply ACK

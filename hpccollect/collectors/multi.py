@@ -14,6 +14,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from hpccollect.collectors.messages import Reply
 from hpccollect.collectors.multi_base import MultiCollectorBase
+from hpccollect.collectors.rollout import TRAJ_KEY
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["MultiSyncDataCollector", "MultiaSyncDataCollector", "aSyncDataCollector"]
@@ -25,18 +26,21 @@ class MultiSyncDataCollector(MultiCollectorBase):
     ``frames_per_batch`` is the total over workers. Each iteration yields the workers' batches
     stacked ``[num_workers, T]`` named ``[None, "time"]`` (``cat_results="stack"``, the default),
     or concatenated along dim ``cat_results`` (``-1``: along time).
+
+    ``preemptive_threshold=p`` (below 1), as in TorchRL: once ``int(p * num_workers)`` workers
+    have delivered their batch, the others are told to stop after the env step they are in.
+    With ``"stack"`` the batch keeps its shape: a stopped worker's missing steps are zeros with
+    ``("collector", "traj_ids")`` -1, and ``("collector", "mask")`` (present in every batch while
+    preemption is on) is True on real frames; with an int ``cat_results`` the missing steps are
+    left out instead. Only real frames count towards ``total_frames``, so a preempting collector
+    may run more iterations than ``total_frames / frames_per_batch``. A stopped worker carries
+    on with the same episodes in its next batch. With ``split_trajs`` the padding is left out.
     """
 
-    def __init__(self, *args: Any, cat_results: str | int | None = None, **kwargs: Any) -> None:
-        if cat_results is None:
-            cat_results = "stack"
-        if cat_results != "stack" and (
-            isinstance(cat_results, bool) or not isinstance(cat_results, int)
-        ):
-            raise ArgumentValueError(
-                f"cat_results must be 'stack' or an int dim such as -1, got {cat_results!r}."
-            )
-        self.cat_results = cat_results
+    _concatenates = True
+    _preempts = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._check_layouts()
 
@@ -74,16 +78,31 @@ class MultiSyncDataCollector(MultiCollectorBase):
                     "MultiaSyncDataCollector, which yields each worker's batch on its own."
                 )
 
-    def _gather(self) -> TensorDictBase:
+    def _gather(self, frames: list[int]) -> tuple[TensorDictBase, int]:
+        """The round's batch and its number of real frames (``frames``: per worker)."""
         parts = self._layouts
+        steps = [f // (p.numel() // p.shape[-1]) for f, p in zip(frames, parts, strict=True)]
+        short = [s < p.shape[-1] for s, p in zip(steps, parts, strict=True)]
         if self.cat_results == "stack":
             out = torch.stack(parts, 0)
+            if not isinstance(out, TensorDict):
+                out = out.contiguous()
+            if self.interruptor is not None:
+                _pad_preempted(out, steps, short)
         else:
-            out = torch.cat(parts, self.cat_results)
-        if not isinstance(out, TensorDict):
-            out = out.contiguous()
+            if any(short):
+                parts = [p[..., :s] for p, s in zip(parts, steps, strict=True)]
+            try:
+                out = torch.cat(parts, self.cat_results)
+            except RuntimeError as err:
+                raise RuntimeError(
+                    f"the workers' batches cannot be concatenated along dim {self.cat_results} "
+                    f"after preemption ({err}); use cat_results=-1 or 'stack'."
+                ) from err
+            if not isinstance(out, TensorDict):
+                out = out.contiguous()
         out.names = [None] * (out.batch_dims - 1) + ["time"]
-        return out
+        return out, sum(frames)
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """One round per iteration: every worker collects, then their batches are gathered."""
@@ -92,12 +111,40 @@ class MultiSyncDataCollector(MultiCollectorBase):
             if self.update_at_each_batch:
                 self.update_policy_weights_()
             self._drain(workers)
+            if self.interruptor is not None:
+                self.interruptor.start_collection()  # before any worker can start
             for i in workers:
                 self._collect_from(i)
-            for i in workers:
-                self._pool.recv(i, Reply.BATCH, self.worker_timeout)
-                self._in_flight.discard(i)
-            yield self._finish(self._gather())
+            frames = self._receive_round()
+            batch, real = self._gather(frames)
+            yield self._finish(batch, real)
+
+    def _receive_round(self) -> list[int]:
+        """Each worker's frame count for this round; with preemption, stop the stragglers once
+        enough workers have delivered."""
+        frames = [0] * self.num_workers
+        pending = set(range(self.num_workers))
+        stop_after = int(self.num_workers * self.preemptive_threshold) if self.interruptor else None
+        while pending:
+            if stop_after is not None and self.num_workers - len(pending) >= stop_after:
+                self.interruptor.stop_collection()
+                stop_after = None
+            index, frames_written = self._pool.wait_any(
+                sorted(pending), Reply.BATCH, self.worker_timeout
+            )
+            frames[index] = frames_written
+            pending.discard(index)
+            self._in_flight.discard(index)
+        return frames
+
+
+def _pad_preempted(out: TensorDictBase, steps: list[int], short: list[bool]) -> None:
+    """Zero a stacked batch's missing steps, mark them with trajectory id -1, add the mask."""
+    for i, (taken, cut) in enumerate(zip(steps, short, strict=True)):
+        if cut:
+            out[i][..., taken:].zero_()
+            out.get(TRAJ_KEY)[i][..., taken:] = -1
+    out.set(("collector", "mask"), out.get(TRAJ_KEY) != -1)
 
 
 class MultiaSyncDataCollector(MultiCollectorBase):

@@ -16,22 +16,48 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 from torch import nn
 
-from hpccollect._checks import check_int
+from hpccollect._checks import check_bool, check_int
 from hpccollect.collectors._worker import WorkerSpec, worker_main
-from hpccollect.collectors.base import DataCollectorBase
+from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
 from hpccollect.collectors.messages import Command, Reply
-from hpccollect.collectors.options import check_batch_options, env_fns, per_worker, resolve_devices
+from hpccollect.collectors.options import (
+    check_batch_options,
+    check_cat_results,
+    check_preemptive_threshold,
+    env_fns,
+    per_worker,
+    resolve_devices,
+)
 from hpccollect.collectors.processes import WorkerPool
 from hpccollect.collectors.trajectories import split_trajectories
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker_weights import SharedWeightsSender
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+from hpccollect.policy import resolve_trust_policy
 
 __all__ = ["MultiCollectorBase"]
 
 
 class MultiCollectorBase(DataCollectorBase):
-    """What the multi-process collectors share; subclasses define ``iterator()``."""
+    """What the multi-process collectors share; subclasses define ``iterator()``.
+
+    TorchRL keywords with their TorchRL meaning:
+
+    * ``preemptive_threshold`` (0.0 to 1.0, or None): see ``MultiSyncDataCollector``; accepted
+      and without effect on the other collectors (as in TorchRL, which never preempts there).
+    * ``num_threads``: torch threads of the calling process while the collector lives (None:
+      the current count less one per worker, at least 1, as TorchRL does); the previous count is
+      restored by ``shutdown()`` unless something else changed it meanwhile.
+    * ``cat_results``: ``MultiSyncDataCollector`` only; the others accept ``None``/``"stack"``
+      and refuse anything else (as TorchRL does).
+    * ``trust_policy``: passed to every worker's collector (see ``SyncDataCollector``).
+    * ``use_buffers``: accepted and has no effect: workers always write into shared buffers.
+    """
+
+    #: whether ``cat_results`` may be something other than ``"stack"``
+    _concatenates = False
+    #: whether ``preemptive_threshold`` below 1 makes workers stop early
+    _preempts = False
 
     def __init__(
         self,
@@ -55,7 +81,12 @@ class MultiCollectorBase(DataCollectorBase):
         exploration_mode: str | None = None,
         reset_when_done: bool = True,
         update_at_each_batch: bool = False,
+        preemptive_threshold: float | None = None,
+        num_threads: int | None = None,
+        cat_results: str | int | None = None,
         set_truncated: bool = False,
+        use_buffers: bool | None = None,
+        trust_policy: bool | None = None,
         replay_buffer: Any = None,
         num_sub_threads: int = 1,
         mp_start_method: str = "spawn",
@@ -68,8 +99,20 @@ class MultiCollectorBase(DataCollectorBase):
     ) -> None:
         self._closed = True
         self._pool: WorkerPool | None = None
+        self._threads_set: tuple[int, int] | None = None
         fns = env_fns(create_env_fn, num_workers)
         self.num_workers = n = len(fns)
+        self.cat_results = check_cat_results(cat_results, type(self).__name__, self._concatenates)
+        self.preemptive_threshold = check_preemptive_threshold(preemptive_threshold)
+        self.interruptor = (
+            SharedInterruptor() if self._preempts and self.preemptive_threshold < 1.0 else None
+        )
+        if num_threads is not None:
+            num_threads = check_int("num_threads", num_threads, minimum=1)
+        if use_buffers is not None:
+            check_bool("use_buffers", use_buffers)
+        self._use_buffers = use_buffers
+        self.trust_policy = resolve_trust_policy(trust_policy, policy)
         self.options = check_batch_options(
             frames_per_batch=frames_per_batch,
             total_frames=total_frames,
@@ -135,7 +178,7 @@ class MultiCollectorBase(DataCollectorBase):
                 frames_per_batch=worker_fpb,
                 total_frames=-1,
                 device=None,
-                storing_device=None,
+                storing_device=torch.device("cpu"),  # the shared buffers
                 env_device=devices[i].env,
                 policy_device=devices[i].policy,
                 create_env_kwargs=env_kwargs[i],
@@ -147,14 +190,20 @@ class MultiCollectorBase(DataCollectorBase):
                 reset_when_done=reset_when_done,
                 set_truncated=set_truncated,
                 categorical_action_encoding=categorical_action_encoding,
+                trust_policy=self.trust_policy,
                 traj_id_offset=i,
                 traj_id_stride=n,
             )
             spec = WorkerSpec(
                 fns[i], policy, kwargs, check_int("num_sub_threads", num_sub_threads, minimum=1)
             )
-            args.append((spec.dumps(), self._weights[i]))
-        self._pool = WorkerPool(worker_main, args, mp_start_method, name=type(self).__name__)
+            args.append((spec.dumps(), self._weights[i], self.interruptor))
+        self._set_threads(num_threads)
+        try:
+            self._pool = WorkerPool(worker_main, args, mp_start_method, name=type(self).__name__)
+        except BaseException:
+            self._restore_threads()
+            raise
         self._finalizer = weakref.finalize(self, self._pool.shutdown, 10.0)
         self._closed = False
         try:
@@ -179,15 +228,32 @@ class MultiCollectorBase(DataCollectorBase):
     def _worker_frames_per_batch(self) -> int:
         return self.options.frames_per_batch
 
+    def _set_threads(self, num_threads: int | None) -> None:
+        """Set the calling process's torch threads (TorchRL's ``num_threads``)."""
+        before = torch.get_num_threads()
+        wanted = num_threads if num_threads is not None else max(1, before - self.num_workers)
+        self.num_threads = wanted
+        if wanted != before:
+            torch.set_num_threads(wanted)
+            self._threads_set = (before, wanted)
+
+    def _restore_threads(self) -> None:
+        if self._threads_set is not None:
+            before, wanted = self._threads_set
+            self._threads_set = None
+            if torch.get_num_threads() == wanted:
+                torch.set_num_threads(before)
+
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the workers (for monitoring; they are gone after ``shutdown()``)."""
         return [w.process.pid for w in self._pool.workers] if self._pool is not None else []
 
     # ------------------------------------------------------------------ batches
-    def _finish(self, batch: TensorDictBase) -> TensorDictBase | None:
-        """Count, split, post-process, store; return what the iterator yields."""
-        self._frames += batch.numel()
+    def _finish(self, batch: TensorDictBase, frames: int | None = None) -> TensorDictBase | None:
+        """Count (``frames``: the valid frames, default all), split, post-process, store;
+        return what the iterator yields."""
+        self._frames += batch.numel() if frames is None else frames
         self._iter += 1
         if self.storing_device is not None:
             batch = batch.to(self.storing_device)
@@ -263,6 +329,27 @@ class MultiCollectorBase(DataCollectorBase):
             seed = seed + n_env
         return last
 
+    def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
+        """Reset the envs of every worker (or of those ``reset_idx`` flags True) before their
+        next batch: new trajectories, with new ids, start there. Returns when they have noted it.
+        """
+        if self._filling:
+            raise RuntimeError(
+                "reset() while the workers fill the replay buffer: call async_shutdown(close_env="
+                "False) first."
+            )
+        flags = [True] * self.num_workers if reset_idx is None else list(reset_idx)
+        if len(flags) != self.num_workers:
+            raise ArgumentValueError(
+                f"reset_idx has {len(flags)} entries; give one bool per worker "
+                f"({self.num_workers})."
+            )
+        chosen = [i for i, flag in enumerate(flags) if flag]
+        for i in chosen:
+            self._pool.send(i, Command.RESET)
+        for i in chosen:
+            self._pool.recv(i, Reply.ACK, self.worker_timeout)
+
     def state_dict(self) -> OrderedDict:
         """``worker{i}``: each worker's collector state, plus ``frames`` and ``iter``."""
         state: OrderedDict = OrderedDict()
@@ -295,6 +382,8 @@ class MultiCollectorBase(DataCollectorBase):
         buffer.share_memory_()
         buffer.allocate_like(self._layouts[0])
         self._drain(range(self.num_workers))
+        if self.interruptor is not None:
+            self.interruptor.start_collection()  # no preemption while filling
         for i in range(self.num_workers):
             self._pool.send(i, Command.FILL_BUFFER, buffer)
         self._filling = True
@@ -321,7 +410,10 @@ class MultiCollectorBase(DataCollectorBase):
             return
         self._closed = True
         self._finalizer.detach()
-        self._pool.shutdown(timeout if timeout is not None else 10.0, close_env)
+        try:
+            self._pool.shutdown(timeout if timeout is not None else 10.0, close_env)
+        finally:
+            self._restore_threads()
 
     def __repr__(self) -> str:
         return (

@@ -20,6 +20,8 @@ __all__ = [
     "BatchOptions",
     "Devices",
     "check_batch_options",
+    "check_cat_results",
+    "check_preemptive_threshold",
     "env_fns",
     "per_worker",
     "resolve_devices",
@@ -200,3 +202,32 @@ def per_worker(name: str, value: Any, index: int, num_workers: int) -> Any:
             )
         return value[index]
     return value
+
+
+def check_cat_results(cat_results: Any, collector: str, concatenates: bool) -> str | int:
+    """``"stack"`` (also for None) or an int dim; only a collector that ``concatenates`` (TorchRL:
+    MultiSync only) takes a dim."""
+    if cat_results is None or cat_results == "stack":
+        return "stack"
+    if not concatenates:
+        raise ArgumentValueError(
+            f"cat_results={cat_results!r}: only MultiSyncDataCollector concatenates batches "
+            f"(as in TorchRL); drop cat_results from {collector}."
+        )
+    if isinstance(cat_results, bool) or not isinstance(cat_results, int):
+        raise ArgumentValueError(
+            f"cat_results must be 'stack' or an int dim such as -1, got {cat_results!r}."
+        )
+    return cat_results
+
+
+def check_preemptive_threshold(value: Any) -> float:
+    """A fraction of workers in [0, 1]; None means 1 (no preemption)."""
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ArgumentValueError(
+            f"preemptive_threshold must be a number between 0.0 and 1.0 (the fraction of workers "
+            f"that finish their batch before the others are stopped), got {value!r}."
+        )
+    return float(value)

@@ -13,7 +13,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 from torch import nn
 
-from hpccollect._checks import check_int
+from hpccollect._checks import check_bool, check_int
 from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
 from hpccollect.collectors.options import check_batch_options, resolve_devices
 from hpccollect.collectors.rollout import StepLoop
@@ -25,8 +25,14 @@ from hpccollect.collectors.weights import (
     WeightUpdaterBase,
 )
 from hpccollect.envs.gym import env_seeds, make_env
-from hpccollect.errors import ArgumentTypeError
-from hpccollect.policy import RandomPolicy, WrappedPolicy, load_weights_, wrap_policy
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+from hpccollect.policy import (
+    RandomPolicy,
+    WrappedPolicy,
+    load_weights_,
+    resolve_trust_policy,
+    wrap_policy,
+)
 
 __all__ = ["SyncDataCollector"]
 
@@ -37,6 +43,20 @@ class SyncDataCollector(DataCollectorBase):
     Takes TorchRL's arguments (see the README and ``../shared/seeds/SyncDataCollector.txt``);
     batches are ``[T]`` named ``["time"]`` for one env and ``[N, T]`` named ``[None, "time"]``
     for N envs, with ``frames_per_batch`` frames in all (rounded up to a multiple of N).
+
+    TorchRL keywords with their TorchRL meaning:
+
+    * ``track_traj_ids=False``: batches carry no ``("collector", "traj_ids")`` (and
+      ``split_trajs=True`` is refused, as in TorchRL).
+    * ``trust_policy=True``: the policy is called with the TensorDict as is, without the wrapping
+      rules (default: True only for a ``CudaGraphModule``).
+    * ``use_buffers``: accepted (True, False or None) and has no effect here: batches are always
+      written into buffers allocated per batch (shared ones in worker processes), so the output is
+      the same either way.
+
+    Attributes as TorchRL sets them: ``storing_device``, ``policy_device``, ``env_device`` (the
+    env's own device when not given; None for a ``GymEnv`` made without one),
+    ``max_frames_per_traj`` (0 when not given), ``reset_at_each_iter``.
 
     Beyond TorchRL's arguments: ``replay_buffer`` (any object with ``extend``),
     ``local_weight_updater``/``remote_weight_updater``/``weight_updater``,
@@ -67,6 +87,9 @@ class SyncDataCollector(DataCollectorBase):
         reset_when_done: bool = True,
         interruptor: Interruptor | None = None,
         set_truncated: bool = False,
+        use_buffers: bool | None = None,
+        trust_policy: bool | None = None,
+        track_traj_ids: bool = True,
         replay_buffer: Any = None,
         local_weight_updater: LocalWeightsUpdaterBase | None = None,
         remote_weight_updater: RemoteWeightsUpdaterBase | None = None,
@@ -92,6 +115,18 @@ class SyncDataCollector(DataCollectorBase):
             set_truncated=set_truncated,
         )
         self.devices = resolve_devices(device, storing_device, env_device, policy_device)
+        self.track_traj_ids = check_bool("track_traj_ids", track_traj_ids)
+        if self.options.split_trajs and not self.track_traj_ids:
+            raise ArgumentValueError(
+                "split_trajs=True needs the trajectory ids: drop track_traj_ids=False "
+                "(TorchRL refuses this combination too)."
+            )
+        if use_buffers is not None:
+            check_bool("use_buffers", use_buffers)
+        self._use_buffers = use_buffers
+        self.trust_policy = resolve_trust_policy(trust_policy, policy)
+        self.max_frames_per_traj = 0 if max_frames_per_traj is None else int(max_frames_per_traj)
+        self.reset_at_each_iter = self.options.reset_at_each_iter
         if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
             raise ArgumentTypeError(
                 f"replay_buffer must have an extend() method (e.g. hpccollect.storage.ReplayBuffer "
@@ -128,6 +163,11 @@ class SyncDataCollector(DataCollectorBase):
     def _setup(self, policy: Any, pool: TrajIdPool, replay_buffer: Any, interruptor: Any) -> None:
         opts = self.options
         self.n_env = self.env.num_envs
+        self.storing_device = self.devices.storing
+        self.policy_device = self.devices.policy
+        self.env_device = self.devices.env or self.env.device
+        self._traj_src: TensorDictBase | None = None
+        self._traj_view: TensorDictBase | None = None
         self._wrapped, self._source = self._place_policy(policy)
         self.policy = self._wrapped.module
         self._loop = StepLoop(self.env, self._wrapped, opts, self.devices, pool)
@@ -154,14 +194,15 @@ class SyncDataCollector(DataCollectorBase):
     def _place_policy(self, policy: Any) -> tuple[WrappedPolicy, nn.Module | None]:
         """Wrap the policy; copy it to ``policy_device`` if it lives elsewhere (TorchRL does too)."""
         spec = self.env.action_spec
-        wrapped = wrap_policy(policy, self.env.observation_keys, spec)
+        keys, trust = self.env.observation_keys, self.trust_policy
+        wrapped = wrap_policy(policy, keys, spec, trust_policy=trust)
         target = self.devices.policy
         module = wrapped.weights_module
         current = _module_device(module) if module is not None else None
         if target is None or current is None or current == target:
             return wrapped, None
         moved = copy.deepcopy(policy).to(target)
-        return wrap_policy(moved, self.env.observation_keys, spec), module
+        return wrap_policy(moved, keys, spec, trust_policy=trust), module
 
     # ------------------------------------------------------------------ iteration
     def _should_stop(self) -> bool:
@@ -173,9 +214,20 @@ class SyncDataCollector(DataCollectorBase):
     def rollout(self) -> TensorDictBase:
         """Collect one batch (no ``split_trajs``/``postproc``); frames are not counted."""
         random = self._frames < self.init_random_frames
-        return self._loop.collect(
+        batch = self._loop.collect(
             self._steps_per_batch, random=random, should_stop=self._should_stop
         )
+        return batch if self.track_traj_ids else self._without_traj_ids(batch)
+
+    def _without_traj_ids(self, batch: TensorDictBase) -> TensorDictBase:
+        """The batch less ``collector`` (``track_traj_ids=False``); with ``return_same_td`` the
+        same view of the same buffers every time."""
+        if batch is self._traj_src:
+            return self._traj_view  # type: ignore[return-value]
+        view = batch.exclude("collector")
+        if self.options.return_same_td:
+            self._traj_src, self._traj_view = batch, view
+        return view
 
     def _collect_counted(self) -> TensorDictBase:
         """One batch, counted in ``frames`` (what a worker process runs per command)."""

@@ -45,7 +45,8 @@ class GymEnv:
         num_envs: with an env id, build a vector env of this many copies (``gym.make_vec``).
         categorical_action_encoding: store Discrete/MultiDiscrete values as integer indices
             instead of one-hot (TorchRL's default is one-hot).
-        device: device of the tensors this adapter returns.
+        device: device of the tensors this adapter returns (None, the default as in TorchRL:
+            wherever they are made, the CPU).
         vectorization_mode: ``"sync"`` or ``"async"``, with ``num_envs``.
         **kwargs: forwarded to ``gymnasium.make``/``make_vec`` with an env id.
     """
@@ -56,7 +57,7 @@ class GymEnv:
         *,
         num_envs: int | None = None,
         categorical_action_encoding: bool = False,
-        device: Any = "cpu",
+        device: Any = None,
         vectorization_mode: str = "sync",
         **kwargs: Any,
     ) -> None:
@@ -73,7 +74,7 @@ class GymEnv:
                 f"got {type(env).__name__}."
             )
         self.env = env
-        self.device = torch.device(device)
+        self.device = None if device is None else torch.device(device)
         self.is_vector = isinstance(env, gym.vector.VectorEnv)
         self.num_envs = int(env.num_envs) if self.is_vector else 1
         self.batch_size = torch.Size([self.num_envs] if self.is_vector else [])
@@ -288,7 +289,8 @@ class GymEnv:
         """Write a uniformly random action from the action spec into ``tensordict``."""
         if tensordict is None:
             tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
-        tensordict.set("action", self.action_spec.rand(generator=generator).to(self.device))
+        action = self.action_spec.rand(generator=generator)
+        tensordict.set("action", action if self.device is None else action.to(self.device))
         return tensordict
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:

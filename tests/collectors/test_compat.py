@@ -5,6 +5,8 @@ Each test pins one behaviour observed on TorchRL 0.14.1 itself (names, keys, err
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import h5py
 import numpy as np
@@ -15,7 +17,12 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 from torch.distributions import OneHotCategorical
 
-from hpccollect import GymEnv, MultiSyncDataCollector, SyncDataCollector
+from hpccollect import (
+    GymEnv,
+    MultiaSyncDataCollector,
+    MultiSyncDataCollector,
+    SyncDataCollector,
+)
 from hpccollect.errors import EnvError, HpcCollectError, PolicyError
 from hpccollect.storage import HDF5Writer, export_d4rl, export_minari, open_dataset
 
@@ -204,3 +211,134 @@ def test_pixels_batch_hdf5_and_exports(tmp_path, monkeypatch):
     episode = next(iter(minari.load_dataset("hpc/img-v0").iterate_episodes()))
     assert episode.observations.shape == (8, 6, 5, 3)  # 7 steps + the last next observation
     np.testing.assert_array_equal(episode.observations[:7], batch["pixels"][:7].numpy())
+
+
+# ---------------------------------------------------------------------------- item 23: keywords
+class TakesData(nn.Module):
+    """Reads and writes a TensorDict, but its argument's name does not say so."""
+
+    def forward(self, data):
+        data.set("action", torch.nn.functional.one_hot(data["observation"][..., 0].long() * 0, 2))
+        return data
+
+
+def test_sync_keywords_and_attributes_as_torchrl():
+    def make(**kw):
+        return SyncDataCollector(cartpole, None, frames_per_batch=10, total_frames=20, **kw)
+
+    # the attribute values TorchRL 0.14.1 gives for the same arguments
+    for kw, expected in [
+        ({}, (None, None, None, 0, False)),
+        ({"device": "cpu"}, ("cpu", "cpu", "cpu", 0, False)),
+        ({"env_device": "cpu", "max_frames_per_traj": -3}, (None, None, "cpu", -3, False)),
+        ({"env_device": "cpu", "policy_device": "cpu"}, ("cpu", "cpu", "cpu", 0, False)),
+        ({"max_frames_per_traj": 50, "reset_at_each_iter": True}, (None, None, None, 50, True)),
+    ]:
+        collector = make(**kw)
+        got = (
+            collector.storing_device,
+            collector.policy_device,
+            collector.env_device,
+            collector.max_frames_per_traj,
+            collector.reset_at_each_iter,
+        )
+        collector.shutdown()
+        assert got == tuple(torch.device(v) if isinstance(v, str) else v for v in expected)
+    for use_buffers in (True, False, None):  # no effect on the output
+        collector = make(use_buffers=use_buffers)
+        assert next(iter(collector)).batch_size == (10,)
+        collector.shutdown()
+    collector = make(track_traj_ids=False)
+    batch = next(iter(collector))
+    collector.shutdown()
+    assert "collector" not in batch.keys() and ("next", "reward") in batch.keys(True)
+    with pytest.raises(ValueError, match="split_trajs=True needs the trajectory ids"):
+        make(track_traj_ids=False, split_trajs=True)
+    with pytest.raises(PolicyError):  # wrapped over the observation, it gets a tensor
+        SyncDataCollector(cartpole, TakesData(), frames_per_batch=10)
+    collector = SyncDataCollector(cartpole, TakesData(), frames_per_batch=10, trust_policy=True)
+    assert collector.trust_policy and next(iter(collector))["action"].shape == (10, 2)
+    collector.shutdown()
+
+
+def slow_cartpole() -> gym.Env:
+    return SlowStep(gym.make("CartPole-v1"))
+
+
+class SlowStep(gym.Wrapper):
+    def step(self, action):
+        time.sleep(0.02)
+        return self.env.step(action)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cat_results", ["stack", -1])
+def test_multisync_preemptive_threshold(cat_results):
+    collector = MultiSyncDataCollector(
+        [cartpole, slow_cartpole],
+        None,
+        frames_per_batch=200,
+        total_frames=400,
+        preemptive_threshold=0.5,
+        cat_results=cat_results,
+    )
+    batches = list(collector)
+    collector.shutdown()
+    real = 0
+    for batch in batches:
+        ids = batch["collector", "traj_ids"]
+        if cat_results == "stack":
+            assert batch.batch_size == (2, 100) and batch.names == [None, "time"]
+            mask = batch["collector", "mask"]
+            assert torch.equal(mask, ids != -1) and mask[0].all() and not mask[1].all()
+            assert (batch["observation"][~mask] == 0).all()  # padding is zeros
+            real += int(mask.sum())
+        else:
+            assert batch.batch_dims == 1 and 100 < batch.numel() < 200  # padding left out
+            assert "mask" not in batch["collector"].keys() and (ids != -1).all()
+            real += batch.numel()
+    # only real frames count: more rounds than total_frames / frames_per_batch
+    assert len(batches) > 2 and real >= 400
+
+
+@pytest.mark.slow
+def test_multi_num_threads_reset_and_threshold_one():
+    before = torch.get_num_threads()
+    collector = MultiSyncDataCollector(
+        lambda: CounterEnv(1000),
+        None,
+        num_workers=2,
+        frames_per_batch=10,
+        preemptive_threshold=1.0,  # nobody is ever stopped: no mask, as TorchRL
+        num_threads=1,
+    )
+    try:
+        assert torch.get_num_threads() == 1
+        batches = iter(collector)
+        first = next(batches)
+        assert "mask" not in first["collector"].keys()
+        assert first["observation"][:, 0, 0].tolist() == [0, 0]
+        collector.reset(reset_idx=[True, False])
+        second = next(batches)
+        assert second["observation"][:, 0, 0].tolist() == [0, 5]  # worker 0 starts over
+        assert second["collector", "traj_ids"][0, 0] not in first["collector", "traj_ids"][0]
+        collector.reset()
+        assert next(batches)["observation"][:, 0, 0].tolist() == [0, 0]
+    finally:
+        collector.shutdown()
+    assert torch.get_num_threads() == before
+    collector = MultiaSyncDataCollector(
+        [cartpole], None, frames_per_batch=10, total_frames=10, preemptive_threshold=0.5
+    )
+    assert torch.get_num_threads() == max(1, before - 1)  # TorchRL's default
+    collector.shutdown()
+    assert torch.get_num_threads() == before
+
+
+def test_multi_keywords_refused_before_any_process():
+    with pytest.raises(ValueError, match="only MultiSyncDataCollector concatenates"):
+        MultiaSyncDataCollector([cartpole], None, frames_per_batch=10, cat_results=-1)
+    with pytest.raises(ValueError, match="preemptive_threshold must be a number between 0.0"):
+        MultiSyncDataCollector([cartpole], None, frames_per_batch=10, preemptive_threshold=1.5)
+    with pytest.raises(ValueError, match="num_threads"):
+        MultiSyncDataCollector([cartpole], None, frames_per_batch=10, num_threads=0)
