@@ -26,6 +26,12 @@ def run(*args, cwd, timeout=150, env=None):
     )
 
 
+def on_path(folder):
+    """The environment with ``folder`` first on PYTHONPATH (for modules a test writes)."""
+    path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def small(*extra):
     return [
         "--collector",
@@ -204,7 +210,7 @@ def test_toml_config_and_policies(tmp_path):
     factory = run(
         *small("--policy", "mypolicies:always_left", "--out", "f.h5"),
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        env=on_path(tmp_path),
     )
     assert factory.returncode == 0, factory.stderr
     with open_dataset(tmp_path / "f.h5") as ds:
@@ -275,7 +281,7 @@ def test_unwritable_output_is_refused_before_any_worker_starts(tmp_path):
         done = run(
             *small(*args, "--out", "ro/sub/x.h5"),
             cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            env=on_path(tmp_path),
             timeout=60,
         )
     finally:
@@ -332,9 +338,7 @@ def _state_dict_files(tmp_path):
 )
 def test_bad_policies_get_one_line_and_exit_code_2(tmp_path, policy, message):
     _state_dict_files(tmp_path)
-    done = run(
-        *small("--policy", policy), cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}
-    )
+    done = run(*small("--policy", policy), cwd=tmp_path, env=on_path(tmp_path))
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = [line for line in done.stderr.splitlines() if line.startswith("hpccollect")]
     assert len(lines) == 1 and message in lines[0], done.stderr
@@ -349,7 +353,7 @@ def test_envs_registered_by_a_module(tmp_path):
         "    pass\n"
         "gym.register('MyShort-v0', entry_point=Short, max_episode_steps=7)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = on_path(tmp_path)
     # gymnasium's own syntax, with worker processes (which must import the module themselves)
     done = run(
         *small("--env", "myenvs:MyShort-v0", "--collector", "multi-sync", "--out", "a.h5"),
