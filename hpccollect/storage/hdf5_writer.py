@@ -10,7 +10,6 @@ The file is ``<path>.partial`` while open and renamed to ``<path>`` when closed.
 from __future__ import annotations
 
 import datetime
-import errno
 import os
 import uuid
 from pathlib import Path
@@ -21,7 +20,8 @@ import numpy as np
 from tensordict import TensorDictBase
 
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, StorageError
-from hpccollect.storage.diskspace import SpaceReserver, describe_os_error, release_beyond_end
+from hpccollect.storage.diskspace import describe_os_error
+from hpccollect.storage.h5append import DEFAULT_EXPECTED_ROWS, RowAppender, chunk_rows
 from hpccollect.storage.layout import (
     EPISODE,
     SQUEEZED,
@@ -38,9 +38,6 @@ FORMAT_VERSION = 1
 _TRAJ: Key = ("collector", "traj_ids")
 _MASK: Key = ("collector", "mask")
 _COMPRESSIONS = (None, "gzip", "lzf")
-#: chunks are sized for this many rows when the writer is not told how many to expect
-DEFAULT_EXPECTED_ROWS = 16_384
-_MIN_CHUNK_BYTES = 16 << 10
 
 
 def partial_path(path: str | os.PathLike) -> Path:
@@ -121,14 +118,17 @@ class HDF5Writer:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = h5py.File(self.partial, "w")
-            self._space = SpaceReserver(self.partial, self._file.id.get_vfd_handle())
+            self._rows = RowAppender(
+                self._file,
+                self.partial,
+                compression=compression,
+                chunk_bytes=chunk_bytes,
+                expected_rows=expected_rows,
+            )
         except (OSError, RuntimeError) as err:
             raise StorageError(f"cannot create {self.partial}: {describe_os_error(err)}") from err
         self._pending: dict[int, list[dict[str, np.ndarray]]] = {}
         self._keymap: dict[str, Key] | None = None
-        self._datasets: dict[str, h5py.h5d.DatasetID] = {}
-        self._chunking: dict[str, tuple[int, int]] = {}
-        self._counters: tuple[h5py.h5a.AttrID, ...] | None = None
         self.committed_steps = self.committed_episodes = 0
         self.returns: list[float] = []
         self._appends = 0
@@ -306,15 +306,15 @@ class HDF5Writer:
         data[EPISODE] = np.repeat(tids.astype(np.int64), lengths)
         start, n = self.committed_steps, len(data[EPISODE])
         try:
-            # fail before HDF5 writes anything when the disk cannot take this append
-            self._space.ensure(self._file.id.get_filesize() + self._bytes_needed(data, start, n))
-            for path, array in data.items():
-                self._append(self._dataset(path, array), array, start, n)
+            if "keymap" not in self._file.attrs:
+                self._file.attrs["keymap"] = keymap_to_json(self._keymap)
+                self._file.attrs["squeezed"] = sorted(SQUEEZED & set(self._keymap))
+            self._rows.append(data, start)  # raises before writing when the disk is too full
             self._file.flush()  # the rows are written before any counter covers them
             self._appends += 1
             if self._appends % self.fsync_every == 0:
-                self._fsync()
-            self._write_counters(start + n, self.committed_episodes + len(tids))
+                self._rows.fsync()
+            self._rows.write_counters(start + n, self.committed_episodes + len(tids))
             self._file.flush()
         except (OSError, RuntimeError) as err:
             raise self._fail(err) from err
@@ -334,85 +334,6 @@ class HDF5Writer:
             )
             self.failed.errno = getattr(err, "errno", None)
         return self.failed
-
-    def _freeze(self) -> None:
-        """After a write error, point HDF5's descriptor at /dev/null: the file stays exactly as it
-        was, and HDF5 can close without failing again (a close that fails crashes h5py later)."""
-        try:
-            fd = self._file.id.get_vfd_handle()
-            null = os.open(os.devnull, os.O_RDWR)
-        except (OSError, TypeError, ValueError):
-            return
-        try:
-            os.dup2(null, fd)
-        finally:
-            os.close(null)
-
-    def _bytes_needed(self, data: dict[str, np.ndarray], start: int, n: int) -> int:
-        """At most how much the file grows by appending ``n`` rows at ``start``."""
-        total = 64 << 10  # object headers, chunk index nodes
-        for path, array in data.items():
-            rows, row_bytes = self._chunking.get(path) or self._chunk_shape(array)
-            new_chunks = -(-(start + n) // rows) + (start // -rows)
-            if self.compression:  # a compressed chunk that grows is written elsewhere
-                new_chunks += 1
-            total += new_chunks * (rows * row_bytes + 4096)
-        return total
-
-    def _chunk_shape(self, array: np.ndarray) -> tuple[int, int]:
-        """(rows per chunk, bytes per row) of the dataset for ``array``."""
-        row_bytes = _row_bytes(array)
-        return chunk_rows(row_bytes, self.expected_rows, self.chunk_bytes), row_bytes
-
-    def _dataset(self, path: str, array: np.ndarray) -> h5py.h5d.DatasetID:
-        cached = self._datasets.get(path)
-        if cached is not None:
-            return cached
-        if "keymap" not in self._file.attrs:
-            self._file.attrs["keymap"] = keymap_to_json(self._keymap)
-            self._file.attrs["squeezed"] = sorted(SQUEEZED & set(self._keymap))
-        trailing = array.shape[1:]
-        self._chunking[path] = rows, _ = self._chunk_shape(array)
-        self._datasets[path] = self._file.create_dataset(
-            path,
-            shape=(0, *trailing),
-            maxshape=(None, *trailing),
-            chunks=(rows, *trailing),
-            dtype=array.dtype,
-            compression=self.compression,
-        ).id
-        return self._datasets[path]
-
-    @staticmethod
-    def _append(ds: h5py.h5d.DatasetID, array: np.ndarray, start: int, n: int) -> None:
-        """Grow ``ds`` by ``n`` rows and write ``array`` there (h5py's low level: per-append
-        Python overhead is a large part of the cost)."""
-        trailing = array.shape[1:]
-        ds.set_extent((start + n, *trailing))
-        file_space = ds.get_space()
-        file_space.select_hyperslab((start,) + (0,) * len(trailing), (n, *trailing))
-        ds.write(h5py.h5s.create_simple(array.shape), file_space, np.ascontiguousarray(array))
-
-    def _write_counters(self, steps: int, episodes: int) -> None:
-        """Rewrite the committed counters in place (the attributes exist from the start)."""
-        if self._counters is None:
-            fid = self._file.id
-            self._counters = tuple(
-                h5py.h5a.open(fid, name) for name in (b"committed_steps", b"committed_episodes")
-            )
-        for attr, value in zip(self._counters, (steps, episodes), strict=True):
-            attr.write(np.array(value, dtype=np.int64))
-
-    def _fsync(self) -> None:
-        try:
-            fd = self._file.id.get_vfd_handle()
-        except (OSError, TypeError, ValueError):  # not a POSIX file driver: flush() is all
-            return
-        try:
-            os.fsync(fd)
-        except OSError as err:
-            if err.errno != errno.EINVAL:  # EINVAL: this file cannot be synced
-                raise
 
     @property
     def open_episodes(self) -> int:
@@ -434,7 +355,7 @@ class HDF5Writer:
                 try:
                     self._file.attrs["complete"] = True
                     self._file.flush()
-                    self._fsync()
+                    self._rows.fsync()
                 except (OSError, RuntimeError) as err:
                     raise self._fail(err) from err
         finally:
@@ -446,23 +367,16 @@ class HDF5Writer:
         return self.path
 
     def _close_file(self) -> None:
-        """Close the HDF5 file, then give back the space reserved past its end."""
+        """Close the HDF5 file (after an error, without writing more), then give back the space
+        reserved past its end."""
         if self.failed is not None:
-            self._freeze()
-        self._datasets.clear()
-        self._counters = None
+            self._rows.freeze()
+        self._rows.forget()
         try:
             self._file.close()
         except (OSError, RuntimeError) as err:
             self._fail(err)
-        try:
-            fd = os.open(self.partial, os.O_WRONLY)
-        except OSError:
-            return
-        try:
-            release_beyond_end(fd, self._space.reserved)
-        finally:
-            os.close(fd)
+        self._rows.release()
 
     def __enter__(self) -> HDF5Writer:
         return self
@@ -478,21 +392,6 @@ class HDF5Writer:
             f"HDF5Writer({str(self.path)!r}, committed_steps={self.committed_steps}, "
             f"committed_episodes={self.committed_episodes}, open_episodes={self.open_episodes})"
         )
-
-
-def _row_bytes(array: np.ndarray) -> int:
-    return max(1, int(np.prod(array.shape[1:], dtype=np.int64)) * array.dtype.itemsize)
-
-
-def chunk_rows(row_bytes: int, expected_rows: int | None, max_bytes: int = 1 << 20) -> int:
-    """Rows per chunk: about an eighth of the expected data, at least 16 KiB, at most ``max_bytes``.
-
-    A small run gets small chunks (its file is about its data's size), a long one big chunks
-    (fewer, faster appends and sequential reads).
-    """
-    expected = expected_rows or DEFAULT_EXPECTED_ROWS
-    target = min(max_bytes, max(_MIN_CHUNK_BYTES, expected * row_bytes // 8))
-    return int(min(max(1, target // row_bytes), 1 << 20))
 
 
 def _version() -> str:

@@ -33,7 +33,7 @@ WRITER = textwrap.dedent("""
     collector = SyncDataCollector(lambda: CounterEnv(7), None, frames_per_batch=500)
     writer = HDF5Writer({path!r}, fsync_every=2)
     if {unguarded!r}:  # take away the space reservation: HDF5 itself meets the full disk
-        writer._space.ensure = lambda end: None
+        writer._rows.space.ensure = lambda end: None
     try:
         for batch in collector:
             writer.extend(batch)
@@ -105,7 +105,7 @@ def assert_repair_makes_it_whole(partial: Path, committed: int) -> None:
 def test_full_disk_ends_with_one_line_and_keeps_every_committed_row(tiny_disk, unguarded):
     """``hdf5-fails``: without the space reservation HDF5 itself hits the full disk mid-write."""
     filler = tiny_disk / "filler"
-    filler.write_bytes(b"x" * (64 << 10))
+    filler.write_bytes(b"x" * (192 << 10))
     path = tiny_disk / "full.h5"
     code, printed, err = run_writer(path, unguarded=unguarded)
     assert code == 2, err  # not a crash (-11, -7), not a traceback (1)
