@@ -3,8 +3,12 @@
 Switch from TorchRL by changing the import::
 
     from hpccollect import SyncDataCollector
+
+TorchRL 0.14.1 renamed its collectors (``Collector``, ``AsyncCollector``, ``MultiSyncCollector``,
+``MultiAsyncCollector``, ``BaseCollector``); those names are aliases of the same classes here.
 """
 
+from hpccollect._version import __version__
 from hpccollect.collectors import (
     DataCollectorBase,
     Interruptor,
@@ -21,14 +25,24 @@ from hpccollect.envs import GymEnv
 from hpccollect.policy import ExplorationType, RandomPolicy
 from hpccollect.storage import ReplayBuffer
 
-__version__ = "0.1.0"
+# TorchRL 0.14.1's names for the same collectors
+BaseCollector = DataCollectorBase
+Collector = SyncDataCollector
+AsyncCollector = aSyncDataCollector
+MultiSyncCollector = MultiSyncDataCollector
+MultiAsyncCollector = MultiaSyncDataCollector
 
 __all__ = [
+    "AsyncCollector",
+    "BaseCollector",
+    "Collector",
     "DataCollectorBase",
     "ExplorationType",
     "GymEnv",
     "Interruptor",
     "LocalWeightsUpdaterBase",
+    "MultiAsyncCollector",
+    "MultiSyncCollector",
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
     "RandomPolicy",
