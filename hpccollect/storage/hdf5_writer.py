@@ -19,6 +19,7 @@ import h5py
 import numpy as np
 from tensordict import TensorDictBase
 
+from hpccollect._version import __version__
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, StorageError
 from hpccollect.storage.diskspace import describe_os_error
 from hpccollect.storage.h5append import DEFAULT_EXPECTED_ROWS, RowAppender, chunk_rows
@@ -161,7 +162,7 @@ class HDF5Writer:
             raise
         attrs = self._file.attrs
         attrs["format_version"] = FORMAT_VERSION
-        attrs["hpccollect_version"] = _version()
+        attrs["hpccollect_version"] = __version__
         attrs["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
         attrs["committed_steps"] = np.int64(0)
         attrs["committed_episodes"] = np.int64(0)
@@ -392,9 +393,3 @@ class HDF5Writer:
             f"HDF5Writer({str(self.path)!r}, committed_steps={self.committed_steps}, "
             f"committed_episodes={self.committed_episodes}, open_episodes={self.open_episodes})"
         )
-
-
-def _version() -> str:
-    from hpccollect import __version__
-
-    return __version__
