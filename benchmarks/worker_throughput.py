@@ -12,7 +12,9 @@ as it does for a user's script), both actor kinds (a plain ``nn.Module`` and a
   which says how much of a second core the machine gave during the run.
 
 Each measurement starts after a first batch (start-up excluded); the kinds take turns within
-each repeat, and the best of ``--repeats`` is kept.
+each repeat, and the best of ``--repeats`` is kept. A second line gives the CPU time per frame of
+the processes that collect (this one for Sync, the workers otherwise): what a frame costs in a
+worker against in this process, whatever share of the cores the machine gave each.
 
     python benchmarks/worker_throughput.py
     python benchmarks/worker_throughput.py --repeats 5 --batches 10
@@ -127,14 +129,15 @@ def _independent(kind: str, fpb: int, batches: int, ready, go, results) -> None:
     next(it)
     ready.wait()
     go.wait()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     n = sum(next(it).numel() for _ in range(batches))
-    results.put((n, start, time.perf_counter()))
+    results.put((n, start, time.perf_counter(), time.process_time() - cpu))
     collector.shutdown()
 
 
-def independent_pair(kind: str, fpb: int, batches: int) -> float:
-    """Combined frames/s of two independent Sync processes running at the same time."""
+def independent_pair(kind: str, fpb: int, batches: int) -> tuple[float, float]:
+    """Combined frames/s of two independent Sync processes running at the same time, and their
+    CPU microseconds per frame."""
     ctx = mp.get_context("spawn")
     ready, go, results = ctx.Barrier(3), ctx.Event(), ctx.Queue()
     procs = [
@@ -152,8 +155,9 @@ def independent_pair(kind: str, fpb: int, batches: int) -> float:
             p.join(30)
             if p.is_alive():
                 p.kill()
-    frames = sum(n for n, _, _ in parts)
-    return frames / (max(e for _, _, e in parts) - min(s for _, s, _ in parts))
+    frames = sum(p[0] for p in parts)
+    elapsed = max(p[2] for p in parts) - min(p[1] for p in parts)
+    return frames / elapsed, 1e6 * sum(p[3] for p in parts) / frames
 
 
 @dataclass
@@ -209,12 +213,13 @@ def report(row: Row) -> None:
         + "  ".join(verdicts)
         + ref
     )
-    if len(row.cpu) == 3:
-        sync = row.cpu["sync"]
+    if {"sync", "async", "multisync"} <= set(row.cpu):
+        sync, pair = row.cpu["sync"], row.cpu.get("pair")
+        both = f", 2 independent Sync processes {pair:.0f}" if pair else ""
         print(
-            f"{'':33s}CPU us/frame: sync {sync:.0f} (this process), async {row.cpu['async']:.0f}, "
-            f"multisync {row.cpu['multisync']:.0f} (workers): worker/in-process "
-            f"{row.cpu['async'] / sync:.2f}x, {row.cpu['multisync'] / sync:.2f}x",
+            f"{'':33s}CPU us/frame: sync {sync:.0f}, async worker {row.cpu['async']:.0f} "
+            f"({row.cpu['async'] / sync:.2f}x), multisync workers {row.cpu['multisync']:.0f}"
+            + both,
             flush=True,
         )
 
