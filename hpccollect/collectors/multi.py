@@ -164,10 +164,10 @@ class MultiaSyncDataCollector(MultiCollectorBase):
             batch = self._layouts[index].clone()
             if self.update_at_each_batch:
                 self.update_policy_weights_(worker_ids=[index])
-            out = self._finish(batch)
-            if self._more():
+            # the worker's next batch overlaps this one's split/postproc/buffer work
+            if self.total_frames < 0 or self._frames + batch.numel() < self.total_frames:
                 self._collect_from(index)
-            yield out
+            yield self._finish(batch)
 
 
 class aSyncDataCollector(MultiaSyncDataCollector):
