@@ -49,13 +49,14 @@ WRITER = textwrap.dedent("""
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 1 MiB tmpfs, unmounted at the end."""
+    unable = pytest.fail if os.environ.get("CI") else pytest.skip  # CI runs as root: no excuse
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        unable("mounting a tmpfs needs root")
     mount = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)])
     if done.returncode:
-        pytest.skip("cannot mount a tmpfs here")
+        unable("cannot mount a tmpfs here")
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=True)
 
@@ -161,3 +162,23 @@ def test_writer_on_a_read_only_disk_raises_storage_error(tiny_disk):
             HDF5Writer(tiny_disk / "x.h5")
     finally:
         subprocess.run(["mount", "-o", "remount,rw", str(tiny_disk)], check=True)
+
+
+def test_full_disk_on_the_command_line_is_one_line_and_exit_1(tiny_disk, tmp_path):
+    out = tiny_disk / "run.h5"
+    env = {k: v for k, v in os.environ.items() if k != "HPCCOLLECT_DATA_DIR"}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpccollect", "--collector", "sync", "--env", "Pendulum-v1",
+         "--total-frames", "40000", "--frames-per-batch", "2000", "--quiet", "--out", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("hpccollect: failed")]
+    assert len(lines) == 1 and "No space left on device" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+    partial = out.with_name(out.name + ".partial")
+    with open_dataset(partial) as ds:
+        assert not ds.complete and ds.check() == [] and len(ds) > 0
+        rows = ds[:]
+        assert torch.isfinite(rows["observation"]).all()
+        assert (rows["observation"].abs().sum(-1) > 0).all()  # real rows, not zero fill
