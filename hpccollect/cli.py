@@ -145,10 +145,11 @@ exit codes:
   0  done, or stopped early by SIGTERM/SIGINT (SLURM preemption, scancel, timeout, Ctrl-C):
      the summary says "stopped early by SIGTERM"; every committed episode is kept, episodes in
      progress are written as truncated (a stop during start-up writes no dataset)
-  1  collection failed: a worker died, raised, or did not answer within --worker-timeout,
-     or the dataset could not be written (full disk, file-size limit, I/O error); committed
-     episodes are kept (after a write error, `repair FILE` finishes the file)
-  2  a mistake in the arguments or the files named (nothing was started)
+  1  collection failed: a worker died, or did not answer within --worker-timeout, or the
+     dataset could not be written (full disk, file-size limit, I/O error); committed episodes
+     are kept (after a write error, `repair FILE` finishes the file)
+  2  a mistake in the arguments or the files named (nothing was started), or the env or the
+     policy failed (in a worker too)
 """
 
 

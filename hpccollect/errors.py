@@ -20,6 +20,7 @@ __all__ = [
     "PolicyError",
     "StorageError",
     "WorkerError",
+    "as_worker_error",
     "with_builtin",
 ]
 
@@ -66,22 +67,40 @@ class CollectorTimeoutError(HpcCollectError, TimeoutError):
 
 
 class WorkerError(HpcCollectError, RuntimeError):
-    """A collector worker process raised, or died.
+    """A collector worker (process or rank) raised, or died.
+
+    An exception raised in a worker is re-raised in the collector as a subclass of both this and
+    the worker's exception class (see ``as_worker_error``): a worker's ``EnvError`` is caught by
+    ``except EnvError`` and by ``except WorkerError``.
 
     Attributes:
         worker: the worker's index.
-        host: the host it ran on.
+        host: the host it ran on (the worker's own, for an exception it raised).
         remote_traceback: the worker's formatted traceback ("" when it died without one).
+        num_workers: how many workers the collector has (None when not known).
     """
 
-    def __init__(self, message: str, *, worker: int, host: str, remote_traceback: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker: int,
+        host: str,
+        remote_traceback: str = "",
+        num_workers: int | None = None,
+    ) -> None:
         head = f"Worker {worker} on {host}: {message}"
         if remote_traceback:
-            head += f"\n\n--- traceback in worker {worker} ---\n{remote_traceback.rstrip()}"
+            of = f" of {num_workers}" if num_workers is not None else ""
+            head += (
+                f"\n\n--- traceback in worker {worker}{of} on {host} ---\n"
+                f"{remote_traceback.rstrip()}"
+            )
         super().__init__(head)
         self.worker = worker
         self.host = host
         self.remote_traceback = remote_traceback
+        self.num_workers = num_workers
 
 
 def _builtin_base(original: BaseException | type[BaseException]) -> type[BaseException] | None:
@@ -107,16 +126,35 @@ def with_builtin(cls: type[_E], original: BaseException | type[BaseException]) -
     base = _builtin_base(original)
     if base is None or issubclass(cls, base):
         return cls
+    name = f"{cls.__name__.removesuffix('Error')}{base.__name__}"
+    return _variant(cls, base, name, f"A {cls.__name__} that is also a builtin {base.__name__}.")
+
+
+def as_worker_error(original: type[BaseException]) -> type[WorkerError]:
+    """A subclass of ``WorkerError`` that is also ``original`` (named like ``WorkerEnvError``),
+    for re-raising a worker's exception in the collector with its type; ``WorkerError`` itself
+    when ``original`` is already one of its bases or cannot be combined with it."""
+    if issubclass(WorkerError, original):
+        return WorkerError
+    return _variant(
+        WorkerError,
+        original,
+        f"Worker{original.__name__}",
+        f"A {original.__name__} raised in a collector worker.",
+    )
+
+
+def _variant(cls: type, base: type, name: str, doc: str) -> type:
+    """The class ``name(cls, base)``, made once and kept in this module (so it pickles by name)."""
     key = (cls, base)
     if key not in _VARIANTS:
-        name = f"{cls.__name__.removesuffix('Error')}{base.__name__}"
         try:
             variant = type(name, (cls, base), {"__str__": BaseException.__str__})
         except TypeError:  # incompatible instance layouts
             variant = cls
         else:
             variant.__module__ = __name__
-            variant.__doc__ = f"A {cls.__name__} that is also a builtin {base.__name__}."
+            variant.__doc__ = doc
             globals()[name] = variant
         _VARIANTS[key] = variant
     return _VARIANTS[key]

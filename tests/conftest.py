@@ -74,6 +74,15 @@ class DictObsEnv(gym.Env):
         return self._obs(), float(np.sum(action)), done, self.t >= 30, {}
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (exists and is not a zombie), from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 gym.register("hpccollect-test/Counter-v0", entry_point=CounterEnv)
 gym.register("hpccollect-test/DictObs-v0", entry_point=DictObsEnv)
 

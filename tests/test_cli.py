@@ -459,3 +459,25 @@ def test_repair_command_and_inspect_of_an_unfinished_file(tmp_path):
     assert again.returncode == 0 and "integrity         ok" in again.stdout, again.stdout
     missing = run("repair", "nothing.h5", cwd=tmp_path)
     assert missing.returncode == 2 and "nothing.h5 does not exist" in missing.stderr
+
+
+def test_an_env_failing_in_a_worker_gets_one_line_and_exit_code_2(tmp_path):
+    """A worker's EnvError comes back as an EnvError, so the CLI treats it as in one process."""
+    (tmp_path / "workerfail.py").write_text(
+        "import multiprocessing\n"
+        "import gymnasium as gym\n"
+        "from gymnasium.envs.classic_control.cartpole import CartPoleEnv\n"
+        "class FailsInWorker(CartPoleEnv):\n"
+        "    def step(self, action):\n"
+        "        if multiprocessing.parent_process() is not None:\n"
+        "            raise RuntimeError('the simulator lost its licence')\n"
+        "        return super().step(action)\n"
+        "gym.register('FailsInWorker-v0', entry_point=FailsInWorker, max_episode_steps=50)\n"
+    )
+    args = small("--env", "workerfail:FailsInWorker-v0", "--out", "a.h5")
+    args[args.index("sync")] = "multi-sync"
+    done = run(*args, "--num-workers", 1, cwd=tmp_path, env=on_path(tmp_path))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("hpccollect:")]
+    assert len(lines) == 1 and "the simulator lost its licence" in lines[0], done.stderr
+    assert "Worker 0 on " in lines[0] and "Traceback" not in done.stderr, done.stderr

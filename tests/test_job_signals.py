@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import alive
 
 from hpccollect.storage import open_dataset
 
@@ -84,14 +85,6 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_for(proc: subprocess.Popen, condition, timeout: float, what: str) -> None:

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from hpccollect.collectors.messages import Reply
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.rollout import TRAJ_KEY
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+from hpccollect.protocol import Reply
 
 __all__ = ["MultiSyncDataCollector", "MultiaSyncDataCollector", "aSyncDataCollector"]
 
@@ -106,18 +106,22 @@ class MultiSyncDataCollector(MultiCollectorBase):
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """One round per iteration: every worker collects, then their batches are gathered."""
-        workers = range(self.num_workers)
         while self._more():
             if self.update_at_each_batch:
                 self.update_policy_weights_()
-            self._drain(workers)
-            if self.interruptor is not None:
-                self.interruptor.start_collection()  # before any worker can start
-            for i in workers:
-                self._collect_from(i)
-            frames = self._receive_round()
-            batch, real = self._gather(frames)
-            yield self._finish(batch, real)
+            yield self._finish(*self._collect_round())
+
+    def _collect_round(self) -> tuple[TensorDictBase, int]:
+        workers = range(self.num_workers)
+        self._drain(workers)
+        if self.interruptor is not None:
+            self.interruptor.start_collection()  # before any worker can start
+        for i in workers:
+            self._collect_from(i)
+        return self._gather(self._receive_round())
+
+    def _batch_template(self) -> TensorDictBase:
+        return self._gather([p.numel() for p in self._layouts])[0]
 
     def _receive_round(self) -> list[int]:
         """Each worker's frame count for this round; with preemption, stop the stragglers once
@@ -153,21 +157,28 @@ class MultiaSyncDataCollector(MultiCollectorBase):
     ``["time"]``. A worker starts its next batch as soon as its last one was copied out."""
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
-        for i in range(self.num_workers):
-            if i not in self._in_flight:
-                self._collect_from(i)
         while self._more():
-            index, _ = self._pool.wait_any(
-                sorted(self._in_flight), Reply.BATCH, self.worker_timeout
-            )
-            self._in_flight.discard(index)
-            batch = self._layouts[index].clone()
+            index, batch = self._next_ready()
             if self.update_at_each_batch:
                 self.update_policy_weights_(worker_ids=[index])
             # the worker's next batch overlaps this one's split/postproc/buffer work
             if self.total_frames < 0 or self._frames + batch.numel() < self.total_frames:
                 self._collect_from(index)
             yield self._finish(batch)
+
+    def _next_ready(self) -> tuple[int, TensorDictBase]:
+        """Set every idle worker collecting; the first finished batch (a copy) and its worker."""
+        for i in range(self.num_workers):
+            if i not in self._in_flight:
+                self._collect_from(i)
+        index, _ = self._pool.wait_any(sorted(self._in_flight), Reply.BATCH, self.worker_timeout)
+        self._in_flight.discard(index)
+        return index, self._layouts[index].clone()
+
+    def _collect_round(self) -> tuple[TensorDictBase, int]:
+        index, batch = self._next_ready()
+        self._collect_from(index)
+        return batch, batch.numel()
 
 
 class aSyncDataCollector(MultiaSyncDataCollector):

@@ -17,9 +17,8 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_bool, check_int
-from hpccollect.collectors._worker import WorkerSpec, worker_main
 from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
-from hpccollect.collectors.messages import Command, Reply
+from hpccollect.collectors.channels import Channel
 from hpccollect.collectors.options import (
     check_batch_options,
     check_cat_results,
@@ -28,12 +27,15 @@ from hpccollect.collectors.options import (
     per_worker,
     resolve_devices,
 )
-from hpccollect.collectors.processes import WorkerPool
+from hpccollect.collectors.pool import WorkerPool
+from hpccollect.collectors.processes import start_local_workers
 from hpccollect.collectors.trajectories import split_trajectories
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
+from hpccollect.collectors.worker import WorkerSpec, worker_main
 from hpccollect.collectors.worker_weights import SharedWeightsSender
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.policy import resolve_trust_policy
+from hpccollect.protocol import Command, Reply, Seed
 
 __all__ = ["MultiCollectorBase"]
 
@@ -52,6 +54,10 @@ class MultiCollectorBase(DataCollectorBase):
       and refuse anything else (as TorchRL does).
     * ``trust_policy``: passed to every worker's collector (see ``SyncDataCollector``).
     * ``use_buffers``: accepted and has no effect: workers always write into shared buffers.
+
+    Beyond TorchRL's arguments, as ``SyncDataCollector`` has them: ``traj_id_offset`` and
+    ``traj_id_stride``, the share of trajectory ids this collector's workers split among them
+    (a collector that itself runs in a worker or a rank).
     """
 
     #: whether ``cat_results`` may be something other than ``"stack"``
@@ -96,6 +102,8 @@ class MultiCollectorBase(DataCollectorBase):
         local_weight_updater: Any = None,
         remote_weight_updater: RemoteWeightsUpdaterBase | None = None,
         weight_updater: Any = None,
+        traj_id_offset: int = 0,
+        traj_id_stride: int = 1,
     ) -> None:
         self._closed = True
         self._pool: WorkerPool | None = None
@@ -159,6 +167,7 @@ class MultiCollectorBase(DataCollectorBase):
         self.policy = policy
         self._frames = self._iter = 0
         self._in_flight: set[int] = set()
+        self._shared: TensorDictBase | None = None
         self._filling = False
         worker_fpb = self._worker_frames_per_batch()
         init_random = -(-self.options.init_random_frames // n)
@@ -191,8 +200,8 @@ class MultiCollectorBase(DataCollectorBase):
                 set_truncated=set_truncated,
                 categorical_action_encoding=categorical_action_encoding,
                 trust_policy=self.trust_policy,
-                traj_id_offset=i,
-                traj_id_stride=n,
+                traj_id_offset=traj_id_offset + i * traj_id_stride,
+                traj_id_stride=traj_id_stride * n,
             )
             spec = WorkerSpec(
                 fns[i], policy, kwargs, check_int("num_sub_threads", num_sub_threads, minimum=1)
@@ -200,7 +209,7 @@ class MultiCollectorBase(DataCollectorBase):
             args.append((spec.dumps(), self._weights[i], self.interruptor))
         self._set_threads(num_threads)
         try:
-            self._pool = WorkerPool(worker_main, args, mp_start_method, name=type(self).__name__)
+            self._pool = WorkerPool(self._start_workers(args, mp_start_method))
         except BaseException:
             self._restore_threads()
             raise
@@ -208,7 +217,7 @@ class MultiCollectorBase(DataCollectorBase):
         self._closed = False
         try:
             self._layouts: list[TensorDictBase] = [
-                self._pool.recv(i, Reply.LAYOUT, self.start_timeout) for i in range(n)
+                self._pool.recv(i, Reply.LAYOUT, self.start_timeout).batch for i in range(n)
             ]
         except BaseException:
             self.shutdown()
@@ -224,6 +233,10 @@ class MultiCollectorBase(DataCollectorBase):
             ),
             weight_updater,
         )
+
+    def _start_workers(self, args: list[tuple], start_method: str) -> list[Channel]:
+        """Start the workers, ``worker_main(i, conn, *args[i])`` each; one channel per worker."""
+        return start_local_workers(worker_main, args, start_method, name=type(self).__name__)
 
     def _worker_frames_per_batch(self) -> int:
         return self.options.frames_per_batch
@@ -247,7 +260,7 @@ class MultiCollectorBase(DataCollectorBase):
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the workers (for monitoring; they are gone after ``shutdown()``)."""
-        return [w.process.pid for w in self._pool.workers] if self._pool is not None else []
+        return [c.pid for c in self._pool.channels] if self._pool is not None else []
 
     # ------------------------------------------------------------------ batches
     def _finish(self, batch: TensorDictBase, frames: int | None = None) -> TensorDictBase | None:
@@ -272,6 +285,28 @@ class MultiCollectorBase(DataCollectorBase):
         """Whether a split batch names its last dim "time" (TorchRL: MultiSync stacking or
         concatenating along time); otherwise it keeps ``split_trajectories``' names."""
         return False
+
+    def _collect_round(self) -> tuple[TensorDictBase, int]:
+        """One batch as the iterator gathers it (before ``_finish``), and its real frames."""
+        raise NotImplementedError
+
+    def _batch_template(self) -> TensorDictBase:
+        """A batch laid out as ``_collect_round`` gives them."""
+        return self._layouts[0]
+
+    def _shared_batch(self) -> TensorDictBase:
+        """The buffers ``_collect_counted`` writes each batch into, in shared memory, made once:
+        what a worker running this collector announces (``collector_class`` in a worker)."""
+        if self._shared is None:
+            self._shared = self._batch_template().clone().share_memory_()
+        return self._shared
+
+    def _collect_counted(self) -> TensorDictBase:
+        """One batch into ``_shared_batch()``, counted in ``frames`` (a worker's COLLECT)."""
+        batch, frames = self._collect_round()
+        self._frames += frames
+        self._iter += 1
+        return self._shared_batch().update_(batch)
 
     def _more(self) -> bool:
         return not self._closed and (self.total_frames < 0 or self._frames < self.total_frames)
@@ -324,8 +359,12 @@ class MultiCollectorBase(DataCollectorBase):
         last = seed
         for i, layout in enumerate(self._layouts):
             n_env = layout.batch_size[0] if layout.batch_dims == 2 else 1
-            self._pool.send(i, Command.SEED, (last if static_seed else seed, static_seed))
-            last = self._pool.recv(i, Reply.SEEDED, self.worker_timeout)
+            last = self._pool.request(
+                i,
+                Command.SEED,
+                Seed(last if static_seed else seed, static_seed),
+                self.worker_timeout,
+            )
             seed = seed + n_env
         return last
 
@@ -354,16 +393,18 @@ class MultiCollectorBase(DataCollectorBase):
         """``worker{i}``: each worker's collector state, plus ``frames`` and ``iter``."""
         state: OrderedDict = OrderedDict()
         for i in range(self.num_workers):
-            self._pool.send(i, Command.STATE_DICT)
-            state[f"worker{i}"] = self._pool.recv(i, Reply.STATE, self.worker_timeout)
+            state[f"worker{i}"] = self._pool.request(
+                i, Command.STATE_DICT, None, self.worker_timeout
+            )
         state.update(frames=self._frames, iter=self._iter)
         return state
 
     def load_state_dict(self, state_dict: OrderedDict, **kwargs: Any) -> None:
         for i in range(self.num_workers):
             if f"worker{i}" in state_dict:
-                self._pool.send(i, Command.LOAD_STATE_DICT, state_dict[f"worker{i}"])
-                self._pool.recv(i, Reply.ACK, self.worker_timeout)
+                self._pool.request(
+                    i, Command.LOAD_STATE_DICT, state_dict[f"worker{i}"], self.worker_timeout
+                )
         self._frames = int(state_dict.get("frames", self._frames))
         self._iter = int(state_dict.get("iter", self._iter))
 

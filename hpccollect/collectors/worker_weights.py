@@ -1,4 +1,4 @@
-"""Policy weights for worker processes: one shared-memory buffer per worker."""
+"""Policy weights for local worker processes: one shared-memory buffer per worker."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from hpccollect.collectors.messages import Command, Reply
-from hpccollect.collectors.processes import WorkerPool
+from hpccollect.collectors.pool import WorkerPool
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.errors import ArgumentValueError
 from hpccollect.policy import copy_weights_
+from hpccollect.protocol import Command
 
 __all__ = ["SharedWeightsSender"]
 
@@ -39,5 +39,4 @@ class SharedWeightsSender(RemoteWeightsUpdaterBase):
         if self.buffers[worker_id] is None:
             raise ArgumentValueError("the workers' policy has no parameters to update.")
         copy_weights_(self.buffers[worker_id], server_weights)
-        self.pool.send(worker_id, Command.UPDATE_WEIGHTS)
-        self.pool.recv(worker_id, Reply.ACK, self.timeout)
+        self.pool.request(worker_id, Command.UPDATE_WEIGHTS, None, self.timeout)

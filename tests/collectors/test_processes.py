@@ -11,20 +11,12 @@ import textwrap
 import time
 
 import pytest
-from conftest import CounterEnv
+from conftest import CounterEnv, alive
 
 from hpccollect import MultiSyncDataCollector
 from hpccollect.errors import CollectorTimeoutError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_workers_ignore_sigterm_and_exit_when_their_parent_dies(tmp_path):

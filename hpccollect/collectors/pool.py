@@ -1,0 +1,202 @@
+"""A fixed set of workers behind ``Channel``s: requests, reply matching, deadlines, typed errors,
+and a shutdown that never waits forever. Nothing here knows how messages travel or what the
+workers compute.
+
+Every wait is bounded and watches each peer's end too, so a worker that dies (an exception, a
+segfault, ``kill -9``) is reported at once as a ``WorkerError`` instead of being waited on. An
+exception raised in a worker is raised here with its own type (see ``remote_exception``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from hpccollect.collectors.channels import Channel, wait_ready
+from hpccollect.errors import (
+    ArgumentTypeError,
+    CollectorTimeoutError,
+    WorkerError,
+    as_worker_error,
+)
+from hpccollect.protocol import Command, RemoteError, Reply, message
+
+__all__ = ["WorkerPool", "remote_exception"]
+
+_LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
+
+
+class WorkerPool:
+    """Talks to one worker per channel; ``channels[i]`` is worker ``i``.
+
+    Workers never outlive the pool: ``shutdown()`` asks them to exit and ends (``Channel.kill``)
+    those that do not obey in time, and those that never answered or missed a deadline at once
+    (they cannot be listening). Pools still open when the interpreter exits are shut down first.
+    """
+
+    def __init__(self, channels: Sequence[Channel]) -> None:
+        self.channels = list(channels)
+        self._inbox: list[deque] = [deque() for _ in self.channels]
+        #: worker i has replied at least once and has not missed a deadline since
+        self._responsive = [False] * len(self.channels)
+        self._closed = False
+        _LIVE_POOLS.add(self)
+
+    def __len__(self) -> int:
+        return len(self.channels)
+
+    # ------------------------------------------------------------------ messages
+    def send(self, index: int, command: Command, payload: Any = None) -> None:
+        """Send one command; a worker that is gone raises ``WorkerError``."""
+        channel = self.channels[index]
+        if command.local_only and not channel.local:
+            raise ArgumentTypeError(
+                f"{command.name} passes objects that live in this machine's memory and cannot "
+                f"reach worker {index} on {channel.host}; use it with local workers only."
+            )
+        try:
+            channel.send(message(command, payload))
+        except ConnectionError as err:
+            raise self._death(index) from err
+
+    def request(self, index: int, command: Command, payload: Any, timeout: float) -> Any:
+        """Send ``command`` and return the payload of the reply it names."""
+        self.send(index, command, payload)
+        return self.recv(index, command.reply, timeout)
+
+    def recv(self, index: int, expected: Reply, timeout: float) -> Any:
+        """The payload of worker ``index``'s next ``expected`` reply; other replies are kept."""
+        found = self._from_inbox([index], expected)
+        if found is not None:
+            return found[1]
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self.channels[index].poll(remaining):
+                raise self._timeout([index], expected, timeout)
+            kind, payload = self._receive(index)
+            if kind is expected:
+                return payload
+            self._inbox[index].append((kind, payload))
+
+    def wait_any(self, indices: Sequence[int], expected: Reply, timeout: float) -> tuple[int, Any]:
+        """The first of ``indices`` to send ``expected``: (index, payload)."""
+        found = self._from_inbox(indices, expected)
+        if found is not None:
+            return found
+        deadline = time.monotonic() + timeout
+        watched = {id(self.channels[i]): i for i in indices}
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._timeout(list(indices), expected, timeout)
+            for channel in wait_ready([self.channels[i] for i in indices], remaining):
+                index = watched[id(channel)]
+                kind, payload = self._receive(index)
+                if kind is expected:
+                    return index, payload
+                self._inbox[index].append((kind, payload))
+
+    def _from_inbox(self, indices: Sequence[int], expected: Reply) -> tuple[int, Any] | None:
+        for index in indices:
+            inbox = self._inbox[index]
+            for i, (kind, payload) in enumerate(inbox):
+                if kind is expected:
+                    del inbox[i]
+                    return index, payload
+        return None
+
+    def _receive(self, index: int) -> tuple[Reply, Any]:
+        """One message from a worker known to be ready; errors and deaths are raised."""
+        try:
+            kind, payload = self.channels[index].recv()
+        except ConnectionError as err:
+            raise self._death(index) from err
+        self._responsive[index] = True
+        if kind is Reply.ERROR:
+            raise remote_exception(payload, index, len(self))
+        return kind, payload
+
+    def _death(self, index: int) -> WorkerError:
+        channel = self.channels[index]
+        how = channel.death(wait=1.0) or "closed its end of the channel"
+        return WorkerError(
+            f"{channel.describe()} {how}; collection cannot go on. "
+            "Check the worker's memory use and the env's own logs.",
+            worker=index,
+            host=channel.host,
+            num_workers=len(self),
+        )
+
+    def _timeout(self, indices: list[int], expected: Reply, timeout: float) -> Exception:
+        for index in indices:
+            self._responsive[index] = False
+        which = ", ".join(str(i) for i in indices)
+        return CollectorTimeoutError(
+            f"no {expected.name} reply from worker(s) {which} within {timeout:g} s; they are alive but "
+            "busy or stuck. Pass a larger worker_timeout for slow envs or large batches."
+        )
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self, timeout: float = 10.0, close_env: bool = True) -> None:
+        """Ask every worker to exit; end those that do not within ``timeout`` s, and at once
+        those that never answered or missed a deadline; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        for channel in self.channels:
+            if channel.death() is None:
+                with contextlib.suppress(Exception):
+                    channel.send(message(Command.SHUTDOWN, bool(close_env)))
+        for channel, responsive in zip(self.channels, self._responsive, strict=True):
+            if not responsive:
+                channel.kill()
+        for channel in self.channels:
+            channel.join(deadline - time.monotonic())
+        for channel in self.channels:
+            channel.kill()
+            channel.close()
+        _LIVE_POOLS.discard(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+def remote_exception(remote: RemoteError, index: int, num_workers: int) -> WorkerError:
+    """The exception to raise for worker ``index``'s ``remote`` one: of the worker's own class
+    (an hpccollect error or a builtin) and a ``WorkerError``, with the worker's host and
+    traceback; a plain ``WorkerError`` when the class cannot be rebuilt here."""
+    original = remote.original_class()
+    cls = as_worker_error(original) if original is not None else WorkerError
+    details = {
+        "worker": index,
+        "host": remote.host,
+        "remote_traceback": remote.traceback,
+        "num_workers": num_workers,
+    }
+    text = f"{remote.type_name}: {remote.message}"
+    try:
+        err = cls(text, **details)
+    except TypeError:  # the original class needs constructor arguments of its own
+        err = WorkerError(text, **details)
+    for name, value in remote.attrs.items():
+        with contextlib.suppress(AttributeError):
+            if not hasattr(WorkerError, name) and name not in details:
+                setattr(err, name, value)
+    return err
+
+
+@atexit.register
+def _shutdown_live_pools() -> None:
+    # Runs before multiprocessing's own exit handler (registered earlier), whose terminate() the
+    # workers ignore and whose join() has no timeout.
+    for pool in list(_LIVE_POOLS):
+        with contextlib.suppress(Exception):
+            pool.shutdown(timeout=2)

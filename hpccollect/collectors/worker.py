@@ -1,0 +1,164 @@
+"""The loop every collector worker runs, over any ``Channel``, around any collector class.
+
+At start the worker builds its collector (``WorkerSpec.collector_class``: a ``SyncDataCollector``
+by default, or a multi-process collector whose workers are its own children), asks it for the
+buffers its batches are written into (shared memory) and sends them once (``Reply.LAYOUT``);
+after that a batch is announced with ``Reply.BATCH`` and its number of frames, never sent. Each
+``Command`` has exactly one handler here. A failure goes back as ``Reply.ERROR`` with the type,
+message, traceback and this host, then the worker exits.
+
+What the collector must offer: ``_shared_batch()`` (the batch buffers, made once),
+``_collect_counted()`` (one batch into them, counted), ``update_policy_weights_``, ``set_seed``,
+``reset``, ``state_dict``, ``load_state_dict`` and ``shutdown``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from hpccollect.collectors.channels import Channel, PipeChannel
+from hpccollect.collectors.sync import SyncDataCollector
+from hpccollect.protocol import Command, Layout, Message, RemoteError, Reply, Seed, message
+
+__all__ = ["WorkerSpec", "serve", "worker_main"]
+
+
+@dataclass
+class WorkerSpec:
+    """What one worker builds (sent once, with cloudpickle, so lambdas and closures work):
+    ``collector_class(create_env_fn, policy, **kwargs)`` with ``num_threads`` torch threads."""
+
+    create_env_fn: Any
+    policy: Any
+    kwargs: dict
+    num_threads: int = 1
+    collector_class: type = SyncDataCollector
+
+    def dumps(self) -> bytes:
+        return cloudpickle.dumps(self)
+
+
+class _Shutdown(Exception):
+    def __init__(self, close_env: bool) -> None:
+        self.close_env = close_env
+
+
+def worker_main(
+    index: int,
+    conn: Connection,
+    payload: bytes,
+    weights: TensorDictBase | None,
+    interruptor: Any = None,
+) -> None:
+    """Entry point of local worker process ``index`` (see ``processes.start_local_workers``)."""
+    # A scheduler (SLURM, timeout) or Ctrl-C signals the whole process group: the collector
+    # decides when to stop and sends SHUTDOWN; if it is gone, recv() ends with EOF.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    serve(PipeChannel(conn), payload, weights, interruptor)
+
+
+def serve(
+    channel: Channel, payload: bytes, weights: TensorDictBase | None, interruptor: Any = None
+) -> None:
+    """Build the collector ``payload`` (a pickled ``WorkerSpec``) describes and answer
+    ``channel``'s commands until ``SHUTDOWN`` or the collector's end closes.
+
+    ``weights`` is the buffer ``UPDATE_WEIGHTS`` loads (written by the collector beforehand);
+    ``interruptor`` the collector's shared stop flag (``preemptive_threshold``), or None.
+    """
+    collector = None
+    close_env = True
+    try:
+        spec: WorkerSpec = cloudpickle.loads(payload)
+        torch.set_num_threads(spec.num_threads)
+        extra = {} if interruptor is None else {"interruptor": interruptor}
+        collector = spec.collector_class(spec.create_env_fn, spec.policy, **spec.kwargs, **extra)
+        layout = Layout(collector._shared_batch(), socket.gethostname(), os.getpid())
+        channel.send(message(Reply.LAYOUT, layout))
+        _Server(collector, channel, weights).serve()
+    except _Shutdown as stop:
+        close_env = stop.close_env
+    except ConnectionError:
+        pass  # the collector is gone: nothing to report to
+    except BaseException as err:
+        with contextlib.suppress(Exception):
+            channel.send(message(Reply.ERROR, RemoteError.from_exception(err)))
+    finally:
+        if collector is not None:
+            with contextlib.suppress(Exception):
+                collector.shutdown(close_env=close_env)
+        with contextlib.suppress(Exception):
+            channel.close()
+
+
+class _Server:
+    """Answers one command at a time."""
+
+    def __init__(self, collector: Any, channel: Channel, weights: Any) -> None:
+        self.collector, self.channel, self.weights = collector, channel, weights
+        self.handlers = {
+            Command.COLLECT: self.collect,
+            Command.UPDATE_WEIGHTS: self.update_weights,
+            Command.SEED: self.seed,
+            Command.RESET: self.reset,
+            Command.STATE_DICT: self.state_dict,
+            Command.LOAD_STATE_DICT: self.load_state_dict,
+            Command.FILL_BUFFER: self.fill_buffer,
+            Command.STOP_FILLING: lambda _: None,
+        }
+
+    def serve(self) -> None:
+        while True:
+            command, payload = self._next()
+            answer = self.handlers[command](payload)
+            self.channel.send(message(command.reply, answer))
+
+    def _next(self) -> Message:
+        command, payload = self.channel.recv()
+        message(command, payload)  # a malformed command fails here, typed, and is reported
+        if command.local_only and not self.channel.local:
+            raise RuntimeError(f"{command.name} is for local workers only")
+        if command is Command.SHUTDOWN:
+            raise _Shutdown(payload)
+        return command, payload
+
+    def collect(self, _: None) -> int:
+        return self.collector._collect_counted().numel()
+
+    def update_weights(self, _: None) -> None:
+        self.collector.update_policy_weights_(self.weights)
+
+    def seed(self, seed: Seed) -> int:
+        # as TorchRL's workers do: the process's own generators too, so stochastic actors and
+        # anything else drawing from torch or numpy repeat
+        last = self.collector.set_seed(seed.seed, seed.static_seed)
+        torch.manual_seed(seed.seed)
+        np.random.seed(seed.seed % 2**32)
+        return last
+
+    def reset(self, _: None) -> None:
+        self.collector.reset()
+
+    def state_dict(self, _: None) -> Any:
+        return self.collector.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        self.collector.load_state_dict(state)
+
+    def fill_buffer(self, buffer: Any) -> None:
+        """Extend the shared ``buffer`` batch after batch until the collector says stop."""
+        while not self.channel.poll(0):
+            buffer.extend(self.collector._collect_counted())
+        self._next()  # STOP_FILLING (or SHUTDOWN, raised)
