@@ -32,7 +32,7 @@ from hpccollect.collectors.processes import start_local_workers
 from hpccollect.collectors.trajectories import split_trajectories
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec, worker_main
-from hpccollect.collectors.worker_weights import SharedWeightsSender
+from hpccollect.collectors.worker_weights import SharedWeightsSender, worker_indices
 from hpccollect.errors import ArgumentValueError
 from hpccollect.protocol import Command, Reply, Seed
 
@@ -305,26 +305,10 @@ class MultiCollectorBase(DataCollectorBase):
         on that device). Blocks until every named worker has loaded the weights.
         """
         super().update_policy_weights_(
-            policy_or_weights, worker_ids=self._worker_indices(worker_ids), **kwargs
+            policy_or_weights,
+            worker_ids=worker_indices(worker_ids, self._policy_devices),
+            **kwargs,
         )
-
-    def _worker_indices(self, worker_ids: Any) -> list[int] | None:
-        if worker_ids is None:
-            return None
-        ids = worker_ids if isinstance(worker_ids, (list, tuple)) else [worker_ids]
-        out: list[int] = []
-        for wid in ids:
-            if isinstance(wid, (str, torch.device)):
-                device = torch.device(wid)
-                out += [i for i, d in enumerate(self._policy_devices) if _same_device(device, d)]
-            elif isinstance(wid, int) and 0 <= wid < self.num_workers:
-                out.append(wid)
-            else:
-                raise ArgumentValueError(
-                    f"worker_ids: {wid!r} is not a worker index in [0, {self.num_workers}) "
-                    "or a device."
-                )
-        return out
 
     # ------------------------------------------------------------------ seeds and state
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
@@ -436,8 +420,3 @@ class MultiCollectorBase(DataCollectorBase):
             f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
             f"frames={self._frames})"
         )
-
-
-def _same_device(wanted: torch.device, policy_device: torch.device | None) -> bool:
-    actual = policy_device or torch.device("cpu")
-    return actual.type == wanted.type and (wanted.index is None or actual.index == wanted.index)
