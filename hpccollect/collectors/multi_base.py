@@ -16,25 +16,24 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 from torch import nn
 
-from hpccollect._checks import check_bool, check_int
+from hpccollect._checks import check_int
 from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
 from hpccollect.collectors.channels import Channel
 from hpccollect.collectors.options import (
-    check_batch_options,
+    CollectorArgs,
+    Devices,
     check_cat_results,
     check_preemptive_threshold,
     env_fns,
     per_worker,
-    resolve_devices,
 )
 from hpccollect.collectors.pool import WorkerPool
 from hpccollect.collectors.processes import start_local_workers
 from hpccollect.collectors.trajectories import split_trajectories
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec, worker_main
-from hpccollect.collectors.worker_weights import SharedWeightsSender
-from hpccollect.errors import ArgumentTypeError, ArgumentValueError
-from hpccollect.policy import resolve_trust_policy
+from hpccollect.collectors.worker_weights import SharedWeightsSender, worker_indices
+from hpccollect.errors import ArgumentValueError
 from hpccollect.protocol import Command, Reply, Seed
 
 __all__ = ["MultiCollectorBase"]
@@ -105,6 +104,7 @@ class MultiCollectorBase(DataCollectorBase):
         traj_id_offset: int = 0,
         traj_id_stride: int = 1,
     ) -> None:
+        arguments = locals()
         self._closed = True
         self._pool: WorkerPool | None = None
         self._threads_set: tuple[int, int] | None = None
@@ -117,51 +117,20 @@ class MultiCollectorBase(DataCollectorBase):
         )
         if num_threads is not None:
             num_threads = check_int("num_threads", num_threads, minimum=1)
-        if use_buffers is not None:
-            check_bool("use_buffers", use_buffers)
         self._use_buffers = use_buffers
-        self.trust_policy = resolve_trust_policy(trust_policy, policy)
-        self.options = check_batch_options(
-            frames_per_batch=frames_per_batch,
-            total_frames=total_frames,
-            max_frames_per_traj=max_frames_per_traj,
-            init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter,
-            postproc=postproc,
-            split_trajs=split_trajs,
-            exploration_type=exploration_type,
-            exploration_mode=exploration_mode,
-            reset_when_done=reset_when_done,
-            set_truncated=set_truncated,
-        )
-        devices = [
-            resolve_devices(
-                *(
-                    per_worker(name, v, i, n)
-                    for name, v in (
-                        ("device", device),
-                        ("storing_device", storing_device),
-                        ("env_device", env_device),
-                        ("policy_device", policy_device),
-                    )
-                )
-            )
-            for i in range(n)
-        ]
+        self.options = opts = CollectorArgs.check(arguments, policy)
+        self.trust_policy = opts.trust_policy
+        devices = [opts.devices(i, n) for i in range(n)]
         env_kwargs = [per_worker("create_env_kwargs", create_env_kwargs, i, n) for i in range(n)]
-        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-            raise ArgumentTypeError(
-                f"replay_buffer must have an extend() method, got {type(replay_buffer).__name__}."
-            )
         self.worker_timeout, self.start_timeout = float(worker_timeout), float(start_timeout)
         for name, value in (("worker_timeout", worker_timeout), ("start_timeout", start_timeout)):
             if not float(value) > 0:
                 raise ArgumentValueError(f"{name} must be > 0 seconds, got {value}.")
-        self.frames_per_batch = self.options.frames_per_batch
-        self.total_frames = self.options.total_frames
+        self.frames_per_batch = opts.frames_per_batch
+        self.total_frames = opts.total_frames
         self.replay_buffer = replay_buffer
         self.update_at_each_batch = update_at_each_batch
-        self.postproc, self.split_trajs = self.options.postproc, self.options.split_trajs
+        self.postproc, self.split_trajs = opts.postproc, opts.split_trajs
         self.storing_device = devices[0].storing
         self._policy_devices = [d.policy for d in devices]
         self.policy = policy
@@ -169,8 +138,6 @@ class MultiCollectorBase(DataCollectorBase):
         self._in_flight: set[int] = set()
         self._shared: TensorDictBase | None = None
         self._filling = False
-        worker_fpb = self._worker_frames_per_batch()
-        init_random = -(-self.options.init_random_frames // n)
         weights_module = policy if isinstance(policy, nn.Module) else None
         has_weights = (
             weights_module is not None and not TensorDict.from_module(weights_module).is_empty()
@@ -181,31 +148,12 @@ class MultiCollectorBase(DataCollectorBase):
             else None
             for _ in range(n)
         ]
+        threads = check_int("num_sub_threads", num_sub_threads, minimum=1)
+        fpb = self._worker_frames_per_batch()
         args = []
         for i in range(n):
-            kwargs = dict(
-                frames_per_batch=worker_fpb,
-                total_frames=-1,
-                device=None,
-                storing_device=torch.device("cpu"),  # the shared buffers
-                env_device=devices[i].env,
-                policy_device=devices[i].policy,
-                create_env_kwargs=env_kwargs[i],
-                max_frames_per_traj=max_frames_per_traj,
-                init_random_frames=init_random,
-                reset_at_each_iter=reset_at_each_iter,
-                exploration_type=self.options.exploration_type,
-                return_same_td=True,
-                reset_when_done=reset_when_done,
-                set_truncated=set_truncated,
-                categorical_action_encoding=categorical_action_encoding,
-                trust_policy=self.trust_policy,
-                traj_id_offset=traj_id_offset + i * traj_id_stride,
-                traj_id_stride=traj_id_stride * n,
-            )
-            spec = WorkerSpec(
-                fns[i], policy, kwargs, check_int("num_sub_threads", num_sub_threads, minimum=1)
-            )
+            kwargs = self._worker_kwargs(i, fpb, devices[i], env_kwargs[i])
+            spec = WorkerSpec(fns[i], policy, kwargs, threads)
             args.append((spec.dumps(), self._weights[i], self.interruptor))
         self._set_threads(num_threads)
         try:
@@ -232,6 +180,32 @@ class MultiCollectorBase(DataCollectorBase):
                 self.worker_timeout,
             ),
             weight_updater,
+        )
+
+    def _worker_kwargs(
+        self, index: int, frames_per_batch: int, devices: Devices, env_kwargs: Any
+    ) -> dict[str, Any]:
+        """What worker ``index``'s ``SyncDataCollector`` is built with: its share of each batch
+        and of the trajectory ids, written into shared buffers; the rest stays here."""
+        opts, n = self.options, self.num_workers
+        return opts.kwargs(
+            frames_per_batch=frames_per_batch,
+            total_frames=-1,
+            device=None,
+            storing_device=torch.device("cpu"),  # the shared buffers
+            env_device=devices.env,
+            policy_device=devices.policy,
+            create_env_kwargs=env_kwargs,
+            init_random_frames=-(-opts.init_random_frames // n),
+            postproc=None,
+            split_trajs=False,
+            return_same_td=True,
+            replay_buffer=None,
+            local_weight_updater=None,
+            remote_weight_updater=None,
+            weight_updater=None,
+            traj_id_offset=opts.traj_id_offset + index * opts.traj_id_stride,
+            traj_id_stride=opts.traj_id_stride * n,
         )
 
     def _start_workers(self, args: list[tuple], start_method: str) -> list[Channel]:
@@ -331,26 +305,10 @@ class MultiCollectorBase(DataCollectorBase):
         on that device). Blocks until every named worker has loaded the weights.
         """
         super().update_policy_weights_(
-            policy_or_weights, worker_ids=self._worker_indices(worker_ids), **kwargs
+            policy_or_weights,
+            worker_ids=worker_indices(worker_ids, self._policy_devices),
+            **kwargs,
         )
-
-    def _worker_indices(self, worker_ids: Any) -> list[int] | None:
-        if worker_ids is None:
-            return None
-        ids = worker_ids if isinstance(worker_ids, (list, tuple)) else [worker_ids]
-        out: list[int] = []
-        for wid in ids:
-            if isinstance(wid, (str, torch.device)):
-                device = torch.device(wid)
-                out += [i for i, d in enumerate(self._policy_devices) if _same_device(device, d)]
-            elif isinstance(wid, int) and 0 <= wid < self.num_workers:
-                out.append(wid)
-            else:
-                raise ArgumentValueError(
-                    f"worker_ids: {wid!r} is not a worker index in [0, {self.num_workers}) "
-                    "or a device."
-                )
-        return out
 
     # ------------------------------------------------------------------ seeds and state
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
@@ -462,8 +420,3 @@ class MultiCollectorBase(DataCollectorBase):
             f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
             f"frames={self._frames})"
         )
-
-
-def _same_device(wanted: torch.device, policy_device: torch.device | None) -> bool:
-    actual = policy_device or torch.device("cpu")
-    return actual.type == wanted.type and (wanted.index is None or actual.index == wanted.index)

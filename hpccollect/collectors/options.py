@@ -1,11 +1,16 @@
-"""The collector's constructor arguments, checked once and grouped into small frozen objects.
+"""The collectors' constructor arguments: declared once (``CollectorArgs``, with TorchRL's
+defaults) and checked once (``CollectorArgs.check``).
 
-Every collector (sync, multi-process, distributed) builds these first, so bad input fails in the
-caller's process at construction, with a message naming the argument.
+Every collector (sync, multi-process, distributed) keeps TorchRL's explicit signature, for users
+and IDEs, and forwards its arguments here first, so bad input fails in the caller's process at
+construction, with a message naming the argument. A worker's collector gets the checked values
+back as keyword arguments (``CollectorArgs.kwargs``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,12 +19,11 @@ from tensordict.nn import InteractionType
 
 from hpccollect._checks import check_bool, check_callable, check_int
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
-from hpccollect.policy import resolve_exploration_type
+from hpccollect.policy import resolve_exploration_type, resolve_trust_policy
 
 __all__ = [
-    "BatchOptions",
+    "CollectorArgs",
     "Devices",
-    "check_batch_options",
     "check_cat_results",
     "check_preemptive_threshold",
     "env_fns",
@@ -30,49 +34,82 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class BatchOptions:
-    """How many frames, how episodes are cut, and what the output looks like."""
+class CollectorArgs:
+    """Every argument the collectors share, with TorchRL's defaults: the one declaration.
+
+    ``check()`` returns a copy with every value checked and normalised (``total_frames`` -1 for
+    endless, ``max_frames_per_traj`` None for no step counting, ``init_random_frames`` an int,
+    ``split_trajs`` and ``trust_policy`` bools, ``exploration_type`` resolved, with
+    ``exploration_mode`` folded into it); checking a checked copy changes nothing. The device
+    arguments stay as given (a collector with workers accepts one per worker): see ``devices()``.
+    """
 
     frames_per_batch: int
-    total_frames: int  # -1: endless
-    max_frames_per_traj: int | None  # None: no step counting
-    init_random_frames: int  # 0: none
-    reset_at_each_iter: bool
-    split_trajs: bool
-    exploration_type: InteractionType
-    return_same_td: bool
-    reset_when_done: bool
-    set_truncated: bool
-    postproc: Any
+    total_frames: int = -1
+    device: Any = None
+    storing_device: Any = None
+    env_device: Any = None
+    policy_device: Any = None
+    create_env_kwargs: Any = None
+    max_frames_per_traj: int | None = None
+    init_random_frames: int | None = None
+    reset_at_each_iter: bool = False
+    postproc: Callable | None = None
+    split_trajs: bool | None = None
+    exploration_type: InteractionType | str = InteractionType.RANDOM
+    exploration_mode: str | None = None
+    return_same_td: bool = False
+    reset_when_done: bool = True
+    set_truncated: bool = False
+    use_buffers: bool | None = None
+    trust_policy: bool | None = None
+    replay_buffer: Any = None
+    categorical_action_encoding: bool = False
+    local_weight_updater: Any = None
+    remote_weight_updater: Any = None
+    weight_updater: Any = None
+    traj_id_offset: int = 0
+    traj_id_stride: int = 1
+
+    @classmethod
+    def check(cls, arguments: Mapping[str, Any], policy: Any = None) -> CollectorArgs:
+        """The checked arguments, from a constructor's ``locals()`` (other names are ignored);
+        ``policy`` decides ``trust_policy``'s default."""
+        given = {f.name: arguments[f.name] for f in dataclasses.fields(cls) if f.name in arguments}
+        if "frames_per_batch" not in given:
+            raise ArgumentTypeError("frames_per_batch is required (frames in each batch).")
+        raw = cls(**given)
+        return dataclasses.replace(raw, **_checked_batch(raw), **_checked_rest(raw, policy))
 
     @property
     def endless(self) -> bool:
         return self.total_frames < 0
 
+    def kwargs(self, **changes: Any) -> dict[str, Any]:
+        """Keyword arguments for a collector built from these (``changes`` applied)."""
+        changed = dataclasses.replace(self, **changes)
+        return {f.name: getattr(changed, f.name) for f in dataclasses.fields(changed)}
 
-def check_batch_options(
-    *,
-    frames_per_batch: Any,
-    total_frames: Any = -1,
-    max_frames_per_traj: Any = None,
-    init_random_frames: Any = None,
-    reset_at_each_iter: Any = False,
-    postproc: Any = None,
-    split_trajs: Any = None,
-    exploration_type: Any = InteractionType.RANDOM,
-    exploration_mode: Any = None,
-    return_same_td: Any = False,
-    reset_when_done: Any = True,
-    set_truncated: Any = False,
-) -> BatchOptions:
-    """Validate the batch-shaping arguments shared by every collector."""
+    def devices(self, index: int | None = None, num_workers: int = 1) -> Devices:
+        """The resolved devices (of worker ``index`` of ``num_workers`` when per worker)."""
+        values = [
+            (name, getattr(self, name))
+            for name in ("device", "storing_device", "env_device", "policy_device")
+        ]
+        if index is not None:
+            values = [(name, per_worker(name, v, index, num_workers)) for name, v in values]
+        return resolve_devices(*(v for _, v in values))
+
+
+def _checked_batch(raw: CollectorArgs) -> dict[str, Any]:
+    """How many frames, how episodes are cut, and what the output looks like."""
     fpb = check_int(
         "frames_per_batch",
-        frames_per_batch,
+        raw.frames_per_batch,
         minimum=1,
         hint="It is the number of frames (env steps summed over envs) in each yielded batch.",
     )
-    total = -1 if total_frames is None else check_int("total_frames", total_frames)
+    total = -1 if raw.total_frames is None else check_int("total_frames", raw.total_frames)
     if total == 0 or total < -1:
         raise ArgumentValueError(
             f"total_frames must be positive, or -1 for an endless collector; got {total}."
@@ -83,28 +120,43 @@ def check_batch_options(
             f"such as {(-(-total // fpb)) * fpb}, or total_frames=-1 for an endless collector."
         )
     max_steps = None
-    if max_frames_per_traj is not None:
-        max_steps = check_int("max_frames_per_traj", max_frames_per_traj)
-        max_steps = (
-            max_steps if max_steps > 0 else None
-        )  # negative values are ignored, as in TorchRL
+    if raw.max_frames_per_traj is not None:
+        max_steps = check_int("max_frames_per_traj", raw.max_frames_per_traj)
+        max_steps = max_steps if max_steps > 0 else None  # negative: ignored, as in TorchRL
     init_random = 0
-    if init_random_frames is not None:
-        init_random = max(check_int("init_random_frames", init_random_frames), 0)
-    return BatchOptions(
+    if raw.init_random_frames is not None:
+        init_random = max(check_int("init_random_frames", raw.init_random_frames), 0)
+    split = raw.split_trajs
+    return dict(
         frames_per_batch=fpb,
         total_frames=total,
         max_frames_per_traj=max_steps,
         init_random_frames=init_random,
-        reset_at_each_iter=check_bool("reset_at_each_iter", reset_at_each_iter),
-        split_trajs=check_bool(
-            "split_trajs", bool(split_trajs) if split_trajs is None else split_trajs
-        ),
-        exploration_type=resolve_exploration_type(exploration_type, exploration_mode),
-        return_same_td=check_bool("return_same_td", return_same_td),
-        reset_when_done=check_bool("reset_when_done", reset_when_done),
-        set_truncated=check_bool("set_truncated", set_truncated),
-        postproc=check_callable("postproc", postproc),
+        reset_at_each_iter=check_bool("reset_at_each_iter", raw.reset_at_each_iter),
+        split_trajs=check_bool("split_trajs", bool(split) if split is None else split),
+        exploration_type=resolve_exploration_type(raw.exploration_type, raw.exploration_mode),
+        exploration_mode=None,
+        return_same_td=check_bool("return_same_td", raw.return_same_td),
+        reset_when_done=check_bool("reset_when_done", raw.reset_when_done),
+        set_truncated=check_bool("set_truncated", raw.set_truncated),
+        postproc=check_callable("postproc", raw.postproc),
+    )
+
+
+def _checked_rest(raw: CollectorArgs, policy: Any) -> dict[str, Any]:
+    """Policy handling, output sinks and trajectory id shares."""
+    if raw.use_buffers is not None:
+        check_bool("use_buffers", raw.use_buffers)
+    buffer = raw.replay_buffer
+    if buffer is not None and not callable(getattr(buffer, "extend", None)):
+        raise ArgumentTypeError(
+            f"replay_buffer must have an extend() method (e.g. hpccollect.storage.ReplayBuffer "
+            f"or an HDF5 writer), got {type(buffer).__name__}."
+        )
+    return dict(
+        trust_policy=resolve_trust_policy(raw.trust_policy, policy),
+        traj_id_offset=check_int("traj_id_offset", raw.traj_id_offset, minimum=0),
+        traj_id_stride=check_int("traj_id_stride", raw.traj_id_stride, minimum=1),
     )
 
 

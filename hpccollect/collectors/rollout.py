@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, set_interaction_type
 
-from hpccollect.collectors.options import BatchOptions, Devices
+from hpccollect.collectors.options import CollectorArgs, Devices
 from hpccollect.collectors.trajectories import TrajIdPool
 from hpccollect.envs.gym import DONE_KEYS, GymEnv, Leaves
 from hpccollect.envs.spaces import Key
@@ -69,7 +69,7 @@ class StepLoop:
         self,
         env: GymEnv,
         policy: WrappedPolicy,
-        options: BatchOptions,
+        options: CollectorArgs,
         devices: Devices,
         traj_pool: TrajIdPool,
     ) -> None:

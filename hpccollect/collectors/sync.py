@@ -15,7 +15,7 @@ from torch import nn
 
 from hpccollect._checks import check_bool, check_int
 from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
-from hpccollect.collectors.options import check_batch_options, resolve_devices
+from hpccollect.collectors.options import CollectorArgs
 from hpccollect.collectors.rollout import StepLoop
 from hpccollect.collectors.trajectories import TrajIdPool, split_trajectories
 from hpccollect.collectors.weights import (
@@ -30,7 +30,6 @@ from hpccollect.policy import (
     RandomPolicy,
     WrappedPolicy,
     load_weights_,
-    resolve_trust_policy,
     wrap_policy,
 )
 
@@ -98,40 +97,21 @@ class SyncDataCollector(DataCollectorBase):
         traj_id_offset: int = 0,
         traj_id_stride: int = 1,
     ) -> None:
+        arguments = locals()
         self._closed = True  # until construction succeeds, shutdown() has nothing to do
         self._background: BackgroundThread | None = None
-        self.options = check_batch_options(
-            frames_per_batch=frames_per_batch,
-            total_frames=total_frames,
-            max_frames_per_traj=max_frames_per_traj,
-            init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter,
-            postproc=postproc,
-            split_trajs=split_trajs,
-            exploration_type=exploration_type,
-            exploration_mode=exploration_mode,
-            return_same_td=return_same_td,
-            reset_when_done=reset_when_done,
-            set_truncated=set_truncated,
-        )
-        self.devices = resolve_devices(device, storing_device, env_device, policy_device)
+        self.options = opts = CollectorArgs.check(arguments, policy)
+        self.devices = opts.devices()
         self.track_traj_ids = check_bool("track_traj_ids", track_traj_ids)
-        if self.options.split_trajs and not self.track_traj_ids:
+        if opts.split_trajs and not self.track_traj_ids:
             raise ArgumentValueError(
                 "split_trajs=True needs the trajectory ids: drop track_traj_ids=False "
                 "(TorchRL refuses this combination too)."
             )
-        if use_buffers is not None:
-            check_bool("use_buffers", use_buffers)
         self._use_buffers = use_buffers
-        self.trust_policy = resolve_trust_policy(trust_policy, policy)
+        self.trust_policy = opts.trust_policy
         self.max_frames_per_traj = 0 if max_frames_per_traj is None else int(max_frames_per_traj)
-        self.reset_at_each_iter = self.options.reset_at_each_iter
-        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-            raise ArgumentTypeError(
-                f"replay_buffer must have an extend() method (e.g. hpccollect.storage.ReplayBuffer "
-                f"or an HDF5 writer), got {type(replay_buffer).__name__}."
-            )
+        self.reset_at_each_iter = opts.reset_at_each_iter
         if interruptor is not None and not callable(
             getattr(interruptor, "collection_stopped", None)
         ):
@@ -139,10 +119,7 @@ class SyncDataCollector(DataCollectorBase):
                 "interruptor must have a collection_stopped() method "
                 f"(hpccollect.collectors.Interruptor), got {type(interruptor).__name__}."
             )
-        pool = TrajIdPool(
-            check_int("traj_id_offset", traj_id_offset, minimum=0),
-            check_int("traj_id_stride", traj_id_stride, minimum=1),
-        )
+        pool = TrajIdPool(opts.traj_id_offset, opts.traj_id_stride)
         self.env = make_env(
             create_env_fn,
             create_env_kwargs,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
@@ -13,7 +15,7 @@ from hpccollect.errors import ArgumentValueError
 from hpccollect.policy import copy_weights_
 from hpccollect.protocol import Command
 
-__all__ = ["SharedWeightsSender"]
+__all__ = ["SharedWeightsSender", "worker_indices"]
 
 
 class SharedWeightsSender(RemoteWeightsUpdaterBase):
@@ -40,3 +42,31 @@ class SharedWeightsSender(RemoteWeightsUpdaterBase):
             raise ArgumentValueError("the workers' policy has no parameters to update.")
         copy_weights_(self.buffers[worker_id], server_weights)
         self.pool.request(worker_id, Command.UPDATE_WEIGHTS, None, self.timeout)
+
+
+def worker_indices(
+    worker_ids: Any, policy_devices: Sequence[torch.device | None]
+) -> list[int] | None:
+    """``update_policy_weights_``'s ``worker_ids`` as worker indices: an index, a device (the
+    workers whose policy runs there), or a list of either; None (every worker) stays None."""
+    if worker_ids is None:
+        return None
+    n = len(policy_devices)
+    ids = worker_ids if isinstance(worker_ids, (list, tuple)) else [worker_ids]
+    out: list[int] = []
+    for wid in ids:
+        if isinstance(wid, (str, torch.device)):
+            device = torch.device(wid)
+            out += [i for i, d in enumerate(policy_devices) if _same_device(device, d)]
+        elif isinstance(wid, int) and 0 <= wid < n:
+            out.append(wid)
+        else:
+            raise ArgumentValueError(
+                f"worker_ids: {wid!r} is not a worker index in [0, {n}) or a device."
+            )
+    return out
+
+
+def _same_device(wanted: torch.device, policy_device: torch.device | None) -> bool:
+    actual = policy_device or torch.device("cpu")
+    return actual.type == wanted.type and (wanted.index is None or actual.index == wanted.index)
