@@ -21,6 +21,7 @@ from hpccollect.collectors import (
     aSyncDataCollector,
     split_trajectories,
 )
+from hpccollect.distributed import DistributedDataCollector
 from hpccollect.envs import GymEnv
 from hpccollect.policy import ExplorationType, RandomPolicy
 from hpccollect.storage import ReplayBuffer
@@ -37,6 +38,7 @@ __all__ = [
     "BaseCollector",
     "Collector",
     "DataCollectorBase",
+    "DistributedDataCollector",
     "ExplorationType",
     "GymEnv",
     "Interruptor",

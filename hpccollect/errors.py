@@ -78,6 +78,7 @@ class WorkerError(HpcCollectError, RuntimeError):
         host: the host it ran on (the worker's own, for an exception it raised).
         remote_traceback: the worker's formatted traceback ("" when it died without one).
         num_workers: how many workers the collector has (None when not known).
+        rank: the worker's torch.distributed rank when it is a collector rank, else None.
     """
 
     def __init__(
@@ -88,19 +89,21 @@ class WorkerError(HpcCollectError, RuntimeError):
         host: str,
         remote_traceback: str = "",
         num_workers: int | None = None,
+        rank: int | None = None,
     ) -> None:
-        head = f"Worker {worker} on {host}: {message}"
+        who = f"Worker {worker}" if rank is None else f"Rank {rank} (worker {worker})"
+        head = f"{who} on {host}: {message}"
         if remote_traceback:
             of = f" of {num_workers}" if num_workers is not None else ""
             head += (
-                f"\n\n--- traceback in worker {worker}{of} on {host} ---\n"
-                f"{remote_traceback.rstrip()}"
+                f"\n\n--- traceback in {who.lower()}{of} on {host} ---\n{remote_traceback.rstrip()}"
             )
         super().__init__(head)
         self.worker = worker
         self.host = host
         self.remote_traceback = remote_traceback
         self.num_workers = num_workers
+        self.rank = rank
 
 
 def _builtin_base(original: BaseException | type[BaseException]) -> type[BaseException] | None:

@@ -37,6 +37,7 @@ class Channel(abc.ABC):
     host: str = ""
     local: bool = False
     pid: int | None = None
+    rank: int | None = None  # the peer's torch.distributed rank, for a collector rank
 
     @abc.abstractmethod
     def send(self, message: Message) -> None:
@@ -74,6 +75,16 @@ class Channel(abc.ABC):
     def describe(self) -> str:
         """The peer, for messages."""
         return f"the worker (pid {self.pid})" if self.pid is not None else "the worker"
+
+    def batch_buffers(self, batch: Any) -> Any:
+        """Where a worker's batches should be written: ``batch`` itself (the collector's own
+        buffers), or buffers laid out the same in this channel's memory, sent without a copy."""
+        return batch
+
+    def weights_buffer(self, policy: Any) -> Any:
+        """On a worker given no weights buffer: the one ``UPDATE_WEIGHTS`` loads, which this
+        channel fills when weights arrive; None when the transport passes none."""
+        return None
 
 
 def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
@@ -128,6 +139,11 @@ class PipeChannel(Channel):
 
     def handles(self) -> list[Any]:
         return [self.conn] if self.process is None else [self.conn, self.process.sentinel]
+
+    @property
+    def sentinel(self) -> Any:
+        """What ``wait`` sees become ready when the process ends (None without a process)."""
+        return None if self.process is None else self.process.sentinel
 
     def death(self, wait: float = 0.0) -> str | None:
         if self.process is None or not _started(self.process):

@@ -15,7 +15,6 @@ from tensordict import TensorDict, TensorDictBase
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.rollout import TRAJ_KEY
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
-from hpccollect.protocol import Reply
 
 __all__ = ["MultiSyncDataCollector", "MultiaSyncDataCollector", "aSyncDataCollector"]
 
@@ -79,8 +78,8 @@ class MultiSyncDataCollector(MultiCollectorBase):
                 )
 
     def _gather(self, frames: list[int]) -> tuple[TensorDictBase, int]:
-        """The round's batch and its number of real frames (``frames``: per worker)."""
-        parts = self._layouts
+        """The round's batch and its number of real frames (``frames``: per active worker)."""
+        parts = [self._layouts[i] for i in self._active]
         steps = [f // (p.numel() // p.shape[-1]) for f, p in zip(frames, parts, strict=True)]
         short = [s < p.shape[-1] for s, p in zip(steps, parts, strict=True)]
         if self.cat_results == "stack":
@@ -112,34 +111,35 @@ class MultiSyncDataCollector(MultiCollectorBase):
             yield self._finish(*self._collect_round())
 
     def _collect_round(self) -> tuple[TensorDictBase, int]:
-        workers = range(self.num_workers)
-        self._drain(workers)
+        self._drain(self._active)
         if self.interruptor is not None:
             self.interruptor.start_collection()  # before any worker can start
-        for i in workers:
+        for i in list(self._active):
             self._collect_from(i)
         return self._gather(self._receive_round())
 
     def _batch_template(self) -> TensorDictBase:
-        return self._gather([p.numel() for p in self._layouts])[0]
+        return self._gather([self._layouts[i].numel() for i in self._active])[0]
 
     def _receive_round(self) -> list[int]:
-        """Each worker's frame count for this round; with preemption, stop the stragglers once
-        enough workers have delivered."""
-        frames = [0] * self.num_workers
-        pending = set(range(self.num_workers))
-        stop_after = int(self.num_workers * self.preemptive_threshold) if self.interruptor else None
+        """Each active worker's frame count for this round; with preemption, stop the
+        stragglers once enough workers have delivered."""
+        frames: dict[int, int] = {}
+        pending = set(self._in_flight)
+        n = len(self._active)
+        stop_after = int(n * self.preemptive_threshold) if self.interruptor else None
         while pending:
-            if stop_after is not None and self.num_workers - len(pending) >= stop_after:
+            if stop_after is not None and n - len(pending) >= stop_after:
                 self.interruptor.stop_collection()
                 stop_after = None
-            index, frames_written = self._pool.wait_any(
-                sorted(pending), Reply.BATCH, self.worker_timeout
-            )
-            frames[index] = frames_written
+            got = self._wait_batch(pending)
+            if got is None:  # a worker was lost: this round goes on without it
+                pending &= set(self._active)
+                continue
+            index, frames[index] = got
             pending.discard(index)
             self._in_flight.discard(index)
-        return frames
+        return [frames[i] for i in self._active]
 
 
 def _pad_preempted(out: TensorDictBase, steps: list[int], short: list[bool]) -> None:
@@ -168,10 +168,13 @@ class MultiaSyncDataCollector(MultiCollectorBase):
 
     def _next_ready(self) -> tuple[int, TensorDictBase]:
         """Set every idle worker collecting; the first finished batch (a copy) and its worker."""
-        for i in range(self.num_workers):
-            if i not in self._in_flight:
-                self._collect_from(i)
-        index, _ = self._pool.wait_any(sorted(self._in_flight), Reply.BATCH, self.worker_timeout)
+        got = None
+        while got is None:
+            for i in list(self._active):
+                if i not in self._in_flight:
+                    self._collect_from(i)
+            got = self._wait_batch(self._in_flight)
+        index = got[0]
         self._in_flight.discard(index)
         return index, self._layouts[index].clone()
 

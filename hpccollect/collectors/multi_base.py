@@ -6,6 +6,7 @@ Subclasses (``multi.py``) only decide how a round of batches is gathered (``iter
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ from hpccollect.collectors.trajectories import split_trajectories
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec, worker_main
 from hpccollect.collectors.worker_weights import SharedWeightsSender, worker_indices
-from hpccollect.errors import ArgumentValueError
+from hpccollect.errors import ArgumentValueError, WorkerError
 from hpccollect.protocol import Command, Reply, Seed
 
 __all__ = ["MultiCollectorBase"]
@@ -63,6 +64,8 @@ class MultiCollectorBase(DataCollectorBase):
     _concatenates = False
     #: whether ``preemptive_threshold`` below 1 makes workers stop early
     _preempts = False
+    #: what a failed worker does to collection: "raise", or "continue" without it
+    on_worker_failure = "raise"
 
     def __init__(
         self,
@@ -139,29 +142,28 @@ class MultiCollectorBase(DataCollectorBase):
         self._shared: TensorDictBase | None = None
         self._filling = False
         weights_module = policy if isinstance(policy, nn.Module) else None
-        has_weights = (
-            weights_module is not None and not TensorDict.from_module(weights_module).is_empty()
-        )
-        self._weights = [
-            TensorDict.from_module(weights_module).data.clone().share_memory_()
-            if has_weights
-            else None
-            for _ in range(n)
-        ]
+        if weights_module is not None and TensorDict.from_module(weights_module).is_empty():
+            weights_module = None
+        self._weights = self._weight_buffers(weights_module)
         threads = check_int("num_sub_threads", num_sub_threads, minimum=1)
         fpb = self._worker_frames_per_batch()
         args = []
         for i in range(n):
             kwargs = self._worker_kwargs(i, fpb, devices[i], env_kwargs[i])
-            spec = WorkerSpec(fns[i], policy, kwargs, threads)
+            spec = self._worker_spec(fns[i], policy, kwargs, threads)
             args.append((spec.dumps(), self._weights[i], self.interruptor))
+        #: workers still collecting (all of them unless some were lost, see ``_lose``)
+        self._active = list(range(n))
+        self.lost_workers: list[int] = []
+        #: called after the pool's shutdown (also at garbage collection)
+        self._closers: list = []
         self._set_threads(num_threads)
         try:
             self._pool = WorkerPool(self._start_workers(args, mp_start_method))
         except BaseException:
             self._restore_threads()
             raise
-        self._finalizer = weakref.finalize(self, self._pool.shutdown, 10.0)
+        self._finalizer = weakref.finalize(self, _close, self._pool, self._closers)
         self._closed = False
         try:
             self._layouts: list[TensorDictBase] = [
@@ -172,15 +174,26 @@ class MultiCollectorBase(DataCollectorBase):
             raise
         self._set_weight_updaters(
             local_weight_updater,
-            remote_weight_updater
-            or SharedWeightsSender(
-                self._pool,
-                self._weights,
-                weights_module if has_weights else None,
-                self.worker_timeout,
-            ),
+            remote_weight_updater or self._weights_sender(weights_module),
             weight_updater,
         )
+
+    def _weight_buffers(self, module: nn.Module | None) -> list[TensorDictBase | None]:
+        """One buffer per worker that ``UPDATE_WEIGHTS`` loads (shared memory here)."""
+        return [
+            None if module is None else TensorDict.from_module(module).data.clone().share_memory_()
+            for _ in range(self.num_workers)
+        ]
+
+    def _weights_sender(self, module: nn.Module | None) -> RemoteWeightsUpdaterBase:
+        """The default remote weight updater: the policy's weights into each worker's buffer."""
+        return SharedWeightsSender(self._pool, self._weights, module, self.worker_timeout)
+
+    def _worker_spec(
+        self, create_env_fn: Any, policy: Any, kwargs: dict, threads: int
+    ) -> WorkerSpec:
+        """What one worker builds."""
+        return WorkerSpec(create_env_fn, policy, kwargs, threads)
 
     def _worker_kwargs(
         self, index: int, frames_per_batch: int, devices: Devices, env_kwargs: Any
@@ -275,6 +288,10 @@ class MultiCollectorBase(DataCollectorBase):
             self._shared = self._batch_template().clone().share_memory_()
         return self._shared
 
+    def _use_batch_buffers(self, batch: TensorDictBase) -> None:
+        """Write later batches into ``batch`` (laid out as ``_shared_batch()``)."""
+        self._shared = batch
+
     def _collect_counted(self) -> TensorDictBase:
         """One batch into ``_shared_batch()``, counted in ``frames`` (a worker's COLLECT)."""
         batch, frames = self._collect_round()
@@ -289,9 +306,39 @@ class MultiCollectorBase(DataCollectorBase):
         self._pool.send(index, Command.COLLECT)
         self._in_flight.add(index)
 
+    def _wait_batch(self, indices: Any) -> tuple[int, int] | None:
+        """The first of ``indices`` to deliver its batch: (index, frames); None when a worker
+        failed and was let go instead (see ``_lose``)."""
+        try:
+            return self._pool.wait_any(sorted(indices), Reply.BATCH, self.worker_timeout)
+        except WorkerError as err:
+            self._lose(err)
+            return None
+
+    def _lose(self, err: WorkerError) -> None:
+        """A worker failed: raise ``err``, or, with ``on_worker_failure="continue"`` and other
+        workers left, warn, stop that worker and go on without it."""
+        index = err.worker
+        if (
+            self.on_worker_failure != "continue"
+            or index not in self._active
+            or len(self._active) < 2
+        ):
+            raise err
+        warnings.warn(
+            f"{self._pool.channels[index].describe()} is lost and collection goes on without it "
+            f"(on_worker_failure='continue'): {str(err).splitlines()[0]}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        self._active.remove(index)
+        self._in_flight.discard(index)
+        self.lost_workers.append(index)
+        self._pool.channels[index].kill()
+
     def _drain(self, indices: Sequence[int]) -> None:
         """Wait out batches already requested (an earlier iteration that stopped early)."""
-        for i in [i for i in indices if i in self._in_flight]:
+        for i in [i for i in indices if i in self._in_flight and i in self._active]:
             self._pool.recv(i, Reply.BATCH, self.worker_timeout)
             self._in_flight.discard(i)
 
@@ -317,6 +364,9 @@ class MultiCollectorBase(DataCollectorBase):
         last = seed
         for i, layout in enumerate(self._layouts):
             n_env = layout.batch_size[0] if layout.batch_dims == 2 else 1
+            if i not in self._active:
+                seed += n_env
+                continue
             last = self._pool.request(
                 i,
                 Command.SEED,
@@ -341,7 +391,7 @@ class MultiCollectorBase(DataCollectorBase):
                 f"reset_idx has {len(flags)} entries; give one bool per worker "
                 f"({self.num_workers})."
             )
-        chosen = [i for i, flag in enumerate(flags) if flag]
+        chosen = [i for i, flag in enumerate(flags) if flag and i in self._active]
         for i in chosen:
             self._pool.send(i, Command.RESET)
         for i in chosen:
@@ -350,7 +400,7 @@ class MultiCollectorBase(DataCollectorBase):
     def state_dict(self) -> OrderedDict:
         """``worker{i}``: each worker's collector state, plus ``frames`` and ``iter``."""
         state: OrderedDict = OrderedDict()
-        for i in range(self.num_workers):
+        for i in self._active:
             state[f"worker{i}"] = self._pool.request(
                 i, Command.STATE_DICT, None, self.worker_timeout
             )
@@ -358,7 +408,7 @@ class MultiCollectorBase(DataCollectorBase):
         return state
 
     def load_state_dict(self, state_dict: OrderedDict, **kwargs: Any) -> None:
-        for i in range(self.num_workers):
+        for i in self._active:
             if f"worker{i}" in state_dict:
                 self._pool.request(
                     i, Command.LOAD_STATE_DICT, state_dict[f"worker{i}"], self.worker_timeout
@@ -380,10 +430,10 @@ class MultiCollectorBase(DataCollectorBase):
             raise RuntimeError("start() was already called; call async_shutdown() first.")
         buffer.share_memory_()
         buffer.allocate_like(self._layouts[0])
-        self._drain(range(self.num_workers))
+        self._drain(self._active)
         if self.interruptor is not None:
             self.interruptor.start_collection()  # no preemption while filling
-        for i in range(self.num_workers):
+        for i in self._active:
             self._pool.send(i, Command.FILL_BUFFER, buffer)
         self._filling = True
 
@@ -393,9 +443,9 @@ class MultiCollectorBase(DataCollectorBase):
         try:
             if self._filling and not self._closed:
                 self._filling = False
-                for i in range(self.num_workers):
+                for i in self._active:
                     self._pool.send(i, Command.STOP_FILLING)
-                for i in range(self.num_workers):
+                for i in self._active:
                     self._pool.recv(
                         i, Reply.ACK, timeout if timeout is not None else self.worker_timeout
                     )
@@ -410,7 +460,7 @@ class MultiCollectorBase(DataCollectorBase):
         self._closed = True
         self._finalizer.detach()
         try:
-            self._pool.shutdown(timeout if timeout is not None else 10.0, close_env)
+            _close(self._pool, self._closers, timeout if timeout is not None else 10.0, close_env)
         finally:
             self._restore_threads()
 
@@ -420,3 +470,11 @@ class MultiCollectorBase(DataCollectorBase):
             f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
             f"frames={self._frames})"
         )
+
+
+def _close(pool: WorkerPool, closers: list, timeout: float = 10.0, close_env: bool = True) -> None:
+    try:
+        pool.shutdown(timeout, close_env)
+    finally:
+        for close in closers:
+            close()

@@ -13,7 +13,7 @@ import atexit
 import contextlib
 import time
 import weakref
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +42,8 @@ class WorkerPool:
     def __init__(self, channels: Sequence[Channel]) -> None:
         self.channels = list(channels)
         self._inbox: list[deque] = [deque() for _ in self.channels]
+        #: replies nobody waits for: taken as they arrive (see ``defer``)
+        self._deferred: list[Counter] = [Counter() for _ in self.channels]
         #: worker i has replied at least once and has not missed a deadline since
         self._responsive = [False] * len(self.channels)
         self._closed = False
@@ -62,7 +64,7 @@ class WorkerPool:
         try:
             channel.send(message(command, payload))
         except ConnectionError as err:
-            raise self._death(index) from err
+            raise self.death_error(index) from err
 
     def request(self, index: int, command: Command, payload: Any, timeout: float) -> Any:
         """Send ``command`` and return the payload of the reply it names."""
@@ -79,10 +81,28 @@ class WorkerPool:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self.channels[index].poll(remaining):
                 raise self._timeout([index], expected, timeout)
-            kind, payload = self._receive(index)
-            if kind is expected:
-                return payload
-            self._inbox[index].append((kind, payload))
+            got = self._receive(index)
+            if got is None:
+                continue
+            if got[0] is expected:
+                return got[1]
+            self._inbox[index].append(got)
+
+    def defer(self, index: int, expected: Reply) -> None:
+        """Worker ``index`` will send ``expected`` for a command nobody waits on: take it when
+        it arrives (an error in its place is raised then, at the next wait on that worker)."""
+        self._deferred[index][expected] += 1
+
+    def settle(self, index: int, expected: Reply, timeout: float) -> None:
+        """Wait until every deferred ``expected`` reply of worker ``index`` has arrived."""
+        deadline = time.monotonic() + timeout
+        while self._deferred[index][expected] > 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self.channels[index].poll(remaining):
+                raise self._timeout([index], expected, timeout)
+            got = self._receive(index)
+            if got is not None:
+                self._inbox[index].append(got)
 
     def wait_any(self, indices: Sequence[int], expected: Reply, timeout: float) -> tuple[int, Any]:
         """The first of ``indices`` to send ``expected``: (index, payload)."""
@@ -95,12 +115,24 @@ class WorkerPool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self._timeout(list(indices), expected, timeout)
+            # take from every ready worker, so a fast one cannot hide another's death or batch
+            found: tuple[int, Any] | None = None
             for channel in wait_ready([self.channels[i] for i in indices], remaining):
                 index = watched[id(channel)]
-                kind, payload = self._receive(index)
-                if kind is expected:
-                    return index, payload
-                self._inbox[index].append((kind, payload))
+                try:
+                    got = self._receive(index)
+                except WorkerError:
+                    if found is not None:
+                        self._inbox[found[0]].appendleft((expected, found[1]))
+                    raise
+                if got is None:
+                    continue
+                if found is None and got[0] is expected:
+                    found = (index, got[1])
+                else:
+                    self._inbox[index].append(got)
+            if found is not None:
+                return found
 
     def _from_inbox(self, indices: Sequence[int], expected: Reply) -> tuple[int, Any] | None:
         for index in indices:
@@ -111,18 +143,23 @@ class WorkerPool:
                     return index, payload
         return None
 
-    def _receive(self, index: int) -> tuple[Reply, Any]:
-        """One message from a worker known to be ready; errors and deaths are raised."""
+    def _receive(self, index: int) -> tuple[Reply, Any] | None:
+        """One message from a worker known to be ready (None: a deferred reply, taken);
+        errors and deaths are raised."""
         try:
             kind, payload = self.channels[index].recv()
         except ConnectionError as err:
-            raise self._death(index) from err
+            raise self.death_error(index) from err
         self._responsive[index] = True
         if kind is Reply.ERROR:
-            raise remote_exception(payload, index, len(self))
+            raise remote_exception(payload, index, len(self), self.channels[index].rank)
+        if self._deferred[index][kind] > 0:
+            self._deferred[index][kind] -= 1
+            return None
         return kind, payload
 
-    def _death(self, index: int) -> WorkerError:
+    def death_error(self, index: int) -> WorkerError:
+        """The error for worker ``index`` whose channel failed: how it ended, if known."""
         channel = self.channels[index]
         how = channel.death(wait=1.0) or "closed its end of the channel"
         return WorkerError(
@@ -131,6 +168,7 @@ class WorkerPool:
             worker=index,
             host=channel.host,
             num_workers=len(self),
+            rank=channel.rank,
         )
 
     def _timeout(self, indices: list[int], expected: Reply, timeout: float) -> Exception:
@@ -169,7 +207,9 @@ class WorkerPool:
         return self._closed
 
 
-def remote_exception(remote: RemoteError, index: int, num_workers: int) -> WorkerError:
+def remote_exception(
+    remote: RemoteError, index: int, num_workers: int, rank: int | None = None
+) -> WorkerError:
     """The exception to raise for worker ``index``'s ``remote`` one: of the worker's own class
     (an hpccollect error or a builtin) and a ``WorkerError``, with the worker's host and
     traceback; a plain ``WorkerError`` when the class cannot be rebuilt here."""
@@ -180,6 +220,7 @@ def remote_exception(remote: RemoteError, index: int, num_workers: int) -> Worke
         "host": remote.host,
         "remote_traceback": remote.traceback,
         "num_workers": num_workers,
+        "rank": rank,
     }
     text = f"{remote.type_name}: {remote.message}"
     try:

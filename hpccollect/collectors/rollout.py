@@ -19,7 +19,7 @@ from hpccollect.collectors.options import CollectorArgs, Devices
 from hpccollect.collectors.trajectories import TrajIdPool
 from hpccollect.envs.gym import DONE_KEYS, GymEnv, Leaves
 from hpccollect.envs.spaces import Key
-from hpccollect.errors import EnvError, PolicyError, with_builtin
+from hpccollect.errors import ArgumentValueError, EnvError, PolicyError, with_builtin
 from hpccollect.policy import RandomPolicy, WrappedPolicy
 
 __all__ = ["StepLoop"]
@@ -364,6 +364,24 @@ class StepLoop:
         self._same_bufs = {k: b.share_memory_() for k, b in self._buffers(steps).items()}
         self._same_td = None
         return self._assemble(self._same_bufs, steps)
+
+    def use_buffers(self, batch: TensorDictBase, steps: int) -> TensorDictBase:
+        """Write every later batch into ``batch``'s tensors instead (laid out as
+        ``shared_batch(steps)`` returned, in other memory: a transport's send buffer, so a batch
+        leaves without a copy); returns the TensorDict over them."""
+        single = not self.env.is_vector
+        bufs = {}
+        for key, old in self._reuse_or_alloc(steps).items():
+            new = batch.get(key)
+            new = new.unsqueeze(0) if single else new
+            if new.shape != old.shape or new.dtype != old.dtype:
+                raise ArgumentValueError(
+                    f"use_buffers: {key} is {tuple(new.shape)} {new.dtype}, the batch needs "
+                    f"{tuple(old.shape)} {old.dtype}."
+                )
+            bufs[key] = new.copy_(old)
+        self._same_bufs, self._same_td = bufs, None
+        return self._assemble(bufs, steps)
 
     def _reuse_or_alloc(self, steps: int) -> dict[Key, torch.Tensor]:
         if not self.options.return_same_td:

@@ -14,7 +14,12 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_bool, check_int
-from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
+from hpccollect.collectors.base import (
+    BackgroundThread,
+    DataCollectorBase,
+    Interruptor,
+    ThreadFilling,
+)
 from hpccollect.collectors.options import CollectorArgs
 from hpccollect.collectors.rollout import StepLoop
 from hpccollect.collectors.trajectories import TrajIdPool, split_trajectories
@@ -36,7 +41,7 @@ from hpccollect.policy import (
 __all__ = ["SyncDataCollector"]
 
 
-class SyncDataCollector(DataCollectorBase):
+class SyncDataCollector(ThreadFilling, DataCollectorBase):
     """Generic data collector: steps an env (or vector env) with a policy in this process.
 
     Takes TorchRL's arguments (see the README and ``../shared/seeds/SyncDataCollector.txt``);
@@ -217,6 +222,11 @@ class SyncDataCollector(DataCollectorBase):
         """The output buffers in shared memory (``return_same_td`` collectors in workers)."""
         return self._loop.shared_batch(self._steps_per_batch)
 
+    def _use_batch_buffers(self, batch: TensorDictBase) -> None:
+        """Write later batches into ``batch`` (laid out as ``_shared_batch()``), e.g. a rank's
+        send buffer."""
+        self._loop.use_buffers(batch, self._steps_per_batch)
+
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """Yield batches until ``total_frames`` (forever when -1); see ``DataCollectorBase``."""
         while self.total_frames < 0 or self._frames < self.total_frames:
@@ -236,29 +246,6 @@ class SyncDataCollector(DataCollectorBase):
                 yield batch
             if self._background is not None and self._background.stop_requested():
                 return
-
-    # ------------------------------------------------------------------ background
-    def start(self) -> None:
-        """Fill ``replay_buffer`` from a background thread until ``async_shutdown()``."""
-        if self.replay_buffer is None:
-            raise RuntimeError(
-                "start() needs a replay_buffer: pass replay_buffer=... to the collector, or "
-                "iterate over the collector instead."
-            )
-        if self._background is not None and self._background.alive:
-            raise RuntimeError("start() was already called; call async_shutdown() first.")
-        self._background = BackgroundThread(self.iterator, f"{type(self).__name__}-collect")
-        self._background.start()
-
-    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
-        """Stop the background thread (within ``timeout`` s); close the env if ``close_env``."""
-        bg, self._background = self._background, None
-        try:
-            if bg is not None:
-                bg.stop(timeout if timeout is not None else 60.0)
-        finally:
-            if close_env:
-                self.shutdown()
 
     # ------------------------------------------------------------------ seeds and state
     def set_seed(self, seed: int, static_seed: bool = False) -> int:

@@ -121,8 +121,15 @@ class RemoteWeightsUpdaterBase(WeightUpdaterBase):
         else:
             ids = [worker_ids]
         with torch.no_grad():
-            for worker_id in ids:
-                self._sync_weights_with_worker(worker_id, mapped)
+            self._sync_weights_with_workers(ids, mapped)
+
+    def _sync_weights_with_workers(
+        self, worker_ids: Sequence[Any], server_weights: TensorDictBase
+    ) -> None:
+        """Deliver ``server_weights`` to every worker of ``worker_ids`` (one after another unless
+        a transport can reach them at once)."""
+        for worker_id in worker_ids:
+            self._sync_weights_with_worker(worker_id, server_weights)
 
 
 class PolicyWeightsCopier(LocalWeightsUpdaterBase):

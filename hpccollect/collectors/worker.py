@@ -8,6 +8,8 @@ after that a batch is announced with ``Reply.BATCH`` and its number of frames, n
 message, traceback and this host, then the worker exits.
 
 What the collector must offer: ``_shared_batch()`` (the batch buffers, made once),
+``_use_batch_buffers()`` (write into the channel's buffers instead, see
+``Channel.batch_buffers``),
 ``_collect_counted()`` (one batch into them, counted), ``update_policy_weights_``, ``set_seed``,
 ``reset``, ``state_dict``, ``load_state_dict`` and ``shutdown``.
 """
@@ -75,7 +77,8 @@ def serve(
     """Build the collector ``payload`` (a pickled ``WorkerSpec``) describes and answer
     ``channel``'s commands until ``SHUTDOWN`` or the collector's end closes.
 
-    ``weights`` is the buffer ``UPDATE_WEIGHTS`` loads (written by the collector beforehand);
+    ``weights`` is the buffer ``UPDATE_WEIGHTS`` loads (written by the collector beforehand; None:
+    the channel's own, see ``Channel.weights_buffer``);
     ``interruptor`` the collector's shared stop flag (``preemptive_threshold``), or None.
     """
     collector = None
@@ -84,8 +87,14 @@ def serve(
         spec: WorkerSpec = cloudpickle.loads(payload)
         torch.set_num_threads(spec.num_threads)
         extra = {} if interruptor is None else {"interruptor": interruptor}
+        if weights is None:
+            weights = channel.weights_buffer(spec.policy)
         collector = spec.collector_class(spec.create_env_fn, spec.policy, **spec.kwargs, **extra)
-        layout = Layout(collector._shared_batch(), socket.gethostname(), os.getpid())
+        batch = collector._shared_batch()
+        placed = channel.batch_buffers(batch)
+        if placed is not batch:
+            collector._use_batch_buffers(placed)
+        layout = Layout(placed, socket.gethostname(), os.getpid())
         channel.send(message(Reply.LAYOUT, layout))
         _Server(collector, channel, weights).serve()
     except _Shutdown as stop:

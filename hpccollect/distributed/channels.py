@@ -1,0 +1,344 @@
+"""``RankChannel``: protocol messages between rank 0 and one collector rank over a
+torch.distributed process group, the same ``Channel`` the pool and the worker loop use for local
+processes.
+
+Wire format: every message is one point-to-point send of ``HEADER`` bytes (kind, payload length,
+an int value) followed by the payload. A batch is the header plus the batch's bytes, sent from a
+buffer laid out once (``batches.FlatLayout``) straight into the receiver's buffer, whose views are
+the ``Layout.batch`` the collector reads: one message per batch, nothing pickled. Other payloads
+(seeds, states, errors) are pickled: only a job's own ranks may connect (the store is the
+rendezvous). A message longer than the receiver's buffer sends its rest in a second message.
+
+Each end runs one thread that blocks in ``recv`` from its peer and hands messages over through a
+pipe, so ``multiprocessing.connection.wait`` watches ranks like local processes (a blocking
+receive is the only reliable way: gloo cannot poll, and a timed-out receive closes the pair for
+good). A peer that dies closes the connection, which ends that receive at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import pickle
+import threading
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from hpccollect.collectors.channels import Channel
+from hpccollect.distributed.batches import HEADER, FlatLayout
+from hpccollect.protocol import Command, Layout, Message, Reply, message
+
+__all__ = ["RankChannel"]
+
+_KINDS: list[Command | Reply] = [*Command, *Reply]
+_CODE = {kind: i for i, kind in enumerate(_KINDS)}
+_CONTROL = 4096  # payload bytes a receiver always has room for
+_MESSAGES, _WEIGHTS = 0, 1  # point-to-point tags
+_P2P, _BROADCAST = 0, 1  # how an UPDATE_WEIGHTS' weights follow it
+
+
+@dataclass(frozen=True)
+class _WireLayout:
+    """``LAYOUT`` as it travels: the batch layout instead of the batch."""
+
+    batch: FlatLayout
+    host: str
+    pid: int
+    weights_nbytes: int
+
+
+class _Closed:
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+class RankChannel(Channel):
+    """One end of the link between rank 0 and collector rank ``peer`` (or rank 0 seen from a
+    collector rank).
+
+    Args:
+        groups: this process's ``RankGroups``.
+        peer: the other end's rank.
+        process: on rank 0, what controls the peer's process when the launcher has one (its
+            death, join and kill); None when the launcher cannot (ranks started by mpirun).
+        device: where wire buffers live (``cuda`` for nccl).
+        send_timeout: seconds a send may wait for the peer to take it.
+    """
+
+    def __init__(
+        self,
+        groups: Any,
+        peer: int,
+        *,
+        process: Any = None,
+        device: Any = "cpu",
+        send_timeout: float = 600.0,
+    ) -> None:
+        self.groups, self.peer, self.process = groups, peer, process
+        self.rank = peer
+        self.device = torch.device(device)
+        self.host = getattr(process, "host", "") or "?"
+        self.pid = getattr(process, "pid", None)
+        self.local = False
+        self.peer_weights_nbytes: int | None = None
+        self._send_timeout = datetime.timedelta(seconds=send_timeout)
+        self._recv_buf = torch.empty(HEADER + _CONTROL, dtype=torch.uint8, device=self.device)
+        self._peer_room = HEADER + _CONTROL
+        self._batch_out: tuple[torch.Tensor, list, list] | None = None
+        self._placed: tuple | None = None
+        self._weights: torch.Tensor | None = None
+        self._failure: str | None = None
+        self._inbox: deque = deque()
+        self._rfd, self._wfd = os.pipe()
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._receive_loop, name=f"hpccollect-rank{peer}-recv", daemon=True
+        )
+        self._thread.start()
+
+    # ------------------------------------------------------------------ sending
+    def send(self, message_: Message) -> None:
+        kind, payload = message_
+        if self._failure is not None:
+            raise ConnectionError(self._failure)
+        if kind is Reply.BATCH:
+            flat, dst, src = self._batch_out
+            if dst:
+                torch._foreach_copy_(dst, src)
+            self._put_header(flat, kind, 0, payload)
+            self._wait(self._post(flat, _MESSAGES))
+            return
+        if kind is Reply.LAYOUT:
+            payload = self._announce(payload)
+        value, blob = _encode(kind, payload)
+        self._send_blob(kind, value, blob)
+        if kind is Reply.LAYOUT:
+            self._peer_room = max(self._peer_room, payload.batch.nbytes)
+
+    def post_weights(self, flat: torch.Tensor, broadcast: bool) -> Any:
+        """Send ``UPDATE_WEIGHTS``; the weights follow point to point (the returned work) or in
+        a broadcast the caller runs once for every rank."""
+        self._send_blob(Command.UPDATE_WEIGHTS, _BROADCAST if broadcast else _P2P, b"")
+        return None if broadcast else self._post(flat, _WEIGHTS)
+
+    def wait_sent(self, work: Any) -> None:
+        """Wait for a ``post_weights`` send, bounded like every send."""
+        if work is not None:
+            self._wait(work)
+
+    def batch_buffers(self, batch: TensorDictBase) -> TensorDictBase:
+        """Buffers laid out like ``batch`` in the memory batches leave from: the collector
+        writes there and a batch is sent as it lies."""
+        flat_layout = FlatLayout.of(batch)
+        flat, views = flat_layout.allocate(self.device)
+        self._placed = (flat_layout, flat, views)
+        return views
+
+    def _announce(self, layout: Layout) -> _WireLayout:
+        """Set up the buffer batches leave from: the placed one, or a copy of ``layout.batch``."""
+        if self._placed is not None and layout.batch is self._placed[2]:
+            flat_layout, flat, _ = self._placed
+            self._batch_out = (flat, [], [])
+        else:
+            flat_layout = FlatLayout.of(layout.batch)
+            flat, views = flat_layout.allocate(self.device)
+            self._batch_out = (flat, flat_layout.leaves(views), flat_layout.leaves(layout.batch))
+        weights = 0 if self._weights is None else self._weights.numel()
+        return _WireLayout(flat_layout, layout.host, layout.pid, weights)
+
+    def _send_blob(self, kind: Command | Reply, value: int, blob: bytes) -> None:
+        room = self._peer_room - HEADER
+        head = torch.empty(HEADER + min(len(blob), room), dtype=torch.uint8)
+        self._put_header(head, kind, len(blob), value)
+        if blob:
+            head[HEADER:] = torch.frombuffer(bytearray(blob[:room]), dtype=torch.uint8)
+        self._wait(self._post(head.to(self.device), _MESSAGES))
+        if len(blob) > room:
+            rest = torch.frombuffer(bytearray(blob[room:]), dtype=torch.uint8)
+            self._wait(self._post(rest.to(self.device), _MESSAGES))
+
+    @staticmethod
+    def _put_header(buf: torch.Tensor, kind: Command | Reply, length: int, value: int) -> None:
+        buf[:32].view(torch.int64).copy_(
+            torch.tensor([_CODE[kind], length, int(value), 0], dtype=torch.int64)
+        )
+
+    def _post(self, tensor: torch.Tensor, tag: int) -> Any:
+        """Start sending ``tensor``; ``ConnectionError`` when the peer is gone."""
+        try:
+            return self._group().send([tensor], self.peer, tag)
+        except RuntimeError as err:
+            self._failure = self._failure or f"closed the connection ({_first_line(err)})"
+            raise ConnectionError(self._failure) from err
+
+    def _wait(self, work: Any) -> None:
+        try:
+            work.wait(self._send_timeout)
+        except Exception as err:
+            self._failure = self._failure or f"stopped taking messages ({_first_line(err)})"
+            raise ConnectionError(self._failure) from err
+
+    def _group(self) -> Any:
+        group = self.groups.messages
+        if group is None:
+            raise ConnectionError("the channel is closed")
+        return group
+
+    # ------------------------------------------------------------------ receiving
+    def _receive_loop(self) -> None:
+        while True:
+            try:
+                item = self._receive_one()
+            except Exception as err:  # the peer is gone, or the groups were aborted
+                self._failure = self._failure or f"closed the connection ({_first_line(err)})"
+                self._hand_over(_Closed(self._failure))
+                return
+            self._hand_over(item)
+            if item[0] is Command.SHUTDOWN:
+                return
+
+    def _hand_over(self, item: Any) -> None:
+        self._inbox.append(item)
+        with contextlib.suppress(OSError):
+            os.write(self._wfd, b"m")
+
+    def _receive_one(self) -> Message:
+        buf = self._recv_buf
+        self._group().recv([buf], self.peer, _MESSAGES).wait()
+        code, length, value, _ = buf[:32].view(torch.int64).tolist()
+        kind = _KINDS[code]
+        if kind is Reply.BATCH:
+            return kind, value
+        blob = buf[HEADER : HEADER + min(length, buf.numel() - HEADER)].cpu().numpy().tobytes()
+        if length > len(blob):
+            rest = torch.empty(length - len(blob), dtype=torch.uint8, device=self.device)
+            self._group().recv([rest], self.peer, _MESSAGES).wait()
+            blob += rest.cpu().numpy().tobytes()
+        if kind is Command.UPDATE_WEIGHTS:
+            self._receive_weights(value)
+            return kind, None
+        payload = _decode(kind, value, blob)
+        if kind is Reply.LAYOUT:
+            payload = self._adopt(payload)
+        return kind, payload
+
+    def _adopt(self, wire: _WireLayout) -> Layout:
+        """The peer's batches arrive in a buffer laid out as it announced; the views into that
+        buffer are the batch the collector reads."""
+        size = max(wire.batch.nbytes, HEADER + _CONTROL)
+        flat = torch.zeros(size, dtype=torch.uint8, device=self.device)
+        self.peer_weights_nbytes = wire.weights_nbytes
+        self.host, self.pid = wire.host, wire.pid
+        batch = wire.batch.views(flat)
+        self._recv_buf = flat
+        return Layout(batch, wire.host, wire.pid)
+
+    def _receive_weights(self, how: int) -> None:
+        if self._weights is None:
+            raise RuntimeError("weights arrived for a policy without parameters")
+        if how == _BROADCAST:
+            self.groups.broadcast.broadcast(self._weights, 0).wait()
+        else:
+            self._group().recv([self._weights], self.peer, _WEIGHTS).wait()
+
+    def weights_buffer(self, policy: Any) -> TensorDictBase | None:
+        """The buffer ``UPDATE_WEIGHTS`` loads on a collector rank: views into one flat buffer
+        that the weights arrive in (laid out as ``DistributedDataCollector`` lays out its own)."""
+        if not isinstance(policy, nn.Module):
+            return None
+        weights = TensorDict.from_module(policy).data
+        if weights.is_empty():
+            return None
+        layout = FlatLayout.of(weights, "policy weight")
+        self._weights, views = layout.allocate(self.device)
+        return views
+
+    def recv(self) -> Message:
+        while not self._inbox:
+            if self._closed:
+                raise ConnectionError("the channel is closed")
+            ready = wait(self.handles(), 1.0)
+            if ready and self._rfd not in ready and not self._inbox:
+                # the process ended: its connection's end is reported within moments
+                wait([self._rfd], 2.0)
+                if not self._inbox:
+                    raise ConnectionError(self.death() or "the rank ended")
+        with contextlib.suppress(OSError):
+            os.read(self._rfd, 1)
+        item = self._inbox.popleft()
+        if isinstance(item, _Closed):
+            self._inbox.appendleft(item)  # every later recv fails the same way
+            raise ConnectionError(item.why)
+        return item
+
+    def poll(self, timeout: float) -> bool:
+        return bool(self._inbox) or bool(wait(self.handles(), max(0.0, timeout)))
+
+    def handles(self) -> list[Any]:
+        sentinel = getattr(self.process, "sentinel", None)
+        return [self._rfd] if sentinel is None else [self._rfd, sentinel]
+
+    # ------------------------------------------------------------------ the peer's life
+    def death(self, wait: float = 0.0) -> str | None:
+        if self.process is not None:
+            how = self.process.death(wait)
+            if how is not None:
+                return how
+        return self._failure if self._failure and not self._thread.is_alive() else None
+
+    def join(self, timeout: float) -> bool:
+        if self.process is not None:
+            return self.process.join(timeout)
+        self._thread.join(max(0.0, timeout))
+        return not self._thread.is_alive()
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+
+    def describe(self) -> str:
+        pid = f"pid {self.pid}, " if self.pid is not None else ""
+        return f"collector rank {self.peer} ({pid}{self.host})"
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._thread.join(0.2)
+        for fd in (self._rfd, self._wfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self.process is not None:
+            self.process.close()
+
+
+def _encode(kind: Command | Reply, payload: Any) -> tuple[int, bytes]:
+    """The header's int value and the pickled payload (empty for None, ints and bools)."""
+    if payload is None:
+        return 0, b""
+    if isinstance(payload, int) and kind.payload in (int, bool):
+        return int(payload), b""
+    return 0, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _decode(kind: Command | Reply, value: int, blob: bytes) -> Any:
+    if kind.payload is bool:
+        return bool(value)
+    if kind.payload is int:
+        return value
+    if not blob:
+        return None
+    payload = pickle.loads(blob)
+    return payload if isinstance(payload, _WireLayout) else message(kind, payload)[1]
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:200] if text else type(err).__name__

@@ -1,0 +1,131 @@
+"""The torch.distributed side of a job: which backends this torch build has, the rendezvous store,
+and the two process groups a collector job uses (messages and batches; weight broadcasts).
+
+The groups are private to the collector (not torch's default group), so a trainer that uses
+torch.distributed for itself is not disturbed, and several collectors can live one after another
+in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
+
+__all__ = ["BACKENDS", "RankGroups", "available_backends", "check_backend", "open_store"]
+
+BACKENDS = ("gloo", "nccl", "ucc", "mpi")
+
+#: how long a rank may stay idle in one receive (the pool's own deadlines are what bound waits;
+#: a process group timeout would close the connection for good, so it must never fire first)
+IDLE = datetime.timedelta(days=30)
+
+
+def available_backends() -> list[str]:
+    """The torch.distributed backends this torch build has."""
+    if not dist.is_available():
+        return []
+    checks = {
+        "gloo": dist.is_gloo_available,
+        "nccl": dist.is_nccl_available,
+        "ucc": getattr(dist, "is_ucc_available", lambda: False),
+        "mpi": dist.is_mpi_available,
+    }
+    return [name for name in BACKENDS if checks[name]()]
+
+
+def check_backend(backend: Any) -> str:
+    """``backend`` if this torch build has it; otherwise an error saying what it has."""
+    if backend not in BACKENDS:
+        raise ArgumentValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}.")
+    have = available_backends()
+    if backend not in have:
+        how = {
+            "nccl": "install a CUDA build of torch on a machine with NVIDIA GPUs",
+            "ucc": "build torch with UCC (USE_C10D_UCC=1)",
+            "mpi": "build torch from source against your MPI",
+            "gloo": "use a torch build with distributed support",
+        }[backend]
+        raise ArgumentValueError(
+            f"backend={backend!r} is not in this torch build (it has {have or 'none'}); "
+            f"{how}, or use backend='gloo', which moves CPU tensors between any hosts."
+        )
+    return backend
+
+
+def open_store(
+    host: str, port: int, world_size: int, is_master: bool, timeout: float
+) -> dist.TCPStore:
+    """The job's rendezvous store; rank 0 hosts it (``port`` 0: a free port, race-free)."""
+    try:
+        return dist.TCPStore(
+            host,
+            port,
+            world_size,
+            is_master,
+            timeout=datetime.timedelta(seconds=timeout),
+            wait_for_workers=False,
+        )
+    except (RuntimeError, OSError) as err:
+        if is_master:
+            raise ArgumentValueError(
+                f"cannot listen on {host}:{port} for the collector ranks ({err}); the port is "
+                "taken or the address is not this host's: pass another tcp_port, or leave it "
+                "None to take a free one."
+            ) from err
+        raise CollectorTimeoutError(
+            f"rank could not reach rank 0 at {host}:{port} within {timeout:g} s ({err})."
+        ) from err
+
+
+@dataclass
+class RankGroups:
+    """This process's place in a collector job: its rank, the store, and the process groups."""
+
+    rank: int
+    world_size: int
+    backend: str
+    store: Any
+    messages: Any = None  # point-to-point: commands, replies, batches, weights to some ranks
+    broadcast: Any = None  # weights to every rank at once
+    _closed: bool = field(default=False, repr=False)
+
+    @classmethod
+    def open(cls, backend: str, store: Any, rank: int, world_size: int) -> RankGroups:
+        """Join the job's groups (every rank calls this once; it returns when all have)."""
+        groups = cls(rank, world_size, backend, store)
+        groups.messages = _group(
+            backend, dist.PrefixStore("hpccollect/p2p", store), rank, world_size
+        )
+        groups.broadcast = _group(
+            backend, dist.PrefixStore("hpccollect/bcast", store), rank, world_size
+        )
+        return groups
+
+    def close(self) -> None:
+        """Abort both groups (ends receives still pending on them) and release the store."""
+        if self._closed:
+            return
+        self._closed = True
+        for group in (self.messages, self.broadcast):
+            if group is not None:
+                with contextlib.suppress(Exception):
+                    group.abort()
+        self.messages = self.broadcast = self.store = None
+
+
+def _group(backend: str, store: Any, rank: int, world_size: int) -> Any:
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world_size, IDLE)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = IDLE
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+    if backend == "ucc":
+        return dist.ProcessGroupUCC(store, rank, world_size, IDLE)
+    return dist.ProcessGroupMPI.create(list(range(world_size)))

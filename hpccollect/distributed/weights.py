@@ -1,0 +1,124 @@
+"""Policy weights from rank 0 to collector ranks: one flat buffer, laid out once, filled from the
+trainer's policy and sent with one broadcast to every rank (or point to point to some)."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from hpccollect.collectors.pool import WorkerPool
+from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
+from hpccollect.distributed.batches import FlatLayout
+from hpccollect.errors import ArgumentValueError, WorkerError
+from hpccollect.policy import copy_weights_
+from hpccollect.protocol import Reply
+
+__all__ = ["RankWeightsSender"]
+
+
+class RankWeightsSender(RemoteWeightsUpdaterBase):
+    """Default remote updater of ``DistributedDataCollector``.
+
+    Sending to every rank still collecting is one broadcast (each rank's receiving thread joins
+    it at once, into a buffer of its own); to some ranks, or once a rank is lost,
+    point-to-point sends. Returns when the weights are sent: each rank loads them before its
+    next batch (messages arrive in order), and its acknowledgement is awaited only before the
+    next update to that rank reuses its buffer. ``delivered(ids)`` is called on return.
+    """
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        source: nn.Module | None,
+        groups: Any,
+        device: Any,
+        timeout: float,
+        everyone: Callable[[], bool],
+        delivered: Callable[[Sequence[int]], None],
+    ) -> None:
+        self.pool, self.source, self.groups, self.timeout = pool, source, groups, timeout
+        self.everyone, self.delivered = everyone, delivered
+        self.flat = self.views = None
+        if source is not None:
+            self.layout = FlatLayout.of(TensorDict.from_module(source).data, "policy weight")
+            self.flat, self.views = self.layout.allocate(device)
+            self.dst = self.layout.leaves(self.views)
+
+    def _get_server_weights(self) -> TensorDictBase | None:
+        return None if self.source is None else TensorDict.from_module(self.source)
+
+    def _maybe_map_weights(self, server_weights: TensorDictBase) -> TensorDictBase:
+        return server_weights
+
+    def all_worker_ids(self) -> Sequence[int]:
+        return range(len(self.pool))
+
+    def _sync_weights_with_worker(self, worker_id: int, server_weights: TensorDictBase) -> None:
+        self._sync_weights_with_workers([worker_id], server_weights)
+
+    def _sync_weights_with_workers(
+        self, worker_ids: Sequence[int], server_weights: TensorDictBase
+    ) -> None:
+        if self.flat is None:
+            raise ArgumentValueError("the collector ranks' policy has no parameters to update.")
+        ids = sorted(set(worker_ids))
+        for i in ids:
+            theirs = self.pool.channels[i].peer_weights_nbytes
+            if theirs != self.flat.numel():
+                raise ArgumentValueError(
+                    f"the policy on {self.pool.channels[i].describe()} has {theirs} bytes of "
+                    f"parameters, this one {self.flat.numel()}: give every rank the same policy "
+                    "architecture as the trainer's."
+                )
+        for i in ids:  # the previous update is loaded: its buffer may be written again
+            self.pool.settle(i, Reply.ACK, self.timeout)
+        self._fill(server_weights)
+        broadcast = self.everyone() and ids == list(range(len(self.pool)))
+        works = []
+        for i in ids:
+            try:
+                works.append(self.pool.channels[i].post_weights(self.flat, broadcast))
+            except ConnectionError as err:
+                raise self.pool.death_error(i) from err
+        if broadcast:
+            try:
+                self.groups.broadcast.broadcast(self.flat, 0).wait(
+                    datetime.timedelta(seconds=self.timeout)
+                )
+            except Exception as err:
+                for i in ids:  # a rank that ended is the likely cause: name it
+                    if self.pool.channels[i].death(wait=1.0) is not None:
+                        raise self.pool.death_error(i) from err
+                raise WorkerError(
+                    f"the weight broadcast to the collector ranks failed ({err}).",
+                    worker=ids[0],
+                    host=self.pool.channels[ids[0]].host,
+                    rank=self.pool.channels[ids[0]].rank,
+                ) from err
+        for i, work in zip(ids, works, strict=True):
+            try:
+                self.pool.channels[i].wait_sent(work)
+            except ConnectionError as err:
+                raise self.pool.death_error(i) from err
+        for i in ids:  # each rank loads them before its next batch, in order: no need to wait
+            self.pool.defer(i, Reply.ACK)
+        self.delivered(ids)
+
+    def _fill(self, weights: TensorDictBase) -> None:
+        """Copy ``weights`` into the flat buffer: one fused copy when they are laid out as the
+        trainer's policy (the usual case), the general key-matching copy otherwise."""
+        try:
+            leaves = self.layout.leaves(weights)
+        except KeyError:
+            leaves = None
+        if leaves is not None and all(
+            s.shape == d.shape and s.dtype == d.dtype for s, d in zip(leaves, self.dst, strict=True)
+        ):
+            torch._foreach_copy_(self.dst, leaves)
+        else:
+            copy_weights_(self.views, weights)

@@ -1,0 +1,54 @@
+"""What a launcher is: it starts collector ranks 1..N somewhere and hands back what it knows of
+their processes. The collector never knows how ranks were started."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any
+
+from hpccollect.distributed.rank import RankArgs
+
+__all__ = ["Launcher", "RankProcess"]
+
+
+class RankProcess(abc.ABC):
+    """What a launcher can do with one rank's process (rank 0's side)."""
+
+    host: str = ""
+    pid: int | None = None
+    #: an object ``multiprocessing.connection.wait`` sees become ready when the process ends,
+    #: or None when the launcher has none (the rank's connection closing tells instead)
+    sentinel: Any = None
+
+    @abc.abstractmethod
+    def death(self, wait: float = 0.0) -> str | None:
+        """None while it runs; otherwise how it ended."""
+
+    @abc.abstractmethod
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for it to end; whether it has."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """End it now (bounded)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release what watching it holds; idempotent."""
+
+
+class Launcher(abc.ABC):
+    """Starts the collector ranks of a ``DistributedDataCollector``."""
+
+    #: whether ranks run on this machine (rank 0 then leaves them its CPU threads)
+    shares_host: bool = True
+
+    @abc.abstractmethod
+    def address(self) -> str:
+        """The address rank 0 listens on for its ranks."""
+
+    @abc.abstractmethod
+    def start(self, ranks: Sequence[RankArgs]) -> list[RankProcess | None]:
+        """Start one process per entry, each running ``serve_rank(args)``; what is known of
+        each (None where nothing is). On failure nothing started is left running."""

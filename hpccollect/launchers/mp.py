@@ -1,0 +1,73 @@
+"""``launcher="mp"``: collector ranks as local processes, rendezvous on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from hpccollect.collectors.channels import PipeChannel
+from hpccollect.collectors.processes import start_local_workers
+from hpccollect.distributed.rank import RankArgs, serve_rank
+from hpccollect.launchers.base import Launcher, RankProcess
+
+__all__ = ["LocalRank", "MPLauncher"]
+
+
+class LocalRank(RankProcess):
+    """A rank in a child process: its sentinel tells its end at once; SIGKILL ends it."""
+
+    def __init__(self, pipe: PipeChannel) -> None:
+        self._pipe = pipe
+        self.host, self.pid, self.sentinel = pipe.host, pipe.pid, pipe.sentinel
+
+    def death(self, wait: float = 0.0) -> str | None:
+        return self._pipe.death(wait)
+
+    def join(self, timeout: float) -> bool:
+        return self._pipe.join(timeout)
+
+    def kill(self) -> None:
+        self._pipe.kill()
+
+    def close(self) -> None:
+        self._pipe.close()
+
+
+class MPLauncher(Launcher):
+    """Collector ranks as child processes of this one (``start_method``: ``"spawn"`` by
+    default); they listen on loopback only and exit when this process ends."""
+
+    shares_host = True
+
+    def __init__(self, start_method: str = "spawn", daemon: bool = True) -> None:
+        self.start_method, self.daemon = start_method, daemon
+
+    def address(self) -> str:
+        return "127.0.0.1"
+
+    def start(self, ranks: Sequence[RankArgs]) -> list[RankProcess | None]:
+        pipes = start_local_workers(
+            _rank_process,
+            [(args,) for args in ranks],
+            self.start_method,
+            name="hpccollect-rank",
+            daemon=self.daemon,
+        )
+        return [LocalRank(pipe) for pipe in pipes]
+
+
+def _rank_process(index: int, conn: Connection, args: RankArgs) -> None:
+    # the pipe carries nothing: its end tells that rank 0's process is gone, even before the
+    # process groups exist (a rank waiting to join would otherwise wait start_timeout)
+    threading.Thread(target=_exit_with_parent, args=(conn,), daemon=True).start()
+    serve_rank(args)
+
+
+def _exit_with_parent(conn: Connection) -> Any:
+    with contextlib.suppress(EOFError, OSError):
+        conn.recv()
+    os._exit(0)

@@ -1,0 +1,378 @@
+"""DistributedDataCollector over real ranks: local processes in a real gloo group (launcher "mp")."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import signal
+import socket
+import threading
+import time
+from functools import partial
+
+import gymnasium as gym
+import pytest
+import torch
+from conftest import CounterEnv, alive
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from hpccollect import DistributedDataCollector, MultiSyncDataCollector
+from hpccollect.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    CollectorTimeoutError,
+    EnvError,
+    WorkerError,
+)
+from hpccollect.storage import ReplayBuffer
+
+pytestmark = [pytest.mark.slow]
+
+TRAJ = ("collector", "traj_ids")
+
+
+class BiasPolicy(nn.Module):
+    """Takes the action with the larger bias: what the weights say is visible in every action."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.tensor([1.0, 0.0]))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        scores = self.bias + 0 * observation[..., :1]
+        return nn.functional.one_hot(scores.argmax(-1), 2)
+
+
+def bias_policy() -> TensorDictModule:
+    return TensorDictModule(BiasPolicy(), ["observation"], ["action"])
+
+
+class Raising(gym.Wrapper):
+    def step(self, action):
+        raise KeyError("this env fails on purpose")
+
+
+def raising_env() -> gym.Env:
+    return Raising(CounterEnv(5))
+
+
+def envs(*lengths: int) -> list:
+    """One CounterEnv per rank; rank r's episodes last ``lengths[r-1]`` steps, so a batch's
+    rank shows in its largest observation."""
+    return [partial(CounterEnv, n) for n in lengths]
+
+
+def make(fns, policy=None, **kwargs) -> DistributedDataCollector:
+    kwargs.setdefault("launcher", "mp")
+    kwargs.setdefault("frames_per_batch", 40)
+    return DistributedDataCollector(fns, policy, **kwargs)
+
+
+def rank_pids(collector) -> list[int]:
+    return [c.pid for c in collector._pool.channels]
+
+
+def assert_all_gone(pids: list[int], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if alive(p)], "collector rank processes survived"
+
+
+def lengths_of(batch) -> int:
+    return int(batch["next", "observation"].max())
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "sync, collector_class, k, shape",
+    [
+        (True, "single", 1, (2, 20)),
+        (False, "single", 2, (2, 20)),
+        (True, "sync", 2, (2, 2, 10)),
+        (False, "async", 2, (40,)),
+    ],
+)
+def test_layout_rows_and_trajectory_ids_across_ranks(sync, collector_class, k, shape):
+    collector = make(
+        envs(3, 5),
+        sync=sync,
+        collector_class=collector_class,
+        num_workers_per_collector=k,
+        total_frames=240,
+    )
+    pids = rank_pids(collector)
+    ids: dict[int, set] = {3: set(), 5: set()}
+    try:
+        batches = list(collector)
+    finally:
+        collector.shutdown()
+    assert_all_gone(pids)
+    assert len(batches) == 6 and all(b.batch_size == shape for b in batches)
+    assert batches[0].names[-1] == "time"
+    for batch in batches:
+        rows = [batch[0], batch[1]] if sync else [batch]
+        for row in rows:
+            ids[lengths_of(row)].update(row.get(TRAJ).flatten().tolist())
+    assert ids[3] and ids[5], "every rank delivered"  # the rows are each rank's own data
+    assert not ids[3] & ids[5], "a trajectory id is used by two ranks"
+
+
+@pytest.mark.timeout(180)
+def test_sync_collects_what_multisync_collects_over_the_same_envs():
+    fns = [partial(gym.make, "CartPole-v1")] * 2
+    results = []
+    for cls, extra in (
+        (DistributedDataCollector, dict(sync=True, launcher="mp")),
+        (MultiSyncDataCollector, {}),
+    ):
+        collector = cls(fns, bias_policy(), frames_per_batch=64, total_frames=192, **extra)
+        try:
+            collector.set_seed(7)
+            results.append([b.clone() for b in collector])
+        finally:
+            collector.shutdown()
+    dist, multi = results
+    assert len(dist) == len(multi) == 3
+    for a, b in zip(dist, multi, strict=True):
+        assert set(a.keys(True, True)) == set(b.keys(True, True))
+        assert a.batch_size == b.batch_size and a.names == b.names
+        for key in a.keys(True, True):
+            assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.timeout(180)
+def test_weights_reach_exactly_the_named_ranks_and_every_later_batch():
+    policy = bias_policy()
+    collector = make(envs(3, 5), policy, sync=True, track_policy_version=True)
+    try:
+        it = iter(collector)
+        first = next(it)
+        assert (first["action"][..., 0] == 1).all()  # bias favours action 0
+        assert (first["policy_version"] == 0).all() and first["policy_version"].shape == (2, 20)
+        with torch.no_grad():
+            policy.module.bias.copy_(torch.tensor([0.0, 1.0]))
+        collector.update_policy_weights_(worker_ids=[1])
+        assert collector.policy_versions == [0, 1]
+        for _ in range(2):
+            batch = next(it)
+            assert (batch[0]["action"][..., 0] == 1).all(), "rank 1 was not named"
+            assert (batch[1]["action"][..., 1] == 1).all(), "rank 2 did not load the weights"
+            assert batch["policy_version"][:, 0].tolist() == [0, 1]
+        collector.update_policy_weights_()  # every rank: one broadcast
+        batch = next(it)
+        assert (batch["action"][..., 1] == 1).all()
+        assert collector.policy_versions == [1, 2]
+        assert batch["policy_version"][:, 0].tolist() == [1, 2]
+        collector.update_policy_weights_({"module": {"bias": torch.tensor([2.0, 0.0])}})
+        assert (next(it)["action"][..., 0] == 1).all()  # weights given explicitly
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.timeout(180)
+def test_update_after_each_batch_updates_the_rank_that_delivered():
+    collector = make(
+        envs(3, 5), bias_policy(), update_after_each_batch=True, track_policy_version=True
+    )
+    seen: dict[int, list[int]] = {3: [], 5: []}
+    try:
+        for i, batch in enumerate(collector):
+            seen[lengths_of(batch)].append(int(batch["policy_version"][0]))
+            assert sum(collector.policy_versions) == i + 1
+            if i == 7:
+                break
+    finally:
+        collector.shutdown()
+    for versions in seen.values():  # each rank's batches: 0, 1, 2, ... (one update per batch)
+        assert versions == list(range(len(versions)))
+
+
+@pytest.mark.timeout(180)
+def test_max_weight_update_interval_bounds_how_long_a_rank_goes_without_weights():
+    collector = make(
+        envs(3, 5), bias_policy(), max_weight_update_interval=2, track_policy_version=True
+    )
+    seen: dict[int, list[int]] = {3: [], 5: []}
+    try:
+        for i, batch in enumerate(collector):
+            seen[lengths_of(batch)].append(int(batch["policy_version"][0]))
+            if i == 11:
+                break
+    finally:
+        collector.shutdown()
+    for versions in seen.values():
+        assert versions and versions[0] == 0
+        runs = [versions.count(v) for v in set(versions)]
+        assert max(runs) <= 2, versions
+        assert versions == sorted(versions) and len(set(versions)) > 1, versions
+
+
+@pytest.mark.timeout(180)
+def test_set_seed_and_state_dict_round_trip():
+    fns = [partial(gym.make, "CartPole-v1")] * 2
+    collector = make(fns, None, sync=True, frames_per_batch=64)
+    try:
+        assert collector.set_seed(11) == 12  # one env per rank: seeds 11 and 12
+        first = next(iter(collector)).clone()
+        assert not torch.equal(first["observation"][0], first["observation"][1])
+        collector.set_seed(11)
+        again = next(iter(collector))
+        assert torch.equal(first["observation"], again["observation"])
+        state = collector.state_dict()
+        assert {"worker0", "worker1"} <= set(state) and state["frames"] == 128
+        collector.load_state_dict({**state, "frames": 64})
+        assert collector.state_dict()["frames"] == 64
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_killed_rank_raises_within_seconds_naming_it(sync):
+    collector = make(envs(3, 5, 7), sync=sync, frames_per_batch=60)
+    pids = rank_pids(collector)
+    try:
+        it = iter(collector)
+        next(it)
+        os.kill(pids[1], signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            while time.monotonic() - start < 10:  # batches take milliseconds here
+                next(it)
+        assert time.monotonic() - start < 10
+    finally:
+        collector.shutdown()
+    err = info.value
+    assert err.rank == 2 and err.worker == 1 and err.host == socket.gethostname()
+    assert "rank 2" in str(err) and "SIGKILL" in str(err)
+    assert_all_gone(pids)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sync", [True, False])
+def test_on_worker_failure_continue_goes_on_without_the_lost_rank(sync):
+    collector = make(envs(3, 5, 7), sync=sync, frames_per_batch=60, on_worker_failure="continue")
+    pids = rank_pids(collector)
+    try:
+        it = iter(collector)
+        next(it)
+        os.kill(pids[1], signal.SIGKILL)
+        # batches take milliseconds here: let it end (its threads take a moment after SIGKILL)
+        assert collector._pool.channels[1].join(10)
+        with pytest.warns(RuntimeWarning, match="collector rank 2"):
+            later = [next(it) for _ in range(6)]
+        assert collector.lost_ranks == [2]
+        if sync:
+            assert later[-1].batch_size == (2, 20)  # one row fewer
+        assert {lengths_of(b[0] if sync else b) for b in later[-4:]} <= {3, 7}
+        assert 5 not in {lengths_of(b) for b in later[-2:]} or sync
+    finally:
+        collector.shutdown()
+    assert_all_gone(pids)
+
+
+@pytest.mark.timeout(120)
+def test_an_env_raising_on_a_rank_comes_back_typed_with_its_traceback():
+    collector = make([partial(CounterEnv, 3), raising_env], sync=True)
+    try:
+        with pytest.raises(EnvError) as info:
+            next(iter(collector))
+    finally:
+        collector.shutdown()
+    err = info.value
+    assert isinstance(err, WorkerError) and isinstance(err, KeyError)
+    assert err.rank == 2 and err.host == socket.gethostname()
+    assert "traceback in rank 2 (worker 1) of 2" in str(err)
+    assert "this env fails on purpose" in str(err)
+
+
+@pytest.mark.timeout(120)
+def test_a_silent_rank_raises_a_timeout_saying_how_long():
+    collector = make(envs(3, 5), sync=True, worker_timeout=3)
+    pids = rank_pids(collector)
+    try:
+        it = iter(collector)
+        next(it)
+        os.kill(pids[0], signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(CollectorTimeoutError, match="within 3 s"):
+            next(it)
+        assert time.monotonic() - start < 10
+    finally:
+        collector.shutdown(timeout=5)
+    assert_all_gone(pids)
+
+
+def test_bad_arguments_are_refused_before_any_rank_starts():
+    before = set(threading.enumerate())
+    cases = [
+        (dict(launcher="submitit"), ArgumentValueError, "launcher='mp'"),
+        (dict(launcher="slurm"), ArgumentValueError, "launcher must be one of"),
+        (dict(backend="carrier-pigeon"), ArgumentValueError, "backend must be one of"),
+        (dict(collector_class="parallel"), ArgumentValueError, "collector_class"),
+        (dict(collector_class=dict), ArgumentTypeError, "collector_class"),
+        (dict(collector_kwargs={"frames_per_batch": 3}), ArgumentValueError, "frames_per_batch"),
+        (dict(collector_kwargs={"no_such": 1}), ArgumentTypeError, "no_such"),
+        (dict(collector_kwargs=[{}]), ArgumentTypeError, "one per collector rank"),
+        (dict(num_workers_per_collector=0), ArgumentValueError, "num_workers_per_collector"),
+        (dict(on_worker_failure="ignore"), ArgumentValueError, "on_worker_failure"),
+        (dict(tcp_port=70000), ArgumentValueError, "tcp_port"),
+        (dict(sync="yes"), ArgumentTypeError, "sync"),
+        (dict(frames_per_batch=0), ArgumentValueError, "frames_per_batch"),
+    ]
+    if "nccl" not in torch.distributed.is_nccl_available() * ["nccl"]:
+        cases.append((dict(backend="nccl"), ArgumentValueError, "not in this torch build"))
+    for kwargs, error, text in cases:
+        with pytest.raises(error, match=text):
+            make(envs(3, 5), **kwargs)
+    assert set(threading.enumerate()) == before
+
+
+@pytest.mark.timeout(60)
+def test_a_taken_port_is_refused_in_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ArgumentValueError, match="tcp_port") as info:
+            make(envs(3), tcp_port=port)
+    assert str(port) in str(info.value)
+
+
+@pytest.mark.timeout(120)
+def test_shutdown_leaves_no_process_thread_or_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with make(envs(3, 5), tcp_port=port) as collector:
+        pids = rank_pids(collector)
+        next(iter(collector))
+    collector.shutdown()  # idempotent
+    assert_all_gone(pids)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("hpccollect-rank")]
+    with socket.socket() as again:  # the port is free again
+        again.bind(("127.0.0.1", port))
+    collector = make(envs(3))  # garbage collection stops the ranks too
+    pids = rank_pids(collector)
+    del collector
+    gc.collect()
+    assert_all_gone(pids)
+
+
+@pytest.mark.timeout(120)
+def test_replay_buffer_is_extended_here_and_start_fills_it_in_the_background():
+    buffer = ReplayBuffer(10_000)
+    collector = make(envs(3, 5), replay_buffer=buffer)
+    try:
+        assert list(itertools.islice(collector, 3)) == [None, None, None]
+        assert len(buffer) == 120
+        collector.start()
+        deadline = time.monotonic() + 30
+        while len(buffer) < 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        collector.async_shutdown(timeout=30)
+    assert len(buffer) >= 200
