@@ -93,17 +93,6 @@ class WorkerPool:
         it arrives (an error in its place is raised then, at the next wait on that worker)."""
         self._deferred[index][expected] += 1
 
-    def settle(self, index: int, expected: Reply, timeout: float) -> None:
-        """Wait until every deferred ``expected`` reply of worker ``index`` has arrived."""
-        deadline = time.monotonic() + timeout
-        while self._deferred[index][expected] > 0:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.channels[index].poll(remaining):
-                raise self._timeout([index], expected, timeout)
-            got = self._receive(index)
-            if got is not None:
-                self._inbox[index].append(got)
-
     def wait_any(self, indices: Sequence[int], expected: Reply, timeout: float) -> tuple[int, Any]:
         """The first of ``indices`` to send ``expected``: (index, payload)."""
         found = self._from_inbox(indices, expected)

@@ -21,6 +21,7 @@ import contextlib
 import datetime
 import os
 import pickle
+import select
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ _KINDS: list[Command | Reply] = [*Command, *Reply]
 _CODE = {kind: i for i, kind in enumerate(_KINDS)}
 _CONTROL = 4096  # payload bytes a receiver always has room for
 _MESSAGES, _WEIGHTS = 0, 1  # point-to-point tags
-_P2P, _BROADCAST = 0, 1  # how an UPDATE_WEIGHTS' weights follow it
+_P2P = 0  # an UPDATE_WEIGHTS message's weights follow it point to point
 
 
 @dataclass(frozen=True)
@@ -90,13 +91,20 @@ class RankChannel(Channel):
         self.peer_weights_nbytes: int | None = None
         self._send_timeout = datetime.timedelta(seconds=send_timeout)
         self._recv_buf = torch.empty(HEADER + _CONTROL, dtype=torch.uint8, device=self.device)
+        self._in_head = self._header(self._recv_buf)
         self._peer_room = HEADER + _CONTROL
         self._batch_out: tuple[torch.Tensor, list, list] | None = None
         self._placed: tuple | None = None
         self._weights: torch.Tensor | None = None
         self._failure: str | None = None
+        self.broadcasts = 0  # weight broadcasts this side sent to the peer
+        self._broadcasts_in = 0  # ... and received from it
+        self._weights_arrived = threading.Condition()
         self._inbox: deque = deque()
         self._rfd, self._wfd = os.pipe()
+        self._poller = select.poll()
+        for handle in self.handles():
+            self._poller.register(handle, select.POLLIN)
         self._closed = False
         self._thread = threading.Thread(
             target=self._receive_loop, name=f"hpccollect-rank{peer}-recv", daemon=True
@@ -112,7 +120,7 @@ class RankChannel(Channel):
             flat, dst, src = self._batch_out
             if dst:
                 torch._foreach_copy_(dst, src)
-            self._put_header(flat, kind, 0, payload)
+            self._out_head[0], self._out_head[2] = _CODE[kind], payload
             self._wait(self._post(flat, _MESSAGES))
             return
         if kind is Reply.LAYOUT:
@@ -122,11 +130,16 @@ class RankChannel(Channel):
         if kind is Reply.LAYOUT:
             self._peer_room = max(self._peer_room, payload.batch.nbytes)
 
-    def post_weights(self, flat: torch.Tensor, broadcast: bool) -> Any:
-        """Send ``UPDATE_WEIGHTS``; the weights follow point to point (the returned work) or in
-        a broadcast the caller runs once for every rank."""
-        self._send_blob(Command.UPDATE_WEIGHTS, _BROADCAST if broadcast else _P2P, b"")
-        return None if broadcast else self._post(flat, _WEIGHTS)
+    def post_weights(self, flat: torch.Tensor) -> Any:
+        """Send ``UPDATE_WEIGHTS`` with the weights following point to point (the returned
+        work to wait for)."""
+        self._send_blob(Command.UPDATE_WEIGHTS, _P2P, b"")
+        return self._post(flat, _WEIGHTS)
+
+    def broadcast_sent(self) -> None:
+        """Note that a weight broadcast reached the peer's receiving thread: every later
+        message carries the count, and the peer hands it over only after that update."""
+        self.broadcasts += 1
 
     def wait_sent(self, work: Any) -> None:
         """Wait for a ``post_weights`` send, bounded like every send."""
@@ -150,13 +163,14 @@ class RankChannel(Channel):
             flat_layout = FlatLayout.of(layout.batch)
             flat, views = flat_layout.allocate(self.device)
             self._batch_out = (flat, flat_layout.leaves(views), flat_layout.leaves(layout.batch))
+        self._out_head = self._header(flat)
         weights = 0 if self._weights is None else self._weights.numel()
         return _WireLayout(flat_layout, layout.host, layout.pid, weights)
 
     def _send_blob(self, kind: Command | Reply, value: int, blob: bytes) -> None:
         room = self._peer_room - HEADER
         head = torch.empty(HEADER + min(len(blob), room), dtype=torch.uint8)
-        self._put_header(head, kind, len(blob), value)
+        self._put_header(head, kind, len(blob), value, self.broadcasts)
         if blob:
             head[HEADER:] = torch.frombuffer(bytearray(blob[:room]), dtype=torch.uint8)
         self._wait(self._post(head.to(self.device), _MESSAGES))
@@ -165,10 +179,19 @@ class RankChannel(Channel):
             self._wait(self._post(rest.to(self.device), _MESSAGES))
 
     @staticmethod
-    def _put_header(buf: torch.Tensor, kind: Command | Reply, length: int, value: int) -> None:
+    def _put_header(
+        buf: torch.Tensor, kind: Command | Reply, length: int, value: int, broadcasts: int
+    ) -> None:
         buf[:32].view(torch.int64).copy_(
-            torch.tensor([_CODE[kind], length, int(value), 0], dtype=torch.int64)
+            torch.tensor([_CODE[kind], length, int(value), broadcasts], dtype=torch.int64)
         )
+
+    @staticmethod
+    def _header(buf: torch.Tensor) -> Any:
+        """The header of wire buffer ``buf`` as four int64s, read or written in place (a numpy
+        view on CPU: a batch's header costs no tensor operation)."""
+        head = buf[:32].view(torch.int64)
+        return head.numpy() if head.device.type == "cpu" else head
 
     def _post(self, tensor: torch.Tensor, tag: int) -> Any:
         """Start sending ``tensor``; ``ConnectionError`` when the peer is gone."""
@@ -212,8 +235,14 @@ class RankChannel(Channel):
     def _receive_one(self) -> Message:
         buf = self._recv_buf
         self._group().recv([buf], self.peer, _MESSAGES).wait()
-        code, length, value, _ = buf[:32].view(torch.int64).tolist()
+        code, length, value, broadcasts = self._in_head.tolist()
         kind = _KINDS[code]
+        if broadcasts > self._broadcasts_in:  # sent after a weight broadcast: hand that over first
+            with self._weights_arrived:
+                if not self._weights_arrived.wait_for(
+                    lambda: self._broadcasts_in >= broadcasts, self._send_timeout.total_seconds()
+                ):
+                    raise ConnectionError("a weight broadcast announced by rank 0 never came")
         if kind is Reply.BATCH:
             return kind, value
         blob = buf[HEADER : HEADER + min(length, buf.numel() - HEADER)].cpu().numpy().tobytes()
@@ -237,16 +266,26 @@ class RankChannel(Channel):
         self.peer_weights_nbytes = wire.weights_nbytes
         self.host, self.pid = wire.host, wire.pid
         batch = wire.batch.views(flat)
-        self._recv_buf = flat
+        self._recv_buf, self._in_head = flat, self._header(flat)
         return Layout(batch, wire.host, wire.pid)
 
     def _receive_weights(self, how: int) -> None:
         if self._weights is None:
             raise RuntimeError("weights arrived for a policy without parameters")
-        if how == _BROADCAST:
-            self.groups.broadcast.broadcast(self._weights, 0).wait()
-        else:
-            self._group().recv([self._weights], self.peer, _WEIGHTS).wait()
+        self._group().recv([self._weights], self.peer, _WEIGHTS).wait()
+
+    def _broadcast_loop(self) -> None:
+        """A collector rank's thread that waits in the weight broadcast at all times, so the
+        weights flow the moment rank 0 sends them, then hands ``UPDATE_WEIGHTS`` over."""
+        while True:
+            try:
+                self.groups.broadcast.broadcast(self._weights, 0).wait()
+            except Exception:  # the groups were closed: the job is over
+                return
+            with self._weights_arrived:
+                self._hand_over((Command.UPDATE_WEIGHTS, None))
+                self._broadcasts_in += 1
+                self._weights_arrived.notify_all()
 
     def weights_buffer(self, policy: Any) -> TensorDictBase | None:
         """The buffer ``UPDATE_WEIGHTS`` loads on a collector rank: views into one flat buffer
@@ -258,13 +297,21 @@ class RankChannel(Channel):
             return None
         layout = FlatLayout.of(weights, "policy weight")
         self._weights, views = layout.allocate(self.device)
+        threading.Thread(
+            target=self._broadcast_loop, name=f"hpccollect-rank{self.peer}-weights", daemon=True
+        ).start()
         return views
+
+    def _ready(self, timeout: float) -> list[Any]:
+        """The handles ready within ``timeout`` s (a poll object made once: this is the hot
+        path of every batch)."""
+        return [fd for fd, _ in self._poller.poll(max(0, int(timeout * 1000)))]
 
     def recv(self) -> Message:
         while not self._inbox:
             if self._closed:
                 raise ConnectionError("the channel is closed")
-            ready = wait(self.handles(), 1.0)
+            ready = self._ready(1.0)
             if ready and self._rfd not in ready and not self._inbox:
                 # the process ended: its connection's end is reported within moments
                 wait([self._rfd], 2.0)
@@ -279,7 +326,7 @@ class RankChannel(Channel):
         return item
 
     def poll(self, timeout: float) -> bool:
-        return bool(self._inbox) or bool(wait(self.handles(), max(0.0, timeout)))
+        return bool(self._inbox) or bool(self._ready(timeout))
 
     def handles(self) -> list[Any]:
         sentinel = getattr(self.process, "sentinel", None)

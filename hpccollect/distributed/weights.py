@@ -24,11 +24,17 @@ __all__ = ["RankWeightsSender"]
 class RankWeightsSender(RemoteWeightsUpdaterBase):
     """Default remote updater of ``DistributedDataCollector``.
 
+    The trainer policy's parameters are moved into the flat buffer (see ``_alias``), so
+    sending its own weights copies nothing.
+
     Sending to every rank still collecting is one broadcast (each rank's receiving thread joins
     it at once, into a buffer of its own); to some ranks, or once a rank is lost,
-    point-to-point sends. Returns when the weights are sent: each rank loads them before its
-    next batch (messages arrive in order), and its acknowledgement is awaited only before the
-    next update to that rank reuses its buffer. ``delivered(ids)`` is called on return.
+    point-to-point sends. Returns when the weights are sent, without waiting for the ranks to
+    load them: a rank loads every update it was sent before it starts the next batch (messages
+    arrive in order), and an update that lands in its buffer while it still loads an earlier
+    one is itself loaded next, before any batch. Acknowledgements are taken as they come (an
+    error instead is raised at the next wait on that rank). ``delivered(ids)`` is called on
+    return.
     """
 
     def __init__(
@@ -48,6 +54,7 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
             self.layout = FlatLayout.of(TensorDict.from_module(source).data, "policy weight")
             self.flat, self.views = self.layout.allocate(device)
             self.dst = self.layout.leaves(self.views)
+            _alias(self.layout.leaves(TensorDict.from_module(source)), self.dst)
 
     def _get_server_weights(self) -> TensorDictBase | None:
         return None if self.source is None else TensorDict.from_module(self.source)
@@ -75,14 +82,12 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
                     f"parameters, this one {self.flat.numel()}: give every rank the same policy "
                     "architecture as the trainer's."
                 )
-        for i in ids:  # the previous update is loaded: its buffer may be written again
-            self.pool.settle(i, Reply.ACK, self.timeout)
         self._fill(server_weights)
         broadcast = self.everyone() and ids == list(range(len(self.pool)))
         works = []
-        for i in ids:
+        for i in [] if broadcast else ids:
             try:
-                works.append(self.pool.channels[i].post_weights(self.flat, broadcast))
+                works.append(self.pool.channels[i].post_weights(self.flat))
             except ConnectionError as err:
                 raise self.pool.death_error(i) from err
         if broadcast:
@@ -100,12 +105,14 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
                     host=self.pool.channels[ids[0]].host,
                     rank=self.pool.channels[ids[0]].rank,
                 ) from err
-        for i, work in zip(ids, works, strict=True):
+            for i in ids:
+                self.pool.channels[i].broadcast_sent()
+        for i, work in zip([] if broadcast else ids, works, strict=True):
             try:
                 self.pool.channels[i].wait_sent(work)
             except ConnectionError as err:
                 raise self.pool.death_error(i) from err
-        for i in ids:  # each rank loads them before its next batch, in order: no need to wait
+        for i in ids:
             self.pool.defer(i, Reply.ACK)
         self.delivered(ids)
 
@@ -119,6 +126,18 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
         if leaves is not None and all(
             s.shape == d.shape and s.dtype == d.dtype for s, d in zip(leaves, self.dst, strict=True)
         ):
-            torch._foreach_copy_(self.dst, leaves)
+            if any(s.data_ptr() != d.data_ptr() for s, d in zip(leaves, self.dst, strict=True)):
+                torch._foreach_copy_(self.dst, leaves)
         else:
             copy_weights_(self.views, weights)
+
+
+def _alias(params: Sequence[torch.Tensor], views: Sequence[torch.Tensor]) -> None:
+    """Let the trainer policy's parameters live in the flat buffer (same ``Parameter`` objects,
+    so optimizers keep working): an update then sends them as they are, with no copy. A
+    parameter on another device, or moved or replaced later, is copied at each update instead."""
+    with torch.no_grad():
+        for param, view in zip(params, views, strict=True):
+            if param.device == view.device and param.shape == view.shape:
+                view.copy_(param)
+                param.data = view

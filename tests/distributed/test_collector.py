@@ -376,3 +376,44 @@ def test_replay_buffer_is_extended_here_and_start_fills_it_in_the_background():
     finally:
         collector.async_shutdown(timeout=30)
     assert len(buffer) >= 200
+
+
+@pytest.mark.timeout(180)
+def test_a_broadcast_while_ranks_collect_reaches_each_ranks_next_batch():
+    policy = bias_policy()
+    optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
+    collector = make(envs(3, 5), policy, frames_per_batch=20, track_policy_version=True)
+    try:
+        it = iter(collector)
+        next(it)
+        # a training step on the trainer's policy (its parameters now live in the flat buffer)
+        optimizer.zero_grad()
+        (policy.module.bias * torch.tensor([1.0, -1.0])).sum().backward()
+        optimizer.step()
+        assert policy.module.bias[1] > policy.module.bias[0]
+        collector.update_policy_weights_()  # one broadcast while both ranks collect
+        assert collector.policy_versions == [1, 1]
+        seen: dict[int, list] = {3: [], 5: []}
+        for _ in range(10):
+            batch = next(it)
+            new = bool((batch["action"][..., 1] == 1).all())
+            assert new == bool((batch["policy_version"] == 1).all())
+            seen[lengths_of(batch)].append(new)
+        for news in seen.values():  # at most the batch in flight was collected before it
+            assert news and all(news[1:]), seen
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.timeout(180)
+def test_weights_still_arrive_after_the_trainer_replaces_a_parameter():
+    policy = bias_policy()
+    collector = make(envs(3, 5), policy, sync=True)
+    try:
+        it = iter(collector)
+        next(it)
+        policy.module.bias = nn.Parameter(torch.tensor([0.0, 1.0]))  # not in the flat buffer
+        collector.update_policy_weights_()
+        assert (next(it)["action"][..., 1] == 1).all()
+    finally:
+        collector.shutdown()
