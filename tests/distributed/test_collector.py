@@ -7,6 +7,8 @@ import itertools
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from functools import partial
@@ -417,3 +419,31 @@ def test_weights_still_arrive_after_the_trainer_replaces_a_parameter():
         assert (next(it)["action"][..., 1] == 1).all()
     finally:
         collector.shutdown()
+
+
+RANK0_DIES = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from functools import partial
+from conftest import CounterEnv
+from hpccollect import DistributedDataCollector
+if __name__ == "__main__":
+    c = DistributedDataCollector([partial(CounterEnv, 3)] * 2, None, frames_per_batch=20,
+                                 launcher="mp")
+    next(iter(c))
+    print(*[ch.pid for ch in c._pool.channels], flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_collector_ranks_end_when_rank_0_is_killed(tmp_path):
+    script = tmp_path / "rank0.py"
+    script.write_text(RANK0_DIES.format(tests=os.path.dirname(os.path.dirname(__file__))))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=100
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 2
+    assert_all_gone(pids)
