@@ -55,6 +55,10 @@ class _WireLayout:
     weights_nbytes: int
 
 
+#: the message a collector rank's broadcast thread queues (its acknowledgement is not sent)
+_BROADCAST_UPDATE = (Command.UPDATE_WEIGHTS, None)
+
+
 class _Closed:
     def __init__(self, why: str) -> None:
         self.why = why
@@ -100,6 +104,8 @@ class RankChannel(Channel):
         self.broadcasts = 0  # weight broadcasts this side sent to the peer
         self._broadcasts_in = 0  # ... and received from it
         self._weights_arrived = threading.Condition()
+        self._broadcast_queued = False  # an UPDATE_WEIGHTS from a broadcast awaits the loop
+        self._silent_acks = 0  # acknowledgements of broadcast updates, not sent
         self._inbox: deque = deque()
         self._rfd, self._wfd = os.pipe()
         self._poller = select.poll()
@@ -116,6 +122,9 @@ class RankChannel(Channel):
         kind, payload = message_
         if self._failure is not None:
             raise ConnectionError(self._failure)
+        if kind is Reply.ACK and self._silent_acks:
+            self._silent_acks -= 1  # a broadcast update's: rank 0 does not wait for it
+            return
         if kind is Reply.BATCH:
             flat, dst, src = self._batch_out
             if dst:
@@ -283,7 +292,10 @@ class RankChannel(Channel):
             except Exception:  # the groups were closed: the job is over
                 return
             with self._weights_arrived:
-                self._hand_over((Command.UPDATE_WEIGHTS, None))
+                # one queued update loads the newest weights: never queue a second
+                if not self._broadcast_queued:
+                    self._broadcast_queued = True
+                    self._hand_over(_BROADCAST_UPDATE)
                 self._broadcasts_in += 1
                 self._weights_arrived.notify_all()
 
@@ -319,7 +331,11 @@ class RankChannel(Channel):
                     raise ConnectionError(self.death() or "the rank ended")
         with contextlib.suppress(OSError):
             os.read(self._rfd, 1)
-        item = self._inbox.popleft()
+        with self._weights_arrived:  # taking a broadcast update and its flag is one step
+            item = self._inbox.popleft()
+            if item is _BROADCAST_UPDATE:
+                self._broadcast_queued = False
+                self._silent_acks += 1
         if isinstance(item, _Closed):
             self._inbox.appendleft(item)  # every later recv fails the same way
             raise ConnectionError(item.why)

@@ -32,9 +32,10 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
     point-to-point sends. Returns when the weights are sent, without waiting for the ranks to
     load them: a rank loads every update it was sent before it starts the next batch (messages
     arrive in order), and an update that lands in its buffer while it still loads an earlier
-    one is itself loaded next, before any batch. Acknowledgements are taken as they come (an
-    error instead is raised at the next wait on that rank). ``delivered(ids)`` is called on
-    return.
+    one is itself loaded next, before any batch (broadcasts that arrive while one is queued are
+    folded into it: it loads the newest). Point-to-point acknowledgements are taken as they
+    come, broadcast ones are not sent; a rank that fails to load raises at the next wait on it.
+    ``delivered(ids)`` is called on return.
     """
 
     def __init__(
@@ -112,7 +113,7 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
                 self.pool.channels[i].wait_sent(work)
             except ConnectionError as err:
                 raise self.pool.death_error(i) from err
-        for i in ids:
+        for i in [] if broadcast else ids:  # a broadcast update is not acknowledged
             self.pool.defer(i, Reply.ACK)
         self.delivered(ids)
 

@@ -447,3 +447,22 @@ def test_collector_ranks_end_when_rank_0_is_killed(tmp_path):
     pids = [int(p) for p in done.stdout.split()]
     assert len(pids) == 2
     assert_all_gone(pids)
+
+
+@pytest.mark.timeout(180)
+def test_broadcasts_in_a_row_leave_the_last_weights_and_replies_in_step():
+    policy = bias_policy()
+    collector = make(envs(3, 5), policy, sync=True, worker_timeout=30)
+    try:
+        it = iter(collector)
+        next(it)
+        for i in range(12):  # faster than the ranks load them: queued updates fold together
+            with torch.no_grad():
+                policy.module.bias.copy_(torch.tensor([float(i % 2), 1.0 - i % 2]))
+            collector.update_policy_weights_()
+        collector.update_policy_weights_(worker_ids=[0])  # point to point, acknowledged later
+        collector.reset()  # waits for its own acknowledgements: none is mistaken for another
+        assert (next(it)["action"][..., 0] == 1).all()  # the last weights: bias [1, 0]
+        assert collector.policy_versions == [13, 12]
+    finally:
+        collector.shutdown()
