@@ -466,3 +466,42 @@ def test_broadcasts_in_a_row_leave_the_last_weights_and_replies_in_step():
         assert collector.policy_versions == [13, 12]
     finally:
         collector.shutdown()
+
+
+CTRL_C = """
+import sys
+sys.path.insert(0, {tests!r})
+from functools import partial
+from conftest import CounterEnv
+from hpccollect import DistributedDataCollector
+if __name__ == "__main__":
+    c = DistributedDataCollector([partial(CounterEnv, 3)] * 2, None, frames_per_batch=20,
+                                 launcher="mp")
+    print(*[ch.pid for ch in c._pool.channels], flush=True)
+    for batch in c:
+        pass
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_to_the_whole_job_stops_every_rank(tmp_path):
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C.format(tests=os.path.dirname(os.path.dirname(__file__))))
+    job = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        pids = [int(p) for p in job.stdout.readline().split()]
+        time.sleep(1.0)  # collecting
+        os.killpg(job.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert "KeyboardInterrupt" in err
+    assert len(pids) == 2
+    assert_all_gone(pids)
