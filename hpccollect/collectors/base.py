@@ -23,7 +23,7 @@ from hpccollect.collectors.weights import (
 )
 from hpccollect.errors import ArgumentTypeError, CollectorTimeoutError
 
-__all__ = ["DataCollectorBase", "Interruptor", "SharedInterruptor", "ThreadFilling"]
+__all__ = ["DataCollectorBase", "Interruptor", "SharedInterruptor"]
 
 
 class Interruptor:
@@ -250,33 +250,3 @@ class BackgroundThread:
         if self._error is not None:
             err, self._error = self._error, None
             raise err
-
-
-class ThreadFilling:
-    """``start()``/``async_shutdown()`` for a collector whose iterator runs in this process: a
-    background thread runs it, extending ``replay_buffer``, until ``async_shutdown()``."""
-
-    _background: BackgroundThread | None = None
-    replay_buffer: Any = None
-
-    def start(self) -> None:
-        """Fill ``replay_buffer`` from a background thread until ``async_shutdown()``."""
-        if self.replay_buffer is None:
-            raise RuntimeError(
-                "start() needs a replay_buffer: pass replay_buffer=... to the collector, or "
-                "iterate over the collector instead."
-            )
-        if self._background is not None and self._background.alive:
-            raise RuntimeError("start() was already called; call async_shutdown() first.")
-        self._background = BackgroundThread(self.iterator, f"{type(self).__name__}-collect")
-        self._background.start()
-
-    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
-        """Stop the background thread (within ``timeout`` s); shut down if ``close_env``."""
-        bg, self._background = self._background, None
-        try:
-            if bg is not None:
-                bg.stop(timeout if timeout is not None else 60.0)
-        finally:
-            if close_env:
-                self.shutdown()

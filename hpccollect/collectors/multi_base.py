@@ -20,6 +20,7 @@ from torch import nn
 from hpccollect._checks import check_int
 from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
 from hpccollect.collectors.channels import Channel
+from hpccollect.collectors.filling import WorkerFilling
 from hpccollect.collectors.options import (
     CollectorArgs,
     Devices,
@@ -40,7 +41,7 @@ from hpccollect.protocol import Command, Reply, Seed
 __all__ = ["MultiCollectorBase"]
 
 
-class MultiCollectorBase(DataCollectorBase):
+class MultiCollectorBase(WorkerFilling, DataCollectorBase):
     """What the multi-process collectors share; subclasses define ``iterator()``.
 
     TorchRL keywords with their TorchRL meaning:
@@ -415,43 +416,6 @@ class MultiCollectorBase(DataCollectorBase):
                 )
         self._frames = int(state_dict.get("frames", self._frames))
         self._iter = int(state_dict.get("iter", self._iter))
-
-    # ------------------------------------------------------------------ background
-    def start(self) -> None:
-        """Workers extend the (shared-memory) ``replay_buffer`` themselves until
-        ``async_shutdown()``."""
-        buffer = self.replay_buffer
-        if buffer is None or not hasattr(buffer, "share_memory_"):
-            raise RuntimeError(
-                "start() on a multi-process collector needs replay_buffer=hpccollect.ReplayBuffer"
-                "(...): the workers write into it through shared memory."
-            )
-        if self._filling:
-            raise RuntimeError("start() was already called; call async_shutdown() first.")
-        buffer.share_memory_()
-        buffer.allocate_like(self._layouts[0])
-        self._drain(self._active)
-        if self.interruptor is not None:
-            self.interruptor.start_collection()  # no preemption while filling
-        for i in self._active:
-            self._pool.send(i, Command.FILL_BUFFER, buffer)
-        self._filling = True
-
-    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
-        """Stop the workers filling the buffer (within ``timeout`` s), then shut down if
-        ``close_env``."""
-        try:
-            if self._filling and not self._closed:
-                self._filling = False
-                for i in self._active:
-                    self._pool.send(i, Command.STOP_FILLING)
-                for i in self._active:
-                    self._pool.recv(
-                        i, Reply.ACK, timeout if timeout is not None else self.worker_timeout
-                    )
-        finally:
-            if close_env:
-                self.shutdown(timeout)
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop every worker and release their processes and shared memory; safe to call twice."""

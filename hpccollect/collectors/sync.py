@@ -14,12 +14,8 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_bool, check_int
-from hpccollect.collectors.base import (
-    BackgroundThread,
-    DataCollectorBase,
-    Interruptor,
-    ThreadFilling,
-)
+from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
+from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.options import CollectorArgs
 from hpccollect.collectors.rollout import StepLoop
 from hpccollect.collectors.trajectories import TrajIdPool, split_trajectories

@@ -23,8 +23,8 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_bool, check_int
-from hpccollect.collectors.base import ThreadFilling
 from hpccollect.collectors.channels import Channel
+from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.multi import MultiaSyncDataCollector, MultiSyncDataCollector
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
