@@ -361,20 +361,20 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
     # ------------------------------------------------------------------ seeds and state
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Env ``j`` of worker ``i`` gets a distinct seed (the same one with ``static_seed``)."""
-        seed = check_int("seed", seed)
+        first = seed = check_int("seed", seed)
         last = seed
         for i, layout in enumerate(self._layouts):
-            n_env = layout.batch_size[0] if layout.batch_dims == 2 else 1
-            if i not in self._active:
-                seed += n_env
+            if i not in self._active:  # a lost worker's envs keep their share of the seeds
+                seed += layout.batch_size[0] if layout.batch_dims == 2 else 1
                 continue
             last = self._pool.request(
                 i,
                 Command.SEED,
-                Seed(last if static_seed else seed, static_seed),
+                Seed(first if static_seed else seed, static_seed),
                 self.worker_timeout,
             )
-            seed = seed + n_env
+            if not static_seed:
+                seed = last + 1  # a worker knows how many envs it has (its own workers' too)
         return last
 
     def reset(self, reset_idx: Sequence[bool] | None = None) -> None:

@@ -163,9 +163,9 @@ class WorkerPool:
     def _timeout(self, indices: list[int], expected: Reply, timeout: float) -> Exception:
         for index in indices:
             self._responsive[index] = False
-        which = ", ".join(str(i) for i in indices)
+        which = ", ".join(self.channels[i].describe() for i in indices)
         return CollectorTimeoutError(
-            f"no {expected.name} reply from worker(s) {which} within {timeout:g} s; they are alive but "
+            f"no {expected.name} reply from {which} within {timeout:g} s; alive but "
             "busy or stuck. Pass a larger worker_timeout for slow envs or large batches."
         )
 

@@ -2,7 +2,8 @@
 
 At start the worker builds its collector (``WorkerSpec.collector_class``: a ``SyncDataCollector``
 by default, or a multi-process collector whose workers are its own children), asks it for the
-buffers its batches are written into (shared memory) and sends them once (``Reply.LAYOUT``);
+buffers its batches are written into (shared memory, or the channel's own buffers, see
+``Channel.batch_buffers``) and sends them once (``Reply.LAYOUT``);
 after that a batch is announced with ``Reply.BATCH`` and its number of frames, never sent. Each
 ``Command`` has exactly one handler here. A failure goes back as ``Reply.ERROR`` with the type,
 message, traceback and this host, then the worker exits.

@@ -12,7 +12,11 @@ rendezvous). A message longer than the receiver's buffer sends its rest in a sec
 Each end runs one thread that blocks in ``recv`` from its peer and hands messages over through a
 pipe, so ``multiprocessing.connection.wait`` watches ranks like local processes (a blocking
 receive is the only reliable way: gloo cannot poll, and a timed-out receive closes the pair for
-good). A peer that dies closes the connection, which ends that receive at once.
+good). A peer that dies closes the connection, which ends that receive at once. A collector rank
+whose policy has weights runs a second thread that waits in the weight broadcast; every message
+rank 0 sends after a broadcast carries the broadcast count, so the rank hands the update over
+first. After a rank has announced its batches, other payloads travel in a message of their own,
+so a reply never lands in a batch buffer.
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ __all__ = ["RankChannel"]
 _KINDS: list[Command | Reply] = [*Command, *Reply]
 _CODE = {kind: i for i, kind in enumerate(_KINDS)}
 _CONTROL = 4096  # payload bytes a receiver always has room for
+_SHUTDOWN_TIMEOUT = datetime.timedelta(seconds=5)  # SHUTDOWN is best effort: kill follows
 _MESSAGES, _WEIGHTS = 0, 1  # point-to-point tags
-_P2P = 0  # an UPDATE_WEIGHTS message's weights follow it point to point
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,11 @@ class RankChannel(Channel):
         self._silent_acks = 0  # acknowledgements of broadcast updates, not sent
         self._inbox: deque = deque()
         self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._rfd, False)  # a byte may be gone with a message put back
+        # the pipe is closed once nothing can write to it: after close() and the writer threads
+        self._fds = threading.Lock()
+        self._fds_open = True
+        self._writers = 1  # the receiving thread; the broadcast thread adds one
         self._poller = select.poll()
         for handle in self.handles():
             self._poller.register(handle, select.POLLIN)
@@ -142,18 +151,17 @@ class RankChannel(Channel):
     def post_weights(self, flat: torch.Tensor) -> Any:
         """Send ``UPDATE_WEIGHTS`` with the weights following point to point (the returned
         work to wait for)."""
-        self._send_blob(Command.UPDATE_WEIGHTS, _P2P, b"")
+        self._send_blob(Command.UPDATE_WEIGHTS, 0, b"")
         return self._post(flat, _WEIGHTS)
 
     def broadcast_sent(self) -> None:
-        """Note that a weight broadcast reached the peer's receiving thread: every later
+        """Note that a weight broadcast was sent to the peer's broadcast thread: every later
         message carries the count, and the peer hands it over only after that update."""
         self.broadcasts += 1
 
     def wait_sent(self, work: Any) -> None:
         """Wait for a ``post_weights`` send, bounded like every send."""
-        if work is not None:
-            self._wait(work)
+        self._wait(work)
 
     def batch_buffers(self, batch: TensorDictBase) -> TensorDictBase:
         """Buffers laid out like ``batch`` in the memory batches leave from: the collector
@@ -177,29 +185,38 @@ class RankChannel(Channel):
         return _WireLayout(flat_layout, layout.host, layout.pid, weights)
 
     def _send_blob(self, kind: Command | Reply, value: int, blob: bytes) -> None:
-        room = self._peer_room - HEADER
-        head = torch.empty(HEADER + min(len(blob), room), dtype=torch.uint8)
-        self._put_header(head, kind, len(blob), value, self.broadcasts)
-        if blob:
-            head[HEADER:] = torch.frombuffer(bytearray(blob[:room]), dtype=torch.uint8)
-        self._wait(self._post(head.to(self.device), _MESSAGES))
-        if len(blob) > room:
-            rest = torch.frombuffer(bytearray(blob[room:]), dtype=torch.uint8)
-            self._wait(self._post(rest.to(self.device), _MESSAGES))
+        # once the peer receives into a batch buffer, a payload travels apart, so a reply never
+        # overwrites a batch the collector has not read yet
+        room = 0 if self._peer_room > HEADER + _CONTROL else _CONTROL
+        inline = min(len(blob), room)
+        head = torch.empty(HEADER + inline, dtype=torch.uint8)
+        self._put_header(head, kind, len(blob), value, self.broadcasts, inline)
+        if inline:
+            head[HEADER:] = torch.frombuffer(bytearray(blob[:inline]), dtype=torch.uint8)
+        timeout = _SHUTDOWN_TIMEOUT if kind is Command.SHUTDOWN else None
+        self._wait(self._post(head.to(self.device), _MESSAGES), timeout)
+        if len(blob) > inline:
+            rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
+            self._wait(self._post(rest.to(self.device), _MESSAGES), timeout)
 
     @staticmethod
     def _put_header(
-        buf: torch.Tensor, kind: Command | Reply, length: int, value: int, broadcasts: int
+        buf: torch.Tensor,
+        kind: Command | Reply,
+        length: int,
+        value: int,
+        broadcasts: int,
+        inline: int,
     ) -> None:
-        buf[:32].view(torch.int64).copy_(
-            torch.tensor([_CODE[kind], length, int(value), broadcasts], dtype=torch.int64)
+        buf[:40].view(torch.int64).copy_(
+            torch.tensor([_CODE[kind], length, int(value), broadcasts, inline], dtype=torch.int64)
         )
 
     @staticmethod
     def _header(buf: torch.Tensor) -> Any:
         """The header of wire buffer ``buf`` as four int64s, read or written in place (a numpy
         view on CPU: a batch's header costs no tensor operation)."""
-        head = buf[:32].view(torch.int64)
+        head = buf[:40].view(torch.int64)
         return head.numpy() if head.device.type == "cpu" else head
 
     def _post(self, tensor: torch.Tensor, tag: int) -> Any:
@@ -210,9 +227,9 @@ class RankChannel(Channel):
             self._failure = self._failure or f"closed the connection ({_first_line(err)})"
             raise ConnectionError(self._failure) from err
 
-    def _wait(self, work: Any) -> None:
+    def _wait(self, work: Any, timeout: datetime.timedelta | None = None) -> None:
         try:
-            work.wait(self._send_timeout)
+            work.wait(timeout or self._send_timeout)
         except Exception as err:
             self._failure = self._failure or f"stopped taking messages ({_first_line(err)})"
             raise ConnectionError(self._failure) from err
@@ -225,26 +242,44 @@ class RankChannel(Channel):
 
     # ------------------------------------------------------------------ receiving
     def _receive_loop(self) -> None:
-        while True:
-            try:
-                item = self._receive_one()
-            except Exception as err:  # the peer is gone, or the groups were aborted
-                self._failure = self._failure or f"closed the connection ({_first_line(err)})"
-                self._hand_over(_Closed(self._failure))
-                return
-            self._hand_over(item)
-            if item[0] is Command.SHUTDOWN:
-                return
+        try:
+            while True:
+                try:
+                    item = self._receive_one()
+                except Exception as err:  # the peer is gone, or the groups were aborted
+                    self._failure = self._failure or f"closed the connection ({_first_line(err)})"
+                    self._hand_over(_Closed(self._failure))
+                    return
+                self._hand_over(item)
+                if item[0] is Command.SHUTDOWN:
+                    return
+        finally:
+            self._writer_done()
 
     def _hand_over(self, item: Any) -> None:
         self._inbox.append(item)
-        with contextlib.suppress(OSError):
-            os.write(self._wfd, b"m")
+        with self._fds:
+            if self._fds_open:
+                with contextlib.suppress(OSError):
+                    os.write(self._wfd, b"m")
+
+    def _writer_done(self) -> None:
+        with self._fds:
+            self._writers -= 1
+            self._close_fds()
+
+    def _close_fds(self) -> None:
+        """Close the pipe when nothing can write to it any more (holding ``_fds``)."""
+        if self._closed and self._writers == 0 and self._fds_open:
+            self._fds_open = False
+            for fd in (self._rfd, self._wfd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def _receive_one(self) -> Message:
         buf = self._recv_buf
         self._group().recv([buf], self.peer, _MESSAGES).wait()
-        code, length, value, broadcasts = self._in_head.tolist()
+        code, length, value, broadcasts, inline = self._in_head.tolist()
         kind = _KINDS[code]
         if broadcasts > self._broadcasts_in:  # sent after a weight broadcast: hand that over first
             with self._weights_arrived:
@@ -254,13 +289,13 @@ class RankChannel(Channel):
                     raise ConnectionError("a weight broadcast announced by rank 0 never came")
         if kind is Reply.BATCH:
             return kind, value
-        blob = buf[HEADER : HEADER + min(length, buf.numel() - HEADER)].cpu().numpy().tobytes()
+        blob = buf[HEADER : HEADER + inline].cpu().numpy().tobytes()
         if length > len(blob):
             rest = torch.empty(length - len(blob), dtype=torch.uint8, device=self.device)
             self._group().recv([rest], self.peer, _MESSAGES).wait()
             blob += rest.cpu().numpy().tobytes()
         if kind is Command.UPDATE_WEIGHTS:
-            self._receive_weights(value)
+            self._receive_weights()
             return kind, None
         payload = _decode(kind, value, blob)
         if kind is Reply.LAYOUT:
@@ -278,7 +313,7 @@ class RankChannel(Channel):
         self._recv_buf, self._in_head = flat, self._header(flat)
         return Layout(batch, wire.host, wire.pid)
 
-    def _receive_weights(self, how: int) -> None:
+    def _receive_weights(self) -> None:
         if self._weights is None:
             raise RuntimeError("weights arrived for a policy without parameters")
         self._group().recv([self._weights], self.peer, _WEIGHTS).wait()
@@ -286,6 +321,12 @@ class RankChannel(Channel):
     def _broadcast_loop(self) -> None:
         """A collector rank's thread that waits in the weight broadcast at all times, so the
         weights flow the moment rank 0 sends them, then hands ``UPDATE_WEIGHTS`` over."""
+        try:
+            self._broadcasts_forever()
+        finally:
+            self._writer_done()
+
+    def _broadcasts_forever(self) -> None:
         while True:
             try:
                 self.groups.broadcast.broadcast(self._weights, 0).wait()
@@ -309,6 +350,8 @@ class RankChannel(Channel):
             return None
         layout = FlatLayout.of(weights, "policy weight")
         self._weights, views = layout.allocate(self.device)
+        with self._fds:
+            self._writers += 1
         threading.Thread(
             target=self._broadcast_loop, name=f"hpccollect-rank{self.peer}-weights", daemon=True
         ).start()
@@ -374,10 +417,9 @@ class RankChannel(Channel):
         if self._closed:
             return
         self._closed = True
-        self._thread.join(0.2)
-        for fd in (self._rfd, self._wfd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._thread.join(0.2)  # ends when the peer does, or when the groups are aborted
+        with self._fds:
+            self._close_fds()
         if self.process is not None:
             self.process.close()
 

@@ -10,9 +10,10 @@ like ``MultiaSyncDataCollector`` (first ready, first served). A launcher plug-in
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -50,7 +51,17 @@ _CLASSES = {
     "async": MultiaSyncDataCollector,
 }
 #: collector arguments the ranks' collectors get from this one; collector_kwargs cannot set them
-_OWN = ("frames_per_batch", "total_frames", "traj_id_offset", "traj_id_stride", "replay_buffer")
+_OWN = (
+    "frames_per_batch",
+    "total_frames",
+    "traj_id_offset",
+    "traj_id_stride",
+    "replay_buffer",
+    "return_same_td",
+    "postproc",
+    "split_trajs",
+    "storing_device",
+)
 POLICY_VERSION_KEY = "policy_version"
 
 
@@ -170,7 +181,8 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
                 "ignores them.",
                 stacklevel=3,
             )
-        self._transport_device = "cuda" if self.backend == "nccl" else "cpu"
+        self._transport_device = "cpu"
+        self._lock = threading.RLock()  # the background thread of start() and the caller
         n = len(fns)
         self.policy_versions = [0] * n
         self._since_update = [0] * n
@@ -238,7 +250,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             self._groups,
             self._transport_device,
             self.worker_timeout,
-            everyone=lambda: not self.lost_workers,
+            active=lambda: list(self._active),
             delivered=self._delivered,
         )
 
@@ -267,7 +279,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             ]
             processes = self.launcher.start(ranks)
             self._await_ranks(store, processes)
-            self._groups = RankGroups.open(self.backend, store, 0, n + 1)
+            self._groups = self._open_groups(store, processes)
         except BaseException:
             for process in processes:
                 if process is not None:
@@ -295,15 +307,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             for i in sorted(waiting):
                 if store.check([ready_key(i + 1)]):
                     waiting.discard(i)
-                elif processes[i] is not None and (how := processes[i].death()) is not None:
-                    raise WorkerError(
-                        f"collector rank {i + 1} (pid {processes[i].pid}) {how} before joining "
-                        "the job; its own output above says why.",
-                        worker=i,
-                        host=processes[i].host,
-                        num_workers=len(processes),
-                        rank=i + 1,
-                    )
+            self._check_started(processes, waiting)
             if waiting and time.monotonic() > deadline:
                 raise CollectorTimeoutError(
                     f"collector ranks {sorted(r + 1 for r in waiting)} did not join within "
@@ -314,12 +318,52 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             if waiting:
                 time.sleep(0.02)
 
+    def _open_groups(self, store: Any, processes: Sequence[Any]) -> RankGroups:
+        """Join the process groups with the ranks; a rank that ends meanwhile is reported at
+        once instead of leaving this process waiting inside torch.distributed (the joining
+        thread is then abandoned: it cannot be interrupted)."""
+        result: dict[str, Any] = {}
+
+        def join() -> None:
+            try:
+                result["groups"] = RankGroups.open(self.backend, store, 0, self.num_workers + 1)
+            except BaseException as err:
+                result["error"] = err
+
+        thread = threading.Thread(target=join, name="hpccollect-join", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + self.start_timeout
+        while thread.is_alive():
+            thread.join(0.05)
+            self._check_started(processes)
+            if time.monotonic() > deadline:
+                raise CollectorTimeoutError(
+                    f"the collector ranks did not join the process groups within "
+                    f"start_timeout={self.start_timeout:g} s."
+                )
+        if "error" in result:
+            raise result["error"]
+        return result["groups"]
+
+    def _check_started(self, processes: Sequence[Any], which: Any = None) -> None:
+        """Raise for the first rank (of ``which``) whose process ended during start-up."""
+        for i in range(len(processes)) if which is None else which:
+            if processes[i] is not None and (how := processes[i].death()) is not None:
+                raise WorkerError(
+                    f"collector rank {i + 1} (pid {processes[i].pid}) {how} before joining "
+                    "the job; its own output above says why.",
+                    worker=i,
+                    host=processes[i].host,
+                    num_workers=len(processes),
+                    rank=i + 1,
+                )
+
     # ------------------------------------------------------------------ weights and versions
     def _collect_from(self, index: int) -> None:
         interval = self.max_weight_update_interval
-        if interval > 0 and self._since_update[index] >= interval:
-            self.update_policy_weights_(worker_ids=[index])
         try:
+            if interval > 0 and self._since_update[index] >= interval:
+                self.update_policy_weights_(worker_ids=[index])
             super()._collect_from(index)
         except WorkerError as err:
             self._lose(err)
@@ -340,6 +384,42 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             v = v.reshape(v.shape + (1,) * (batch.ndim - v.ndim)).expand(batch.shape)
             batch.set(POLICY_VERSION_KEY, v.clone())
         return batch
+
+    # ------------------------------------------------------------------ one caller at a time
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Batches as the sync or async gathering yields them; each step holds the collector's
+        lock, so calls from another thread (weights, state, seeds while ``start()`` fills the
+        buffer) never interleave with it."""
+        inner = super().iterator()
+        while True:
+            with self._lock:
+                try:
+                    batch = next(inner)
+                except StopIteration:
+                    return
+            yield batch
+
+    def update_policy_weights_(self, *args: Any, **kwargs: Any) -> None:
+        """Send weights to every rank (one broadcast) or to workers ``worker_ids``; returns once
+        they are sent: each named rank loads them before its next batch."""
+        with self._lock:
+            super().update_policy_weights_(*args, **kwargs)
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        with self._lock:
+            return super().set_seed(seed, static_seed)
+
+    def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
+        with self._lock:
+            super().reset(reset_idx)
+
+    def state_dict(self) -> Any:
+        with self._lock:
+            return super().state_dict()
+
+    def load_state_dict(self, state_dict: Any, **kwargs: Any) -> None:
+        with self._lock:
+            super().load_state_dict(state_dict, **kwargs)
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:

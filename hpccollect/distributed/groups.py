@@ -55,6 +55,13 @@ def check_backend(backend: Any) -> str:
             f"backend={backend!r} is not in this torch build (it has {have or 'none'}); "
             f"{how}, or use backend='gloo', which moves CPU tensors between any hosts."
         )
+    if backend == "nccl":
+        raise ArgumentValueError(
+            "backend='nccl' is not supported by hpccollect's transport yet (its control "
+            "messages need receives larger than the send, which NCCL does not allow); use "
+            "backend='gloo': batches travel as CPU tensors, and each rank's policy and env may "
+            "still run on its GPU (policy_device, env_device)."
+        )
     return backend
 
 
@@ -122,10 +129,6 @@ class RankGroups:
 def _group(backend: str, store: Any, rank: int, world_size: int) -> Any:
     if backend == "gloo":
         return dist.ProcessGroupGloo(store, rank, world_size, IDLE)
-    if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = IDLE
-        return dist.ProcessGroupNCCL(store, rank, world_size, options)
     if backend == "ucc":
         return dist.ProcessGroupUCC(store, rank, world_size, IDLE)
     return dist.ProcessGroupMPI.create(list(range(world_size)))

@@ -45,11 +45,11 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
         groups: Any,
         device: Any,
         timeout: float,
-        everyone: Callable[[], bool],
+        active: Callable[[], list[int]],
         delivered: Callable[[Sequence[int]], None],
     ) -> None:
         self.pool, self.source, self.groups, self.timeout = pool, source, groups, timeout
-        self.everyone, self.delivered = everyone, delivered
+        self.active, self.delivered = active, delivered
         self.flat = self.views = None
         if source is not None:
             self.layout = FlatLayout.of(TensorDict.from_module(source).data, "policy weight")
@@ -64,7 +64,7 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
         return server_weights
 
     def all_worker_ids(self) -> Sequence[int]:
-        return range(len(self.pool))
+        return self.active()
 
     def _sync_weights_with_worker(self, worker_id: int, server_weights: TensorDictBase) -> None:
         self._sync_weights_with_workers([worker_id], server_weights)
@@ -73,8 +73,12 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
         self, worker_ids: Sequence[int], server_weights: TensorDictBase
     ) -> None:
         if self.flat is None:
-            raise ArgumentValueError("the collector ranks' policy has no parameters to update.")
-        ids = sorted(set(worker_ids))
+            raise ArgumentValueError(
+                "the collector ranks' policy has no parameters to update: pass a policy with "
+                "parameters (an nn.Module), or do not call update_policy_weights_."
+            )
+        live = self.active()
+        ids = sorted(set(worker_ids) & set(live))  # a lost rank was already reported
         for i in ids:
             theirs = self.pool.channels[i].peer_weights_nbytes
             if theirs != self.flat.numel():
@@ -84,13 +88,15 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
                     "architecture as the trainer's."
                 )
         self._fill(server_weights)
-        broadcast = self.everyone() and ids == list(range(len(self.pool)))
+        # the broadcast group holds every rank: once one is lost, point to point only
+        broadcast = ids == list(range(len(self.pool)))
         works = []
         for i in [] if broadcast else ids:
             try:
                 works.append(self.pool.channels[i].post_weights(self.flat))
             except ConnectionError as err:
                 raise self.pool.death_error(i) from err
+            self.pool.defer(i, Reply.ACK)
         if broadcast:
             try:
                 self.groups.broadcast.broadcast(self.flat, 0).wait(
@@ -113,8 +119,6 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
                 self.pool.channels[i].wait_sent(work)
             except ConnectionError as err:
                 raise self.pool.death_error(i) from err
-        for i in [] if broadcast else ids:  # a broadcast update is not acknowledged
-            self.pool.defer(i, Reply.ACK)
         self.delivered(ids)
 
     def _fill(self, weights: TensorDictBase) -> None:

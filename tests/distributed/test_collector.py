@@ -245,6 +245,8 @@ def test_a_killed_rank_raises_within_seconds_naming_it(sync):
             while time.monotonic() - start < 10:  # batches take milliseconds here
                 next(it)
         assert time.monotonic() - start < 10
+        with pytest.raises(WorkerError, match="rank 2"):  # and again, at once, never a hang
+            collector.state_dict()
     finally:
         collector.shutdown()
     err = info.value
@@ -505,3 +507,19 @@ def test_ctrl_c_to_the_whole_job_stops_every_rank(tmp_path):
     assert "KeyboardInterrupt" in err
     assert len(pids) == 2
     assert_all_gone(pids)
+
+
+@pytest.mark.timeout(180)
+def test_replies_between_batches_never_touch_a_batch_not_yet_read():
+    collector = make(envs(3, 5), None, frames_per_batch=30)
+    try:
+        for i, batch in enumerate(collector):
+            # a reply from the rank whose batch waits in the inbox must not land in its buffer
+            collector.state_dict()
+            ids = batch.get(TRAJ)
+            assert (ids % 2 == (0 if lengths_of(batch) == 3 else 1)).all(), ids
+            assert torch.equal(batch["next", "reward"], batch["next", "observation"])
+            if i == 11:
+                break
+    finally:
+        collector.shutdown()
