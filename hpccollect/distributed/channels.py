@@ -100,7 +100,6 @@ class RankChannel(Channel):
         self._send_timeout = datetime.timedelta(seconds=send_timeout)
         self._recv_buf = torch.empty(HEADER + _CONTROL, dtype=torch.uint8, device=self.device)
         self._in_head = self._header(self._recv_buf)
-        self._peer_room = HEADER + _CONTROL
         self._batch_out: tuple[torch.Tensor, list, list] | None = None
         self._placed: tuple | None = None
         self._weights: torch.Tensor | None = None
@@ -145,8 +144,6 @@ class RankChannel(Channel):
             payload = self._announce(payload)
         value, blob = _encode(kind, payload)
         self._send_blob(kind, value, blob)
-        if kind is Reply.LAYOUT:
-            self._peer_room = max(self._peer_room, payload.batch.nbytes)
 
     def post_weights(self, flat: torch.Tensor) -> Any:
         """Send ``UPDATE_WEIGHTS`` with the weights following point to point (the returned
@@ -185,9 +182,9 @@ class RankChannel(Channel):
         return _WireLayout(flat_layout, layout.host, layout.pid, weights)
 
     def _send_blob(self, kind: Command | Reply, value: int, blob: bytes) -> None:
-        # once the peer receives into a batch buffer, a payload travels apart, so a reply never
-        # overwrites a batch the collector has not read yet
-        room = 0 if self._peer_room > HEADER + _CONTROL else _CONTROL
+        # once this side has announced its batches, the peer receives into the batch buffer: a
+        # payload then travels apart, so a reply never overwrites a batch not read yet
+        room = 0 if self._batch_out is not None else _CONTROL
         inline = min(len(blob), room)
         head = torch.empty(HEADER + inline, dtype=torch.uint8)
         self._put_header(head, kind, len(blob), value, self.broadcasts, inline)

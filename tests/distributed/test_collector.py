@@ -28,6 +28,7 @@ from hpccollect.errors import (
     EnvError,
     WorkerError,
 )
+from hpccollect.protocol import Command
 from hpccollect.storage import ReplayBuffer
 
 pytestmark = [pytest.mark.slow]
@@ -521,5 +522,19 @@ def test_replies_between_batches_never_touch_a_batch_not_yet_read():
             assert torch.equal(batch["next", "reward"], batch["next", "observation"])
             if i == 11:
                 break
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_reply_after_a_batch_leaves_that_batch_intact():
+    collector = make(envs(3), None, frames_per_batch=20)  # a batch smaller than a reply
+    pool = collector._pool
+    try:
+        assert pool.request(0, Command.COLLECT, None, 60) == 20
+        before = collector._layouts[0].clone()
+        state = pool.request(0, Command.STATE_DICT, None, 60)
+        assert state["frames"] == 20
+        assert (collector._layouts[0] == before).all()
     finally:
         collector.shutdown()
