@@ -9,7 +9,6 @@ like ``MultiaSyncDataCollector`` (first ready, first served). A launcher plug-in
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 import warnings
@@ -31,6 +30,11 @@ from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec
+from hpccollect.distributed.arguments import (
+    accepted_kwargs,
+    check_collector_class,
+    check_collector_kwargs,
+)
 from hpccollect.distributed.channels import RankChannel
 from hpccollect.distributed.groups import RankGroups, check_backend, open_store
 from hpccollect.distributed.rank import RankArgs, ready_key
@@ -45,23 +49,6 @@ from hpccollect.launchers import get_launcher
 
 __all__ = ["DistributedDataCollector"]
 
-_CLASSES = {
-    "single": SyncDataCollector,
-    "sync": MultiSyncDataCollector,
-    "async": MultiaSyncDataCollector,
-}
-#: collector arguments the ranks' collectors get from this one; collector_kwargs cannot set them
-_OWN = (
-    "frames_per_batch",
-    "total_frames",
-    "traj_id_offset",
-    "traj_id_stride",
-    "replay_buffer",
-    "return_same_td",
-    "postproc",
-    "split_trajs",
-    "storing_device",
-)
 POLICY_VERSION_KEY = "policy_version"
 
 
@@ -143,11 +130,13 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         self._closed = True
         self._groups: RankGroups | None = None
         fns = list(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else [create_env_fn]
-        self.collector_class = _collector_class(collector_class)
+        self.collector_class = check_collector_class(collector_class)
         self.num_workers_per_collector = check_int(
             "num_workers_per_collector", num_workers_per_collector, minimum=1
         )
-        self._collector_kwargs = _collector_kwargs(collector_kwargs, len(fns), self.collector_class)
+        self._collector_kwargs = check_collector_kwargs(
+            collector_kwargs, len(fns), self.collector_class
+        )
         self.backend = check_backend(backend)
         self.sync = check_bool("sync", sync)
         self.update_after_each_batch = check_bool(
@@ -237,7 +226,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     def _worker_kwargs(self, index: int, frames_per_batch: int, devices: Any, env_kwargs: Any):
         kwargs = super()._worker_kwargs(index, frames_per_batch, devices, env_kwargs)
         kwargs.update(self._collector_kwargs[index])
-        accepted = _accepted(self.collector_class)
+        accepted = accepted_kwargs(self.collector_class)
         return kwargs if accepted is None else {k: v for k, v in kwargs.items() if k in accepted}
 
     def _weight_buffers(self, module: nn.Module | None) -> list[None]:
@@ -454,59 +443,3 @@ class _AsyncDistributed(DistributedDataCollector, MultiaSyncDataCollector):
     def _next_ready(self) -> tuple[int, TensorDictBase]:
         index, batch = super()._next_ready()
         return index, self._versioned(batch, [self._batch_versions[index]])
-
-
-def _collector_class(value: Any) -> type:
-    if isinstance(value, str):
-        if value not in _CLASSES:
-            raise ArgumentValueError(
-                f"collector_class must be a collector class or one of {list(_CLASSES)}, got "
-                f"{value!r}."
-            )
-        return _CLASSES[value]
-    if isinstance(value, type) and issubclass(value, (SyncDataCollector, MultiCollectorBase)):
-        if issubclass(value, DistributedDataCollector):
-            raise ArgumentValueError(
-                "collector_class cannot be a DistributedDataCollector: each rank runs a local "
-                "collector."
-            )
-        return value
-    raise ArgumentTypeError(
-        "collector_class must be SyncDataCollector, MultiSyncDataCollector, "
-        f"MultiaSyncDataCollector (or a subclass), or 'single'/'sync'/'async'; got {value!r}."
-    )
-
-
-def _collector_kwargs(value: Any, n: int, cls: type) -> list[dict]:
-    """One dict of extra arguments per rank, checked against ``cls``'s signature."""
-    if value is None:
-        return [{} for _ in range(n)]
-    items = list(value) if isinstance(value, (list, tuple)) else [value] * n
-    if len(items) != n or not all(isinstance(d, dict) for d in items):
-        raise ArgumentTypeError(
-            f"collector_kwargs must be a dict, or a list of {n} dicts (one per collector rank)."
-        )
-    accepted = _accepted(cls)
-    for d in items:
-        own = sorted(set(d) & set(_OWN))
-        if own:
-            raise ArgumentValueError(
-                f"collector_kwargs sets {own}; set them on DistributedDataCollector itself."
-            )
-        unknown = sorted(k for k in d if accepted is not None and k not in accepted)
-        if unknown:
-            raise ArgumentTypeError(
-                f"collector_kwargs has {unknown}, which {cls.__name__} does not take."
-            )
-    return [dict(d) for d in items]
-
-
-def _accepted(cls: type) -> set[str] | None:
-    """The keyword arguments ``cls(...)`` takes: those of the first ``__init__`` in its MRO that
-    names them (subclasses often forward ``**kwargs``); None when any name goes."""
-    for klass in cls.__mro__:
-        if "__init__" in vars(klass) and klass is not object:
-            params = inspect.signature(klass.__init__).parameters
-            if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-                return set(params)
-    return None

@@ -1,0 +1,90 @@
+"""``DistributedDataCollector``'s own arguments: which collector each rank runs, and what may be
+passed to it, checked at construction before any rank starts."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from hpccollect.collectors.multi import MultiaSyncDataCollector, MultiSyncDataCollector
+from hpccollect.collectors.multi_base import MultiCollectorBase
+from hpccollect.collectors.sync import SyncDataCollector
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+
+__all__ = ["accepted_kwargs", "check_collector_class", "check_collector_kwargs"]
+
+_CLASSES = {
+    "single": SyncDataCollector,
+    "sync": MultiSyncDataCollector,
+    "async": MultiaSyncDataCollector,
+}
+#: collector arguments the ranks' collectors get from this one; collector_kwargs cannot set them
+_OWN = (
+    "frames_per_batch",
+    "total_frames",
+    "traj_id_offset",
+    "traj_id_stride",
+    "replay_buffer",
+    "return_same_td",
+    "postproc",
+    "split_trajs",
+    "storing_device",
+)
+
+
+def check_collector_class(value: Any) -> type:
+    if isinstance(value, str):
+        if value not in _CLASSES:
+            raise ArgumentValueError(
+                f"collector_class must be a collector class or one of {list(_CLASSES)}, got "
+                f"{value!r}."
+            )
+        return _CLASSES[value]
+    if isinstance(value, type) and issubclass(value, (SyncDataCollector, MultiCollectorBase)):
+        from hpccollect.distributed.collector import DistributedDataCollector
+
+        if issubclass(value, DistributedDataCollector):
+            raise ArgumentValueError(
+                "collector_class cannot be a DistributedDataCollector: each rank runs a local "
+                "collector."
+            )
+        return value
+    raise ArgumentTypeError(
+        "collector_class must be SyncDataCollector, MultiSyncDataCollector, "
+        f"MultiaSyncDataCollector (or a subclass), or 'single'/'sync'/'async'; got {value!r}."
+    )
+
+
+def check_collector_kwargs(value: Any, n: int, cls: type) -> list[dict]:
+    """One dict of extra arguments per rank, checked against ``cls``'s signature."""
+    if value is None:
+        return [{} for _ in range(n)]
+    items = list(value) if isinstance(value, (list, tuple)) else [value] * n
+    if len(items) != n or not all(isinstance(d, dict) for d in items):
+        raise ArgumentTypeError(
+            f"collector_kwargs must be a dict, or a list of {n} dicts (one per collector rank)."
+        )
+    accepted = accepted_kwargs(cls)
+    for d in items:
+        own = sorted(set(d) & set(_OWN))
+        if own:
+            raise ArgumentValueError(
+                f"collector_kwargs sets {own}; set them on DistributedDataCollector itself."
+            )
+        unknown = sorted(k for k in d if accepted is not None and k not in accepted)
+        if unknown:
+            raise ArgumentTypeError(
+                f"collector_kwargs has {unknown}, which {cls.__name__} does not take."
+            )
+    return [dict(d) for d in items]
+
+
+def accepted_kwargs(cls: type) -> set[str] | None:
+    """The keyword arguments ``cls(...)`` takes: those of the first ``__init__`` in its MRO that
+    names them (subclasses often forward ``**kwargs``); None when any name goes."""
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass) and klass is not object:
+            params = inspect.signature(klass.__init__).parameters
+            if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                return set(params)
+    return None
