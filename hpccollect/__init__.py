@@ -23,8 +23,12 @@ from hpccollect.collectors import (
 )
 from hpccollect.distributed import DistributedDataCollector
 from hpccollect.envs import GymEnv
+from hpccollect.launchers.mpi import abort_on_uncaught_under_mpiexec
 from hpccollect.policy import ExplorationType, RandomPolicy
 from hpccollect.storage import ReplayBuffer
+
+# under mpiexec, an uncaught exception on one rank would leave the others waiting forever
+abort_on_uncaught_under_mpiexec()
 
 # TorchRL 0.14.1's names for the same collectors
 BaseCollector = DataCollectorBase

@@ -151,7 +151,7 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         args = []
         for i in range(n):
             kwargs = self._worker_kwargs(i, fpb, devices[i], env_kwargs[i])
-            spec = self._worker_spec(fns[i], policy, kwargs, threads)
+            spec = self._worker_spec(i, fns[i], policy, kwargs, threads)
             args.append((spec.dumps(), self._weights[i], self.interruptor))
         #: workers still collecting (all of them unless some were lost, see ``_lose``)
         self._active = list(range(n))
@@ -191,9 +191,9 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         return SharedWeightsSender(self._pool, self._weights, module, self.worker_timeout)
 
     def _worker_spec(
-        self, create_env_fn: Any, policy: Any, kwargs: dict, threads: int
+        self, index: int, create_env_fn: Any, policy: Any, kwargs: dict, threads: int
     ) -> WorkerSpec:
-        """What one worker builds."""
+        """What worker ``index`` builds."""
         return WorkerSpec(create_env_fn, policy, kwargs, threads)
 
     def _worker_kwargs(

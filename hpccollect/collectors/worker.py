@@ -40,13 +40,18 @@ __all__ = ["WorkerSpec", "serve", "worker_main"]
 @dataclass
 class WorkerSpec:
     """What one worker builds (sent once, with cloudpickle, so lambdas and closures work):
-    ``collector_class(create_env_fn, policy, **kwargs)`` with ``num_threads`` torch threads."""
+    ``collector_class(create_env_fn, policy, **kwargs)`` with ``num_threads`` torch threads.
+
+    ``sink``: None, or a callable the worker calls once to get an object whose ``extend(batch)``
+    takes every batch it collects before announcing it (a per-rank dataset shard, written where
+    the batch was collected) and whose ``close()`` is called when the worker ends."""
 
     create_env_fn: Any
     policy: Any
     kwargs: dict
     num_threads: int = 1
     collector_class: type = SyncDataCollector
+    sink: Any = None
 
     def dumps(self) -> bytes:
         return cloudpickle.dumps(self)
@@ -82,10 +87,11 @@ def serve(
     the channel's own, see ``Channel.weights_buffer``);
     ``interruptor`` the collector's shared stop flag (``preemptive_threshold``), or None.
     """
-    collector = None
+    collector = sink = None
     close_env = True
     try:
         spec: WorkerSpec = cloudpickle.loads(payload)
+        sink = spec.sink() if spec.sink is not None else None
         torch.set_num_threads(spec.num_threads)
         extra = {} if interruptor is None else {"interruptor": interruptor}
         if weights is None:
@@ -97,7 +103,7 @@ def serve(
             collector._use_batch_buffers(placed)
         layout = Layout(placed, socket.gethostname(), os.getpid())
         channel.send(message(Reply.LAYOUT, layout))
-        _Server(collector, channel, weights).serve()
+        _Server(collector, channel, weights, sink).serve()
     except _Shutdown as stop:
         close_env = stop.close_env
     except ConnectionError:
@@ -109,6 +115,9 @@ def serve(
         if collector is not None:
             with contextlib.suppress(Exception):
                 collector.shutdown(close_env=close_env)
+        if sink is not None:
+            with contextlib.suppress(Exception):
+                sink.close()
         with contextlib.suppress(Exception):
             channel.close()
 
@@ -116,8 +125,8 @@ def serve(
 class _Server:
     """Answers one command at a time."""
 
-    def __init__(self, collector: Any, channel: Channel, weights: Any) -> None:
-        self.collector, self.channel, self.weights = collector, channel, weights
+    def __init__(self, collector: Any, channel: Channel, weights: Any, sink: Any = None) -> None:
+        self.collector, self.channel, self.weights, self.sink = collector, channel, weights, sink
         self.handlers = {
             Command.COLLECT: self.collect,
             Command.UPDATE_WEIGHTS: self.update_weights,
@@ -145,7 +154,10 @@ class _Server:
         return command, payload
 
     def collect(self, _: None) -> int:
-        return self.collector._collect_counted().numel()
+        batch = self.collector._collect_counted()
+        if self.sink is not None:
+            self.sink.extend(batch)
+        return batch.numel()
 
     def update_weights(self, _: None) -> None:
         self.collector.update_policy_weights_(self.weights)

@@ -3,5 +3,6 @@
 from hpccollect.distributed.collector import DistributedDataCollector
 from hpccollect.distributed.groups import available_backends
 from hpccollect.distributed.rank import RankArgs, serve_rank
+from hpccollect.launchers.mpi import serve
 
-__all__ = ["DistributedDataCollector", "RankArgs", "available_backends", "serve_rank"]
+__all__ = ["DistributedDataCollector", "RankArgs", "available_backends", "serve", "serve_rank"]

@@ -27,6 +27,7 @@ import os
 import pickle
 import select
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -110,6 +111,7 @@ class RankChannel(Channel):
         self._broadcast_queued = False  # an UPDATE_WEIGHTS from a broadcast awaits the loop
         self._silent_acks = 0  # acknowledgements of broadcast updates, not sent
         self._inbox: deque = deque()
+        self._broadcaster: threading.Thread | None = None
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._rfd, False)  # a byte may be gone with a message put back
         # the pipe is closed once nothing can write to it: after close() and the writer threads
@@ -349,9 +351,10 @@ class RankChannel(Channel):
         self._weights, views = layout.allocate(self.device)
         with self._fds:
             self._writers += 1
-        threading.Thread(
+        self._broadcaster = threading.Thread(
             target=self._broadcast_loop, name=f"hpccollect-rank{self.peer}-weights", daemon=True
-        ).start()
+        )
+        self._broadcaster.start()
         return views
 
     def _ready(self, timeout: float) -> list[Any]:
@@ -409,6 +412,14 @@ class RankChannel(Channel):
     def describe(self) -> str:
         pid = f"pid {self.pid}, " if self.pid is not None else ""
         return f"collector rank {self.peer} ({pid}{self.host})"
+
+    def join_threads(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for this end's threads, once its groups are closed (a
+        thread still inside MPI when the process finalises it would fail there)."""
+        deadline = time.monotonic() + timeout
+        for thread in (self._thread, self._broadcaster):
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         if self._closed:

@@ -10,7 +10,6 @@ like ``MultiaSyncDataCollector`` (first ready, first served). A launcher plug-in
 from __future__ import annotations
 
 import threading
-import time
 import warnings
 from collections.abc import Iterator, Sequence
 from functools import partial
@@ -35,14 +34,12 @@ from hpccollect.distributed.arguments import (
     check_collector_class,
     check_collector_kwargs,
 )
-from hpccollect.distributed.channels import RankChannel
-from hpccollect.distributed.groups import RankGroups, check_backend, open_store
-from hpccollect.distributed.rank import RankArgs, ready_key
+from hpccollect.distributed.groups import RankGroups, check_backend
+from hpccollect.distributed.startup import start_ranks
 from hpccollect.distributed.weights import RankWeightsSender
 from hpccollect.errors import (
     ArgumentTypeError,
     ArgumentValueError,
-    CollectorTimeoutError,
     WorkerError,
 )
 from hpccollect.launchers import get_launcher
@@ -78,13 +75,24 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     ``"policy_version"`` entry with the version each frame was collected with.
 
     ``backend``: ``"gloo"`` (default), ``"nccl"``, ``"ucc"`` or ``"mpi"`` where this torch build
-    has them. ``launcher``: ``"mp"`` (local processes, rendezvous on loopback) or a
-    ``hpccollect.launchers.Launcher``; ``tcp_port``: where rank 0 listens (None: a free port).
+    has them. ``launcher``: ``"mp"`` (local processes, rendezvous on loopback), ``"mpi"`` (the
+    ranks of an MPI job, below) or a ``hpccollect.launchers.Launcher``; ``tcp_port``: where rank
+    0 listens (None: ``MASTER_PORT``/``TCP_PORT`` under MPI, else a free port).
 
     Beyond TorchRL's arguments: ``on_worker_failure`` (``"raise"``, or ``"continue"`` with the
     remaining ranks, the lost ones in ``lost_ranks``), ``worker_timeout`` (s a rank may take for
     one batch or answer), ``start_timeout`` (s for the ranks to start), ``replay_buffer``
-    (extended here; the iterator then yields None), ``track_policy_version``, ``num_threads``.
+    (extended here; the iterator then yields None), ``track_policy_version``, ``num_threads``,
+    ``rank_sink`` (``rank_sink(rank)`` is called on each collector rank; the object it returns
+    gets ``extend(batch)`` with every batch that rank collects, before the batch is sent, and
+    ``close()`` when the rank ends: a dataset shard per rank, see ``python -m hpccollect collect
+    --shards``).
+
+    ``launcher="mpi"`` (under ``mpiexec``/``srun``): every rank constructs the same collector;
+    rank 0 gets it, every other rank serves rank 0 inside the constructor and then ends its
+    process with status 0. ``create_env_fn`` is then one constructor for every rank, or one per
+    collector rank (MPI ranks 1..N-1). ``backend="mpi"`` moves the data with MPI (torch's MPI
+    backend, or mpi4py where torch has none); an uncaught exception on any rank aborts the job.
     """
 
     def __new__(cls, *args: Any, sync: bool = False, **kwargs: Any) -> DistributedDataCollector:
@@ -126,11 +134,15 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         worker_timeout: float = 600.0,
         start_timeout: float = 120.0,
         num_threads: int | None = None,
+        rank_sink: Any = None,
     ) -> None:
         self._closed = True
         self._groups: RankGroups | None = None
-        fns = list(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else [create_env_fn]
         self.collector_class = check_collector_class(collector_class)
+        inner_processes = issubclass(self.collector_class, MultiCollectorBase)
+        self.launcher = get_launcher(launcher, starts_processes=inner_processes)
+        self.launcher.enter(float(start_timeout))  # under mpiexec: ranks 1..N serve, then end
+        fns = _rank_envs(create_env_fn, self.launcher.num_ranks)
         self.num_workers_per_collector = check_int(
             "num_workers_per_collector", num_workers_per_collector, minimum=1
         )
@@ -138,6 +150,11 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             collector_kwargs, len(fns), self.collector_class
         )
         self.backend = check_backend(backend)
+        if self.backend == "mpi" and not self.launcher.mpi_world:
+            raise ArgumentValueError(
+                "backend='mpi' moves data between the ranks of one MPI job: start the script "
+                "with mpiexec -n N and pass launcher='mpi', or use backend='gloo'."
+            )
         self.sync = check_bool("sync", sync)
         self.update_after_each_batch = check_bool(
             "update_after_each_batch", update_after_each_batch
@@ -162,9 +179,13 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
                 f"{type(slurm_kwargs).__name__}."
             )
         self.slurm_kwargs = slurm_kwargs
-        inner_processes = issubclass(self.collector_class, MultiCollectorBase)
-        self.launcher = get_launcher(launcher, starts_processes=inner_processes)
-        if slurm_kwargs and not getattr(self.launcher, "uses_slurm_kwargs", False):
+        if rank_sink is not None and not callable(rank_sink):
+            raise ArgumentTypeError(
+                f"rank_sink must be a callable rank_sink(rank) -> an object with extend(batch) "
+                f"and close(), got {type(rank_sink).__name__}."
+            )
+        self.rank_sink = rank_sink
+        if slurm_kwargs and not self.launcher.uses_slurm_kwargs:
             warnings.warn(
                 f"slurm_kwargs are for the submitit launchers; {type(self.launcher).__name__} "
                 "ignores them.",
@@ -214,14 +235,15 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         return [i + 1 for i in self.lost_workers]
 
     def _worker_spec(
-        self, create_env_fn: Any, policy: Any, kwargs: dict, threads: int
+        self, index: int, create_env_fn: Any, policy: Any, kwargs: dict, threads: int
     ) -> WorkerSpec:
         k = self.num_workers_per_collector
         env = create_env_fn
         if k > 1 or issubclass(self.collector_class, MultiCollectorBase):
             single = partial(gym.make, env) if isinstance(env, str) and k > 1 else env
             env = [single] * k
-        return WorkerSpec(env, policy, kwargs, threads, self.collector_class)
+        sink = None if self.rank_sink is None else partial(self.rank_sink, index + 1)
+        return WorkerSpec(env, policy, kwargs, threads, self.collector_class, sink)
 
     def _worker_kwargs(self, index: int, frames_per_batch: int, devices: Any, env_kwargs: Any):
         kwargs = super()._worker_kwargs(index, frames_per_batch, devices, env_kwargs)
@@ -244,108 +266,19 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         )
 
     def _start_workers(self, args: list[tuple], start_method: str) -> list[Channel]:
-        """Listen, start the ranks through the launcher, wait until each joined, and open the
-        job's process groups; one ``RankChannel`` per rank."""
-        n = self.num_workers
-        store = open_store(
-            self.launcher.address(), self.tcp_port or 0, n + 1, True, self.start_timeout
+        """Start the ranks through the launcher and join them (``startup.start_ranks``)."""
+        port = self.launcher.default_port if self.tcp_port is None else self.tcp_port
+        self._groups, channels = start_ranks(
+            self.launcher,
+            [payload for payload, *_ in args],
+            port=port,
+            backend=self.backend,
+            start_timeout=self.start_timeout,
+            send_timeout=self.worker_timeout,
+            device=self._transport_device,
         )
-        processes: list = []
-        try:
-            ranks = [
-                RankArgs(
-                    rank=i + 1,
-                    world_size=n + 1,
-                    host=self.launcher.address(),
-                    port=store.port,
-                    backend=self.backend,
-                    payload=payload,
-                    start_timeout=self.start_timeout,
-                    device=self._transport_device,
-                    send_timeout=self.worker_timeout,
-                )
-                for i, (payload, *_) in enumerate(args)
-            ]
-            processes = self.launcher.start(ranks)
-            self._await_ranks(store, processes)
-            self._groups = self._open_groups(store, processes)
-        except BaseException:
-            for process in processes:
-                if process is not None:
-                    process.kill()
-                    process.close()
-            raise
         self._closers.append(self._groups.close)
-        return [
-            RankChannel(
-                self._groups,
-                i + 1,
-                process=process,
-                device=self._transport_device,
-                send_timeout=self.worker_timeout,
-            )
-            for i, process in enumerate(processes)
-        ]
-
-    def _await_ranks(self, store: Any, processes: Sequence[Any]) -> None:
-        """Return once every rank is about to join; a rank that ends first is reported at once
-        (not after ``start_timeout``)."""
-        deadline = time.monotonic() + self.start_timeout
-        waiting = set(range(len(processes)))
-        while waiting:
-            for i in sorted(waiting):
-                if store.check([ready_key(i + 1)]):
-                    waiting.discard(i)
-            self._check_started(processes, waiting)
-            if waiting and time.monotonic() > deadline:
-                raise CollectorTimeoutError(
-                    f"collector ranks {sorted(r + 1 for r in waiting)} did not join within "
-                    f"start_timeout={self.start_timeout:g} s; pass a larger start_timeout if they "
-                    "start slowly, or check that they can reach "
-                    f"{self.launcher.address()}:{store.port}."
-                )
-            if waiting:
-                time.sleep(0.02)
-
-    def _open_groups(self, store: Any, processes: Sequence[Any]) -> RankGroups:
-        """Join the process groups with the ranks; a rank that ends meanwhile is reported at
-        once instead of leaving this process waiting inside torch.distributed (the joining
-        thread is then abandoned: it cannot be interrupted)."""
-        result: dict[str, Any] = {}
-
-        def join() -> None:
-            try:
-                result["groups"] = RankGroups.open(self.backend, store, 0, self.num_workers + 1)
-            except BaseException as err:
-                result["error"] = err
-
-        thread = threading.Thread(target=join, name="hpccollect-join", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + self.start_timeout
-        while thread.is_alive():
-            thread.join(0.05)
-            self._check_started(processes)
-            if time.monotonic() > deadline:
-                raise CollectorTimeoutError(
-                    f"the collector ranks did not join the process groups within "
-                    f"start_timeout={self.start_timeout:g} s."
-                )
-        if "error" in result:
-            raise result["error"]
-        return result["groups"]
-
-    def _check_started(self, processes: Sequence[Any], which: Any = None) -> None:
-        """Raise for the first rank (of ``which``) whose process ended during start-up."""
-        for i in range(len(processes)) if which is None else which:
-            if processes[i] is not None and (how := processes[i].death()) is not None:
-                raise WorkerError(
-                    f"collector rank {i + 1} (pid {processes[i].pid}) {how} before joining "
-                    "the job; its own output above says why.",
-                    worker=i,
-                    host=processes[i].host,
-                    num_workers=len(processes),
-                    rank=i + 1,
-                )
+        return channels
 
     # ------------------------------------------------------------------ weights and versions
     def _collect_from(self, index: int) -> None:
@@ -427,6 +360,21 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             f"backend={self.backend!r}, frames_per_batch={self.frames_per_batch}, "
             f"total_frames={self.total_frames}, frames={self._frames})"
         )
+
+
+def _rank_envs(create_env_fn: Any, num_ranks: int | None) -> list:
+    """One env constructor per collector rank: the list given, or, when the launcher fixes the
+    number of ranks (mpiexec -n N), a single constructor repeated for each."""
+    if not isinstance(create_env_fn, (list, tuple)):
+        return [create_env_fn] * (num_ranks or 1)
+    fns = list(create_env_fn)
+    if num_ranks is not None and len(fns) != num_ranks:
+        raise ArgumentValueError(
+            f"create_env_fn lists {len(fns)} env constructors but the job has {num_ranks} "
+            f"collector ranks (its MPI ranks but rank 0): pass {num_ranks} constructors, or a "
+            "single one for every rank."
+        )
+    return fns
 
 
 class _SyncDistributed(DistributedDataCollector, MultiSyncDataCollector):

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import ipaddress
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
 
+from hpccollect.distributed.mpi_transport import MPIGroup, mpi4py_comm
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 
 __all__ = ["BACKENDS", "RankGroups", "available_backends", "check_backend", "open_store"]
@@ -44,6 +47,9 @@ def check_backend(backend: Any) -> str:
     if backend not in BACKENDS:
         raise ArgumentValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}.")
     have = available_backends()
+    if backend == "mpi" and backend not in have:
+        mpi4py_comm()  # torch has no MPI backend: mpi4py's transport speaks the same protocol
+        return backend
     if backend not in have:
         how = {
             "nccl": "install a CUDA build of torch on a machine with NVIDIA GPUs",
@@ -68,17 +74,25 @@ def check_backend(backend: Any) -> str:
 def open_store(
     host: str, port: int, world_size: int, is_master: bool, timeout: float
 ) -> dist.TCPStore:
-    """The job's rendezvous store; rank 0 hosts it (``port`` 0: a free port, race-free)."""
+    """The job's rendezvous store; rank 0 hosts it (``port`` 0: a free port, race-free),
+    listening on ``host`` only (torch's own store would listen on every interface)."""
+    listener = None
     try:
-        return dist.TCPStore(
+        if is_master:
+            listener = socket.create_server((host, port), backlog=4096)
+            port = listener.getsockname()[1]
+        store = dist.TCPStore(
             host,
             port,
             world_size,
             is_master,
             timeout=datetime.timedelta(seconds=timeout),
             wait_for_workers=False,
+            master_listen_fd=None if listener is None else listener.fileno(),
         )
     except (RuntimeError, OSError) as err:
+        if listener is not None:
+            listener.close()
         if is_master:
             raise ArgumentValueError(
                 f"cannot listen on {host}:{port} for the collector ranks ({err}); the port is "
@@ -88,6 +102,9 @@ def open_store(
         raise CollectorTimeoutError(
             f"rank could not reach rank 0 at {host}:{port} within {timeout:g} s ({err})."
         ) from err
+    if listener is not None:
+        listener.detach()  # the store owns the socket now
+    return store
 
 
 @dataclass
@@ -106,12 +123,9 @@ class RankGroups:
     def open(cls, backend: str, store: Any, rank: int, world_size: int) -> RankGroups:
         """Join the job's groups (every rank calls this once; it returns when all have)."""
         groups = cls(rank, world_size, backend, store)
-        groups.messages = _group(
-            backend, dist.PrefixStore("hpccollect/p2p", store), rank, world_size
-        )
-        groups.broadcast = _group(
-            backend, dist.PrefixStore("hpccollect/bcast", store), rank, world_size
-        )
+        for name in ("messages", "broadcast"):
+            prefixed = dist.PrefixStore(f"hpccollect/{name}", store)
+            setattr(groups, name, _group(backend, prefixed, rank, world_size, name))
         return groups
 
     def close(self) -> None:
@@ -126,9 +140,31 @@ class RankGroups:
         self.messages = self.broadcast = self.store = None
 
 
-def _group(backend: str, store: Any, rank: int, world_size: int) -> Any:
+def _group(backend: str, store: Any, rank: int, world_size: int, name: str) -> Any:
     if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world_size, IDLE)
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = IDLE
+        options._devices = [_gloo_device(store)]
+        return dist.ProcessGroupGloo(store, rank, world_size, options)
     if backend == "ucc":
         return dist.ProcessGroupUCC(store, rank, world_size, IDLE)
-    return dist.ProcessGroupMPI.create(list(range(world_size)))
+    if dist.is_mpi_available():
+        return dist.ProcessGroupMPI.create(list(range(world_size)))
+    comm = mpi4py_comm()
+    if comm.Get_size() != world_size or comm.Get_rank() != rank:
+        raise ArgumentValueError(
+            f"backend='mpi' needs rank {rank} of a {world_size}-process MPI job, but this "
+            f"process is rank {comm.Get_rank()} of {comm.Get_size()}: start every rank with "
+            f"mpiexec -n {world_size} and pass launcher='mpi'."
+        )
+    return MPIGroup(comm, f"hpccollect-{name}")
+
+
+def _gloo_device(store: Any) -> Any:
+    """Gloo's listening device: loopback when rank 0 is reached on loopback (one node: nothing
+    listens on other interfaces), else torch's default (``GLOO_SOCKET_IFNAME`` applies)."""
+    host = getattr(getattr(store, "underlying_store", store), "host", "")
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).is_loopback:
+            return dist.ProcessGroupGloo.create_device(hostname=host)
+    return dist.ProcessGroupGloo.create_default_device()

@@ -52,3 +52,4 @@ def serve_rank(args: RankArgs) -> None:
     finally:
         with contextlib.suppress(Exception):
             groups.close()
+        channel.join_threads(5.0)

@@ -10,7 +10,7 @@ from hpccollect.launchers.mp import MPLauncher
 
 __all__ = ["LAUNCHERS", "Launcher", "MPLauncher", "RankProcess", "get_launcher"]
 
-LAUNCHERS = ("mp", "submitit", "submitit_delayed")
+LAUNCHERS = ("mp", "mpi", "submitit", "submitit_delayed")
 
 
 def get_launcher(launcher: Any, starts_processes: bool = False) -> Launcher:
@@ -25,10 +25,14 @@ def get_launcher(launcher: Any, starts_processes: bool = False) -> Launcher:
         )
     if launcher == "mp":
         return MPLauncher(daemon=not starts_processes)
+    if launcher == "mpi":
+        from hpccollect.launchers.mpi import MPILauncher  # imports mpi4py: only when asked
+
+        return MPILauncher()
     if launcher in ("submitit", "submitit_delayed"):
         raise ArgumentValueError(
             f"launcher={launcher!r} (SLURM jobs through submitit) is not available in this "
             "version of hpccollect; pass launcher='mp' to run the collector ranks as local "
-            "processes."
+            "processes, or launcher='mpi' under mpiexec/srun."
         )
     raise ArgumentValueError(f"launcher must be one of {list(LAUNCHERS)}, got {launcher!r}.")

@@ -43,6 +43,21 @@ class Launcher(abc.ABC):
 
     #: whether ranks run on this machine (rank 0 then leaves them its CPU threads)
     shares_host: bool = True
+    #: how many collector ranks the job has when the launcher decides it (mpiexec -n N: N - 1),
+    #: None when the collector's ``create_env_fn`` list decides
+    num_ranks: int | None = None
+    #: whether rank 0 and the ranks are one MPI job (what ``backend="mpi"`` needs)
+    mpi_world: bool = False
+    #: the port rank 0 listens on when ``tcp_port`` is None (0: a free one)
+    default_port: int = 0
+    #: whether the launcher passes ``slurm_kwargs`` on
+    uses_slurm_kwargs: bool = False
+
+    def enter(self, start_timeout: float) -> None:
+        """Called first on every process that constructs the collector. A launcher whose ranks
+        run the caller's own script (mpiexec) serves a collector rank here and ends the
+        process instead of returning; on rank 0, and for other launchers, it returns."""
+        return None
 
     @abc.abstractmethod
     def address(self) -> str:

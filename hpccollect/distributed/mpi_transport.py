@@ -1,0 +1,201 @@
+"""``backend="mpi"`` through mpi4py, for torch builds without an MPI backend (the PyPI wheels).
+
+It offers the part of a torch process group that ``RankChannel`` and the weight sender use
+(``send``, ``recv``, ``broadcast``, ``abort``; each returning a work to ``wait`` on), so the
+protocol, the batch buffers and the weight fan-out are the ones gloo uses: messages and
+batches are buffer-based ``Isend``/``Irecv`` of the wire buffers themselves (nothing pickled),
+weights an ``Ibcast``.
+
+Waits never block inside MPI: MPICH's blocking calls spin a whole core while they wait, which a
+rank 0 sharing a node with its collector ranks would steal from them. A wait tests its request,
+then sleeps with a growing back-off (at most ``IDLE_SLEEP``), and ends early when the group is
+closed or the peer said goodbye. MPI cannot close a connection the way a dying gloo peer does,
+so a closing end sends a goodbye message to every peer; their pending receives from it then
+fail just as gloo's do.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
+
+__all__ = ["IDLE_SLEEP", "MPIGroup", "mpi4py_comm", "wait_request"]
+
+IDLE_SLEEP = 1e-3  # the longest sleep between two tests of a request (the added latency)
+_BUSY_TESTS = 32  # tests before the first sleep: a message in flight completes in microseconds
+_BYE = 32767  # the tag of the goodbye message (below MPI's guaranteed tag upper bound)
+_GRACE = 2.0  # seconds a closing end waits for its peers' goodbyes, then for its own to leave
+_ABORTING: set[int] = set()  # collector ranks that did not stop; the job ends at exit
+
+
+def mpi4py_comm() -> Any:
+    """``MPI.COMM_WORLD`` from mpi4py, checked to allow calls from several threads."""
+    try:
+        from mpi4py import MPI
+    except ImportError as err:
+        raise ArgumentValueError(
+            "backend='mpi' and launcher='mpi' need mpi4py and an MPI library: "
+            "pip install 'hpccollect[mpi]' (mpi4py and the mpich package), or use "
+            "launcher='mp' with backend='gloo'."
+        ) from err
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise ArgumentValueError(
+            "MPI was initialised without MPI_THREAD_MULTIPLE, which hpccollect's MPI transport "
+            "needs; do not set mpi4py.rc.threads = False or initialise MPI yourself with a "
+            "lower thread level."
+        )
+    return MPI.COMM_WORLD
+
+
+def wait_request(
+    test: Callable[[], bool],
+    timeout: float | None,
+    what: str,
+    stop: Callable[[], str | None] = lambda: None,
+    max_sleep: float = IDLE_SLEEP,
+) -> None:
+    """Wait until ``test()`` is true: tests, then sleeps growing up to ``max_sleep``;
+    ``RuntimeError`` when ``stop()`` gives a reason, ``CollectorTimeoutError`` after
+    ``timeout`` s (None: no limit)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    tests, sleep = 0, 20e-6
+    while not test():
+        why = stop()
+        if why is not None:
+            if test():  # what the peer sent before it said goodbye still counts
+                return
+            raise RuntimeError(why)
+        if deadline is not None and time.monotonic() > deadline:
+            raise CollectorTimeoutError(f"{what} did not complete within {timeout:g} s")
+        tests += 1
+        if tests > _BUSY_TESTS:
+            time.sleep(sleep)
+            sleep = min(sleep * 2, max_sleep)
+
+
+class _Work:
+    """One pending request, waited on like a torch ``Work``."""
+
+    def __init__(self, group: MPIGroup, request: Any, what: str, peer: int | None) -> None:
+        self.group, self.request, self.what, self.peer = group, request, what, peer
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        seconds = None if timeout is None else timeout.total_seconds()
+        try:
+            wait_request(
+                self.request.Test,
+                seconds,
+                self.what,
+                lambda: self.group.stopped(self.peer),
+                self.group.max_sleep,
+            )
+        except BaseException:
+            self.group.cancel(self.request)
+            raise
+        return True
+
+
+class MPIGroup:
+    """A private duplicate of ``comm`` with the process-group calls the transport needs."""
+
+    def __init__(self, comm: Any, name: str, max_sleep: float = IDLE_SLEEP) -> None:
+        self.comm = comm.Dup()
+        self.comm.Set_name(name)
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.max_sleep = max_sleep
+        self._closed: str | None = None
+        self._gone: dict[int, str] = {}  # peers that said goodbye
+        self._lock = threading.Lock()  # one thread at a time looks for goodbyes
+        self._byes: list[Any] = []
+
+    def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
+        self._check_open(peer)
+        request = self.comm.Isend(_buffer(tensors), peer, tag)
+        return _Work(self, request, f"a send to rank {peer}", peer)
+
+    def recv(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
+        self._check_open(peer)
+        request = self.comm.Irecv(_buffer(tensors), peer, tag)
+        return _Work(self, request, f"a receive from rank {peer}", peer)
+
+    def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
+        self._check_open(None)
+        request = self.comm.Ibcast(_buffer(tensor), root)
+        return _Work(self, request, f"a broadcast from rank {root}", None)
+
+    def stopped(self, peer: int | None) -> str | None:
+        """Why waits involving ``peer`` (None: any) must end, or None."""
+        if self._closed is not None:
+            return self._closed
+        if peer is None:
+            return None
+        with self._lock:
+            if peer not in self._gone and self.comm.Iprobe(peer, _BYE):
+                self.comm.Recv(bytearray(1), peer, _BYE)
+                self._gone[peer] = f"rank {peer} closed its end of the connection"
+        return self._gone.get(peer)
+
+    def cancel(self, request: Any) -> None:
+        """Withdraw a request whose wait ended early (a receive that never matched)."""
+        with contextlib.suppress(Exception):  # a request that completed meanwhile needs nothing
+            if not request.Test():
+                request.Cancel()
+
+    def abort(self) -> None:
+        """Close this end: pending waits end, and the peers are told (bounded, best effort).
+
+        On rank 0, a collector rank that has not closed its end within a moment did not stop
+        when asked; MPI cannot end one rank, and ``MPI_Finalize`` would wait for it forever, so
+        the job is aborted when this process exits (after it has saved what it holds)."""
+        if self._closed is not None:
+            return
+        peers = [p for p in range(self.size) if p != self.rank] if self.rank == 0 else [0]
+        deadline = time.monotonic() + _GRACE
+        while self.rank == 0 and time.monotonic() < deadline:
+            if all(self.stopped(p) for p in peers):
+                break
+            time.sleep(2e-3)
+        stuck = [p for p in peers if self.rank == 0 and not self.stopped(p)]
+        self._closed = "the connection was closed"
+        requests = [self.comm.Isend(bytearray(1), p, _BYE) for p in peers if p not in self._gone]
+        while not all(r.Test() for r in requests) and time.monotonic() < deadline + _GRACE:
+            time.sleep(1e-3)
+        if stuck:
+            _abort_at_exit(self.comm, stuck)
+
+    def _check_open(self, peer: int | None) -> None:
+        why = self.stopped(peer)
+        if why is not None:
+            raise RuntimeError(why)
+
+
+def _abort_at_exit(comm: Any, ranks: Sequence[int]) -> None:
+    if not _ABORTING:
+        atexit.register(_abort, comm)
+    _ABORTING.update(ranks)
+
+
+def _abort(comm: Any) -> None:
+    sys.stderr.write(
+        f"hpccollect: collector ranks {sorted(_ABORTING)} did not stop when asked; aborting the "
+        "MPI job so that it ends.\n"
+    )
+    sys.stderr.flush()
+    comm.Abort(1)
+
+
+def _buffer(tensors: torch.Tensor | Sequence[torch.Tensor]) -> Any:
+    tensor = tensors if isinstance(tensors, torch.Tensor) else tensors[0]
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise ValueError("the MPI transport moves contiguous CPU tensors only")
+    return tensor.numpy()

@@ -1,0 +1,148 @@
+"""``launcher="mpi"``: the ranks of an ``mpiexec``/``srun`` job, each running the same script.
+
+Every rank constructs the same ``DistributedDataCollector``. On rank 0 the constructor returns
+the collector; on every other rank it serves rank 0 (``serve``) and then ends the process with
+status 0, so the script needs no branch on the rank. Rank 0 hands each rank its ``RankArgs``
+over the MPI communicator; the collector's data then travels over the chosen backend (gloo
+through rank 0's store, or MPI itself).
+
+Under ``mpiexec`` a rank that exits with an error leaves the others waiting forever, so an
+uncaught exception on any rank prints its traceback, names the rank and host, and aborts the
+whole job (``MPI_Abort``). A rank killed by a signal ends the whole job too: hydra and srun tear
+every rank down, so under MPI a job cannot go on without a lost rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from hpccollect.distributed.mpi_transport import mpi4py_comm, wait_request
+from hpccollect.distributed.rank import RankArgs, serve_rank
+from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
+from hpccollect.launchers.base import Launcher, RankProcess
+
+__all__ = ["MPILauncher", "serve"]
+
+_START = 32766  # the tag of rank 0's RankArgs message
+_WAIT_SLEEP = 0.02  # waits for start-up are long: test them rarely
+
+
+class MPILauncher(Launcher):
+    """Rank 0 of an MPI job starts nothing: the other ranks exist already, and are told how to
+    join. ``master_addr``/``interface`` choose where rank 0 listens (default: loopback when
+    every rank is on this node, see ``hpccollect.distributed.rendezvous``)."""
+
+    mpi_world = True
+
+    def __init__(self, master_addr: str | None = None, interface: str | None = None) -> None:
+        from hpccollect.distributed.rendezvous import detect
+
+        self.comm = mpi4py_comm()
+        self.rendezvous = detect(comm=self.comm, master_addr=master_addr, interface=interface)
+        abort_on_uncaught(self.comm)
+        size = self.comm.Get_size()
+        if size < 2:
+            raise ArgumentValueError(
+                "launcher='mpi' needs rank 0 and at least one collector rank: start the script "
+                "with mpiexec -n N (N >= 2) or srun -n N, or use launcher='mp' to start the "
+                "collector ranks as local processes."
+            )
+        self.num_ranks = size - 1
+        self.shares_host = self.rendezvous.local_size == size
+        self.default_port = self.rendezvous.port or 0
+
+    def enter(self, start_timeout: float) -> None:
+        if self.comm.Get_rank() == 0:
+            return
+        serve(start_timeout, self.comm)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        from mpi4py import MPI
+
+        MPI.Finalize()  # waits for rank 0's end; exiting without it would end the job now
+        os._exit(0)
+
+    def address(self) -> str:
+        return self.rendezvous.master_addr
+
+    def start(self, ranks: Sequence[RankArgs]) -> list[RankProcess | None]:
+        for args in ranks:
+            request = self.comm.isend(args, dest=args.rank, tag=_START)
+            wait_request(
+                lambda r=request: r.test()[0],
+                args.start_timeout,
+                f"handing rank {args.rank} its arguments",
+                max_sleep=_WAIT_SLEEP,
+            )
+        return [None] * len(ranks)
+
+
+def serve(timeout: float = 120.0, comm: Any = None) -> None:
+    """Run this process as a collector rank of an MPI job whose rank 0 constructs
+    ``DistributedDataCollector(..., launcher="mpi")``; returns once rank 0 shut the collector
+    down. For scripts that branch on the rank themselves (``launcher="mpi"`` calls it for you).
+    ``timeout``: seconds to wait for rank 0 to construct its collector."""
+    comm = comm if comm is not None else mpi4py_comm()
+    abort_on_uncaught(comm)
+    if comm.Get_rank() == 0:
+        raise ArgumentValueError(
+            "hpccollect.distributed.serve() runs the collector ranks (MPI ranks 1..N-1); on "
+            "rank 0, construct DistributedDataCollector(..., launcher='mpi') instead."
+        )
+    try:
+        wait_request(
+            lambda: comm.Iprobe(0, _START), timeout, "rank 0's start", max_sleep=_WAIT_SLEEP
+        )
+    except CollectorTimeoutError as err:
+        raise CollectorTimeoutError(
+            f"MPI rank {comm.Get_rank()} waited {timeout:g} s for rank 0 to construct "
+            "DistributedDataCollector(..., launcher='mpi'); every rank must construct it (or "
+            "call hpccollect.distributed.serve()). Raise start_timeout if rank 0 does long work "
+            "first."
+        ) from err
+    args: RankArgs = comm.recv(source=0, tag=_START)
+    serve_rank(args)
+
+
+def abort_on_uncaught(comm: Any = None) -> None:
+    """Make an uncaught exception in this process end the whole MPI job (after printing it,
+    with the rank and host), instead of leaving the other ranks waiting. ``comm``: None takes
+    ``MPI.COMM_WORLD`` when an exception comes (mpi4py is imported only then)."""
+    if getattr(sys.excepthook, "_hpccollect_abort", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        nonlocal comm
+        try:
+            comm = comm if comm is not None else mpi4py_comm()
+            previous(kind, value, tb)
+            sys.stderr.write(
+                f"hpccollect: {kind.__name__} on MPI rank {comm.Get_rank()} of "
+                f"{comm.Get_size()} ({socket.gethostname()}); aborting the whole job.\n"
+            )
+            sys.stderr.flush()
+            sys.stdout.flush()
+        finally:
+            comm.Abort(130 if issubclass(kind, KeyboardInterrupt) else 1)
+
+    hook._hpccollect_abort = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def abort_on_uncaught_under_mpiexec() -> None:
+    """``abort_on_uncaught`` when this process is one of several started by an MPI launcher
+    (MPICH's hydra or Open MPI): called when hpccollect is imported, so that an exception
+    before any collector exists ends the job too."""
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if os.environ.get(name, "1").strip() not in ("", "0", "1"):
+            with contextlib.suppress(ImportError):
+                import mpi4py  # noqa: F401 - only a check that it is there
+
+                abort_on_uncaught()
+            return

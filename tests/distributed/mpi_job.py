@@ -1,0 +1,106 @@
+"""The script every rank of ``mpiexec -n 3`` runs in tests/distributed/test_mpi.py (and, run
+as one plain process with ``--launcher mp``, the reference it is compared with).
+
+Each rank writes its pid to ``OUT.pid<rank>`` first; rank 0 saves the batches it collected and
+the policy versions to ``OUT``. ``--mode``: ``collect`` (plain), ``weights`` (new weights after
+the second batch), ``raise-before`` (rank 2 raises before constructing the collector),
+``raise-env`` (rank 2's env raises), ``wait`` (collect slowly until killed), ``idle`` (envs that
+sleep: rank 0 mostly waits; its CPU time over its wall time is saved as ``busy``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from functools import partial
+
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import CounterEnv
+
+from hpccollect import DistributedDataCollector
+
+
+class BiasPolicy(nn.Module):
+    """Takes the action with the larger bias: the weights show in every action."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.tensor([1.0, 0.0]))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        scores = self.bias + 0 * observation[..., :1]
+        return nn.functional.one_hot(scores.argmax(-1), 2)
+
+
+class Failing(CounterEnv):
+    def step(self, action):
+        raise KeyError("rank 2's env fails on purpose")
+
+
+class Slow(CounterEnv):
+    pause = 0.01
+
+    def step(self, action):
+        time.sleep(self.pause)
+        return super().step(action)
+
+
+class Sleepy(Slow):
+    pause = 0.05
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--launcher", default="mpi")
+    p.add_argument("--backend", default="gloo")
+    p.add_argument("--sync", type=int, default=1)
+    p.add_argument("--mode", default="collect")
+    a = p.parse_args()
+    rank = int(os.environ.get("PMI_RANK", "0"))
+    with open(f"{a.out}.pid{rank}", "w") as f:
+        f.write(str(os.getpid()))
+    if a.mode == "raise-before" and rank == 2:
+        raise RuntimeError("rank 2 fails before the collector exists")
+    second = {"raise-env": Failing, "wait": Slow, "idle": Sleepy}.get(a.mode, CounterEnv)
+    first = {"wait": Slow, "idle": Sleepy}.get(a.mode, CounterEnv)
+    policy = TensorDictModule(BiasPolicy(), ["observation"], ["action"])
+    collector = DistributedDataCollector(
+        [partial(first, 3), partial(second, 4)],
+        policy,
+        frames_per_batch=24,
+        total_frames=-1 if a.mode == "wait" else 240,
+        launcher=a.launcher,
+        backend=a.backend,
+        sync=bool(a.sync),
+        start_timeout=60,
+        worker_timeout=60,
+    )
+    collector.set_seed(7)
+    batches = []
+    wall, cpu = time.perf_counter(), time.process_time()
+    for i, batch in enumerate(collector):
+        batches.append(batch.clone())
+        if i == 0:
+            open(f"{a.out}.started", "w").close()
+        if a.mode == "weights" and i == 1:
+            with torch.no_grad():
+                policy.module.bias.copy_(torch.tensor([0.0, 1.0]))
+            collector.update_policy_weights_()
+    busy = (time.process_time() - cpu) / (time.perf_counter() - wall)
+    versions = list(collector.policy_versions)
+    collector.shutdown()
+    torch.save(
+        {"batches": [b.to_dict() for b in batches], "versions": versions, "busy": busy}, a.out
+    )
+    print("rank 0 done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

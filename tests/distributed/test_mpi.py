@@ -1,0 +1,154 @@
+"""DistributedDataCollector under a real ``mpiexec -n 3`` (the ``mpich`` package's hydra):
+``launcher="mpi"`` with gloo and with the mpi4py transport, against the ``mp`` launcher's data,
+and the faults MPI adds (a rank raising, a rank killed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import alive
+from tensordict import TensorDict
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+JOB = Path(__file__).with_name("mpi_job.py")
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+if MPIEXEC is None and not os.environ.get("CI"):
+    pytestmark.append(pytest.mark.skip(reason="no mpiexec next to this Python (pip install mpich)"))
+
+
+def run_job(out: Path, *args: str, ranks: int = 3, timeout: float = 90) -> tuple:
+    """Run mpi_job.py (under mpiexec unless ``ranks`` is 0); (returncode, output, seconds)."""
+    cmd = [sys.executable, str(JOB), str(out), *args]
+    if ranks:
+        cmd = [MPIEXEC, "-n", str(ranks), *cmd]
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:  # a hung job: end every process of it, then fail
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, output, time.monotonic() - start
+
+
+def batches(out: Path) -> list[TensorDict]:
+    return [TensorDict(b) for b in torch.load(out, weights_only=False)["batches"]]
+
+
+def job_pids(out: Path) -> list[int]:
+    return [int(p.read_text()) for p in sorted(out.parent.glob(f"{out.name}.pid*"))]
+
+
+def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)], "processes of the job are still running"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> list[TensorDict]:
+    """The same job with launcher='mp' in one plain process."""
+    out = tmp_path_factory.mktemp("mp") / "mp.pt"
+    code, output, _ = run_job(out, "--launcher", "mp", ranks=0)
+    assert code == 0, output
+    return batches(out)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_mpiexec_job_gives_the_mp_launchers_data(tmp_path, reference, backend):
+    out = tmp_path / "out.pt"
+    code, output, seconds = run_job(out, "--backend", backend)
+    assert code == 0, output
+    assert output.count("rank 0 done") == 1  # the other ranks never returned from the constructor
+    got = batches(out)
+    assert len(got) == len(reference) == 10
+    for mine, theirs in zip(got, reference, strict=True):
+        assert set(mine.keys(True, True)) == set(theirs.keys(True, True))
+        assert (mine == theirs).all()
+    assert len(job_pids(out)) == 3
+    assert_gone(job_pids(out))
+    assert seconds < 60, f"the job took {seconds:.1f} s"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_weights_reach_every_rank_under_mpiexec(tmp_path, backend):
+    out = tmp_path / "out.pt"
+    code, output, seconds = run_job(out, "--backend", backend, "--mode", "weights")
+    assert code == 0, output
+    saved = torch.load(out, weights_only=False)
+    assert saved["versions"] == [1, 1]
+    actions = [b["action"][..., 1].float().mean().item() for b in batches(out)]
+    assert actions[:2] == [0.0, 0.0] and set(actions[2:]) == {1.0}, actions
+    assert_gone(job_pids(out))
+    assert seconds < 60
+
+
+@pytest.mark.timeout(120)
+def test_rank_0_does_not_burn_a_core_while_it_waits_on_mpi(tmp_path):
+    out = tmp_path / "out.pt"
+    code, output, _ = run_job(out, "--backend", "mpi", "--mode", "idle")
+    assert code == 0, output
+    busy = torch.load(out, weights_only=False)["busy"]
+    # MPICH's blocking receive would keep rank 0 at 100 % of a core for the whole wait
+    assert busy < 0.3, f"rank 0 used {busy:.0%} of a core while its ranks' envs slept"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [
+        ("raise-env", "rank 2's env fails on purpose"),
+        ("raise-before", "rank 2 fails before the collector exists"),
+    ],
+)
+def test_an_exception_on_one_rank_ends_the_whole_job(tmp_path, mode, says):
+    out = tmp_path / "out.pt"
+    code, output, seconds = run_job(out, "--backend", "mpi", "--mode", mode, timeout=60)
+    assert code != 0
+    assert says in output
+    assert "MPI rank" in output and "aborting the whole job" in output
+    assert seconds < 30, f"the job took {seconds:.1f} s to end"
+    assert_gone(job_pids(out))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_a_rank_killed_with_sigkill_ends_the_job_within_seconds(tmp_path, backend):
+    out = tmp_path / "out.pt"
+    cmd = [MPIEXEC, "-n", "3", sys.executable, str(JOB), str(out), "--backend", backend]
+    proc = subprocess.Popen(
+        [*cmd, "--mode", "wait"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "out.pt.started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the job never started"
+            time.sleep(0.1)
+        os.kill(int((tmp_path / "out.pt.pid2").read_text()), signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait(timeout=30)
+        assert time.monotonic() - killed < 10
+        assert proc.returncode != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert_gone(job_pids(out))
