@@ -23,14 +23,15 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
-import re
 import socket
 import struct
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpccollect.distributed.mpi_transport import wait_request
+from hpccollect.distributed.nodelist import expand_nodelist
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, CollectorTimeoutError
 
 __all__ = [
@@ -153,6 +154,16 @@ def share_from_root(comm: Any, value: Any, timeout: float) -> Any:
     from mpi4py import MPI
 
     deadline = time.monotonic() + timeout
+
+    def wait(request: Any) -> None:
+        try:
+            wait_request(request.Test, max(0.0, deadline - time.monotonic()), "", max_sleep=0.02)
+        except CollectorTimeoutError as err:
+            raise CollectorTimeoutError(
+                f"rank {comm.Get_rank()} of {comm.Get_size()} waited {timeout:g} s for rank 0 "
+                "to share its value: every rank must call share_from_root (does rank 0 run?)."
+            ) from err
+
     head = bytearray(_HEAD)
     data = b""
     if comm.Get_rank() == 0:
@@ -160,12 +171,12 @@ def share_from_root(comm: Any, value: Any, timeout: float) -> Any:
         first = data[: _HEAD - 8]
         head[:8] = struct.pack("<q", len(data))
         head[8 : 8 + len(first)] = first
-    _wait(comm.Ibcast([head, MPI.BYTE], root=0), deadline, timeout, comm)
+    wait(comm.Ibcast([head, MPI.BYTE], root=0))
     size = struct.unpack("<q", head[:8])[0]
     if size <= _HEAD - 8:
         return pickle.loads(head[8 : 8 + size])
     rest = bytearray(data[_HEAD - 8 :]) if comm.Get_rank() == 0 else bytearray(size - _HEAD + 8)
-    _wait(comm.Ibcast([rest, MPI.BYTE], root=0), deadline, timeout, comm)
+    wait(comm.Ibcast([rest, MPI.BYTE], root=0))
     return pickle.loads(bytes(head[8:]) + bytes(rest))
 
 
@@ -182,13 +193,6 @@ def free_port(host: str) -> int:
                 "host as master_addr (or interface=)."
             ) from err
         return int(sock.getsockname()[1])
-
-
-def expand_nodelist(nodelist: str, name: str = "SLURM_JOB_NODELIST") -> Iterator[str]:
-    """The host names of SLURM's compressed form, in order: ``"node[01-02,07],gpu3"`` gives
-    node01, node02, node07, gpu3. ``name``: the variable it came from, for the error."""
-    for item in _top_level_split(nodelist, name):
-        yield from _expand_item(item, nodelist, name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,53 +399,3 @@ def _root_address(comm: Any, rank: int) -> str:
     if kind == "error":
         raise ArgumentValueError(text)
     return text
-
-
-def _wait(request: Any, deadline: float, timeout: float, comm: Any) -> None:
-    sleep = 50e-6
-    while not request.Test():
-        if time.monotonic() > deadline:
-            raise CollectorTimeoutError(
-                f"rank {comm.Get_rank()} of {comm.Get_size()} waited {timeout:g} s for rank 0 "
-                "to share its value: every rank must call share_from_root (does rank 0 run?)."
-            )
-        time.sleep(sleep)
-        sleep = min(sleep * 2, 0.02)
-
-
-def _top_level_split(nodelist: str, name: str) -> list[str]:
-    items, depth, start = [], 0, 0
-    for i, char in enumerate(nodelist):
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if depth not in (0, 1):
-            raise ArgumentValueError(f"{name}={nodelist!r}: brackets do not match")
-        if char == "," and depth == 0:
-            items.append(nodelist[start:i])
-            start = i + 1
-    items.append(nodelist[start:])
-    if depth or not all(item.strip() for item in items):
-        raise ArgumentValueError(f"{name}={nodelist!r} is not a SLURM host list")
-    return [item.strip() for item in items]
-
-
-_GROUP = re.compile(r"\[([^\[\]]*)\]")
-
-
-def _expand_item(item: str, nodelist: str, name: str) -> Iterator[str]:
-    """``node[01-02]-ib[1,3]`` gives node01-ib1, node01-ib3, node02-ib1, node02-ib3."""
-    match = _GROUP.search(item)
-    if match is None:
-        if "[" in item or "]" in item:
-            raise ArgumentValueError(f"{name}={nodelist!r}: brackets do not match")
-        yield item
-        return
-    head, tail = item[: match.start()], item[match.end() :]
-    for part in match.group(1).split(","):
-        lo, _, hi = part.strip().partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
-            raise ArgumentValueError(
-                f"{name}={nodelist!r}: {part!r} is not a number or a range like 01-04"
-            )
-        for number in range(int(lo), int(hi or lo) + 1):
-            for rest in _expand_item(tail, nodelist, name):
-                yield f"{head}{number:0{len(lo)}d}{rest}"
