@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import threading
 
 import gymnasium as gym
@@ -97,3 +100,35 @@ def _no_thread_leak():
         t.join(5)
     leaked = [t.name for t in leaked if t.is_alive()]
     assert not leaked, f"threads left running: {leaked}"
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def listening_addresses(pids: list[int], besides: int | None = None) -> set[str]:
+    """The local addresses processes ``pids`` listen on for TCP (from /proc), leaving out the
+    sockets they share with process ``besides`` (inherited from a launcher)."""
+    inodes = set().union(*(_socket_inodes(pid) for pid in pids))
+    if besides is not None:
+        inodes -= _socket_inodes(besides)
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                    addr = fields[1].split(":")[0]
+                    raw = bytes.fromhex(addr)
+                    if len(raw) == 4:
+                        found.add(socket.inet_ntop(socket.AF_INET, raw[::-1]))
+                    else:
+                        words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+                        found.add(socket.inet_ntop(socket.AF_INET6, words))
+    return found

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib.util
 import ipaddress
 import socket
 from dataclasses import dataclass, field
@@ -48,7 +49,8 @@ def check_backend(backend: Any) -> str:
         raise ArgumentValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}.")
     have = available_backends()
     if backend == "mpi" and backend not in have:
-        mpi4py_comm()  # torch has no MPI backend: mpi4py's transport speaks the same protocol
+        if importlib.util.find_spec("mpi4py") is None:  # mpi4py's transport stands in
+            mpi4py_comm()  # raises, saying how to install it
         return backend
     if backend not in have:
         how = {

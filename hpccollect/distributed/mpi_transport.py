@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import os
 import sys
 import threading
 import time
@@ -39,7 +40,10 @@ _ABORTING: set[int] = set()  # collector ranks that did not stop; the job ends a
 
 
 def mpi4py_comm() -> Any:
-    """``MPI.COMM_WORLD`` from mpi4py, checked to allow calls from several threads."""
+    """``MPI.COMM_WORLD`` from mpi4py, checked to allow calls from several threads. When every
+    rank runs on this node and MPI is not initialised yet, UCX is kept on loopback (MPICH's
+    UCX would otherwise listen on every network interface for peers that cannot exist)."""
+    _loopback_ucx_on_one_node()
     try:
         from mpi4py import MPI
     except ImportError as err:
@@ -55,6 +59,17 @@ def mpi4py_comm() -> Any:
             "lower thread level."
         )
     return MPI.COMM_WORLD
+
+
+def _loopback_ucx_on_one_node() -> None:
+    if "UCX_NET_DEVICES" in os.environ or "mpi4py.MPI" in sys.modules:
+        return
+    from hpccollect.distributed.rendezvous import detect
+
+    with contextlib.suppress(Exception):  # only a hint: MPI's defaults work too
+        found = detect()
+        if found.world_size > 1 and found.local_size == found.world_size:
+            os.environ["UCX_NET_DEVICES"] = "lo"
 
 
 def wait_request(

@@ -2,7 +2,8 @@
 as one plain process with ``--launcher mp``, the reference it is compared with).
 
 Each rank writes its pid to ``OUT.pid<rank>`` first; rank 0 saves the batches it collected and
-the policy versions to ``OUT``. ``--mode``: ``collect`` (plain), ``weights`` (new weights after
+the policy versions to ``OUT``, with the addresses the job's processes listen on (besides the
+sockets hydra's proxy hands every rank). ``--mode``: ``collect`` (plain), ``weights`` (new weights after
 the second batch), ``raise-before`` (rank 2 raises before constructing the collector),
 ``raise-env`` (rank 2's env raises), ``wait`` (collect slowly until killed), ``idle`` (envs that
 sleep: rank 0 mostly waits; its CPU time over its wall time is saved as ``busy``).
@@ -15,13 +16,14 @@ import os
 import sys
 import time
 from functools import partial
+from pathlib import Path
 
 import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import CounterEnv
+from conftest import CounterEnv, listening_addresses
 
 from hpccollect import DistributedDataCollector
 
@@ -89,6 +91,12 @@ def main() -> None:
         batches.append(batch.clone())
         if i == 0:
             open(f"{a.out}.started", "w").close()
+            pids = [
+                int(Path(f"{a.out}.pid{r}").read_text())
+                for r in range(3 if a.launcher == "mpi" else 1)
+            ]
+            pids += [c.pid for c in collector._pool.channels if c.pid is not None]
+            addresses = listening_addresses(sorted(set(pids)), besides=os.getppid())
         if a.mode == "weights" and i == 1:
             with torch.no_grad():
                 policy.module.bias.copy_(torch.tensor([0.0, 1.0]))
@@ -97,7 +105,13 @@ def main() -> None:
     versions = list(collector.policy_versions)
     collector.shutdown()
     torch.save(
-        {"batches": [b.to_dict() for b in batches], "versions": versions, "busy": busy}, a.out
+        {
+            "batches": [b.to_dict() for b in batches],
+            "versions": versions,
+            "busy": busy,
+            "listening": addresses,
+        },
+        a.out,
     )
     print("rank 0 done", flush=True)
 

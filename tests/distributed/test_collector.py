@@ -16,7 +16,7 @@ from functools import partial
 import gymnasium as gym
 import pytest
 import torch
-from conftest import CounterEnv, alive
+from conftest import CounterEnv, alive, listening_addresses
 from tensordict.nn import TensorDictModule
 from torch import nn
 
@@ -327,6 +327,8 @@ def test_bad_arguments_are_refused_before_any_rank_starts():
         (dict(tcp_port=70000), ArgumentValueError, "tcp_port"),
         (dict(sync="yes"), ArgumentTypeError, "sync"),
         (dict(frames_per_batch=0), ArgumentValueError, "frames_per_batch"),
+        (dict(backend="mpi"), ArgumentValueError, "launcher='mpi'"),
+        (dict(rank_sink="shards/"), ArgumentTypeError, "rank_sink"),
     ]
     if "nccl" not in torch.distributed.is_nccl_available() * ["nccl"]:
         cases.append((dict(backend="nccl"), ArgumentValueError, "not in this torch build"))
@@ -345,6 +347,47 @@ def test_a_taken_port_is_refused_in_one_line():
         with pytest.raises(ArgumentValueError, match="tcp_port") as info:
             make(envs(3), tcp_port=port)
     assert str(port) in str(info.value)
+
+
+@pytest.mark.timeout(120)
+def test_nothing_listens_beyond_loopback_on_one_node():
+    with make(envs(3, 5)) as collector:
+        next(iter(collector))
+        addresses = listening_addresses([os.getpid(), *rank_pids(collector)])
+    assert addresses and addresses <= {"127.0.0.1"}, addresses
+
+
+class CountingSink:
+    """What a rank's sink saw, appended to ``folder/rank-R.txt``: frames per batch, then
+    ``closed``."""
+
+    def __init__(self, folder: str, rank: int) -> None:
+        self.path = os.path.join(folder, f"rank-{rank}.txt")
+
+    def extend(self, batch) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"{batch.numel()} {int(batch['next', 'observation'].max())}\n")
+
+    def close(self) -> None:
+        with open(self.path, "a") as f:
+            f.write("closed\n")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sync", [True, False])
+def test_rank_sink_sees_every_batch_on_its_own_rank_and_is_closed(tmp_path, sync):
+    sink = partial(CountingSink, str(tmp_path))
+    with make(envs(3, 5), sync=sync, total_frames=240, rank_sink=sink) as collector:
+        frames = sum(batch.numel() for batch in collector)
+    assert frames == 240
+    seen = 0
+    for rank, length in ((1, 3), (2, 5)):
+        lines = (tmp_path / f"rank-{rank}.txt").read_text().split("\n")[:-1]
+        assert lines[-1] == "closed"
+        counts = [tuple(map(int, line.split())) for line in lines[:-1]]
+        assert {biggest for _, biggest in counts} == {length}  # batches of this rank's env only
+        seen += sum(n for n, _ in counts)
+    assert seen == 240  # the ranks wrote exactly what rank 0 yielded
 
 
 @pytest.mark.timeout(120)

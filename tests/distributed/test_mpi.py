@@ -79,6 +79,7 @@ def test_mpiexec_job_gives_the_mp_launchers_data(tmp_path, reference, backend):
     for mine, theirs in zip(got, reference, strict=True):
         assert set(mine.keys(True, True)) == set(theirs.keys(True, True))
         assert (mine == theirs).all()
+    assert torch.load(out, weights_only=False)["listening"] <= {"127.0.0.1"}  # one node
     assert len(job_pids(out)) == 3
     assert_gone(job_pids(out))
     assert seconds < 60, f"the job took {seconds:.1f} s"
