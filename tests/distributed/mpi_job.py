@@ -5,7 +5,7 @@ Each rank writes its pid to ``OUT.pid<rank>`` first; rank 0 saves the batches it
 the policy versions to ``OUT``, with the addresses the job's processes listen on (besides the
 sockets hydra's proxy hands every rank). ``--mode``: ``collect`` (plain), ``weights`` (new weights after
 the second batch), ``raise-before`` (rank 2 raises before constructing the collector),
-``raise-env`` (rank 2's env raises), ``wait`` (collect slowly until killed), ``idle`` (envs that
+``raise-env`` (rank 2's env raises), ``wait`` (collect slowly until killed), ``branch`` (ranks 1..N call ``serve()`` themselves and go on), ``idle`` (envs that
 sleep: rank 0 mostly waits; its CPU time over its wall time is saved as ``busy``).
 """
 
@@ -70,6 +70,12 @@ def main() -> None:
         f.write(str(os.getpid()))
     if a.mode == "raise-before" and rank == 2:
         raise RuntimeError("rank 2 fails before the collector exists")
+    if a.mode == "branch" and rank != 0:
+        from hpccollect.distributed import serve
+
+        serve(timeout=60)
+        Path(f"{a.out}.served{rank}").write_text("returned")
+        return
     second = {"raise-env": Failing, "wait": Slow, "idle": Sleepy}.get(a.mode, CounterEnv)
     first = {"wait": Slow, "idle": Sleepy}.get(a.mode, CounterEnv)
     policy = TensorDictModule(BiasPolicy(), ["observation"], ["action"])

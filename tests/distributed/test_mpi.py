@@ -100,6 +100,28 @@ def test_weights_reach_every_rank_under_mpiexec(tmp_path, backend):
 
 
 @pytest.mark.timeout(120)
+def test_a_script_that_branches_calls_serve_which_returns_after_shutdown(tmp_path):
+    out = tmp_path / "out.pt"
+    code, output, _ = run_job(out, "--backend", "mpi", "--mode", "branch")
+    assert code == 0, output
+    assert len(batches(out)) == 10
+    assert [(tmp_path / f"out.pt.served{r}").read_text() for r in (1, 2)] == ["returned"] * 2
+    assert_gone(job_pids(out))
+
+
+@pytest.mark.timeout(60)
+def test_launcher_mpi_without_mpiexec_says_how_to_start_the_job():
+    code = (
+        "from hpccollect import DistributedDataCollector\n"
+        "DistributedDataCollector('CartPole-v1', frames_per_batch=8, launcher='mpi')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 1
+    assert "launcher='mpi' needs rank 0 and at least one collector rank" in proc.stderr
+    assert "mpiexec -n N" in proc.stderr
+
+
+@pytest.mark.timeout(120)
 def test_rank_0_does_not_burn_a_core_while_it_waits_on_mpi(tmp_path):
     out = tmp_path / "out.pt"
     code, output, _ = run_job(out, "--backend", "mpi", "--mode", "idle")
