@@ -101,8 +101,11 @@ def wait_request(
 class _Work:
     """One pending request, waited on like a torch ``Work``."""
 
-    def __init__(self, group: MPIGroup, request: Any, what: str, peer: int | None) -> None:
+    def __init__(
+        self, group: MPIGroup, request: Any, what: str, peer: int | None, buffer: Any
+    ) -> None:
         self.group, self.request, self.what, self.peer = group, request, what, peer
+        self.buffer = buffer  # MPI reads or writes it until the request completes
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         seconds = None if timeout is None else timeout.total_seconds()
@@ -135,18 +138,21 @@ class MPIGroup:
 
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
         self._check_open(peer)
-        request = self.comm.Isend(_buffer(tensors), peer, tag)
-        return _Work(self, request, f"a send to rank {peer}", peer)
+        buffer = _buffer(tensors)
+        request = self.comm.Isend(buffer, peer, tag)
+        return _Work(self, request, f"a send to rank {peer}", peer, buffer)
 
     def recv(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
         self._check_open(peer)
-        request = self.comm.Irecv(_buffer(tensors), peer, tag)
-        return _Work(self, request, f"a receive from rank {peer}", peer)
+        buffer = _buffer(tensors)
+        request = self.comm.Irecv(buffer, peer, tag)
+        return _Work(self, request, f"a receive from rank {peer}", peer, buffer)
 
     def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
         self._check_open(None)
-        request = self.comm.Ibcast(_buffer(tensor), root)
-        return _Work(self, request, f"a broadcast from rank {root}", None)
+        buffer = _buffer(tensor)
+        request = self.comm.Ibcast(buffer, root)
+        return _Work(self, request, f"a broadcast from rank {root}", None, buffer)
 
     def stopped(self, peer: int | None) -> str | None:
         """Why waits involving ``peer`` (None: any) must end, or None."""
@@ -210,6 +216,7 @@ def _abort(comm: Any) -> None:
 
 
 def _buffer(tensors: torch.Tensor | Sequence[torch.Tensor]) -> Any:
+    """The tensor's memory as an array MPI reads or writes in place (it keeps the tensor)."""
     tensor = tensors if isinstance(tensors, torch.Tensor) else tensors[0]
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
         raise ValueError("the MPI transport moves contiguous CPU tensors only")
