@@ -40,10 +40,7 @@ class MPILauncher(Launcher):
     mpi_world = True
 
     def __init__(self, master_addr: str | None = None, interface: str | None = None) -> None:
-        from hpccollect.distributed.rendezvous import detect
-
         self.comm = mpi4py_comm()
-        self.rendezvous = detect(comm=self.comm, master_addr=master_addr, interface=interface)
         abort_on_uncaught(self.comm)
         size = self.comm.Get_size()
         if size < 2:
@@ -53,8 +50,31 @@ class MPILauncher(Launcher):
                 "collector ranks as local processes."
             )
         self.num_ranks = size - 1
-        self.shares_host = self.rendezvous.local_size == size
-        self.default_port = self.rendezvous.port or 0
+        self.master_addr, self.interface = master_addr, interface
+        self._rendezvous: Any = None
+
+    @property
+    def rendezvous(self) -> Any:
+        """Where rank 0 listens (only rank 0 asks: the ranks get it with their arguments, so no
+        collective call is made whose presence would depend on rank 0's arguments)."""
+        if self._rendezvous is None:
+            from hpccollect.distributed.rendezvous import detect
+
+            self._rendezvous = detect(
+                rank=self.comm.Get_rank(),
+                world_size=self.comm.Get_size(),
+                master_addr=self.master_addr,
+                interface=self.interface,
+            )
+        return self._rendezvous
+
+    @property
+    def shares_host(self) -> bool:  # type: ignore[override]
+        return self.rendezvous.local_size == self.comm.Get_size()
+
+    @property
+    def default_port(self) -> int:  # type: ignore[override]
+        return self.rendezvous.port or 0
 
     def enter(self, start_timeout: float) -> None:
         if self.comm.Get_rank() == 0:
