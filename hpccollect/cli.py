@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import warnings
@@ -13,7 +14,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from hpccollect.config import COLLECTORS, COMPRESSIONS, RunConfig, load_toml
+from hpccollect.config import BACKENDS, COLLECTORS, COMPRESSIONS, LAUNCHERS, RunConfig, load_toml
 from hpccollect.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -29,19 +30,37 @@ COMMANDS = ("collect", "inspect", "repair", "merge", "export")
 _USER_ERRORS = (ArgumentValueError, ArgumentTypeError, EnvError, PolicyError)
 
 
+class _UsageError(Exception):
+    """A mistake argparse found; its one line is printed by ``main``."""
+
+
 class _Parser(argparse.ArgumentParser):
+    """Raises ``_UsageError`` instead of printing; ``quiet``: prints no help either (the ranks
+    of an MPI job other than rank 0)."""
+
+    def __init__(self, *args, quiet: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.quiet = quiet
+
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        raise _UsageError(f"{self.prog}: error: {message} (see --help)")
+
+    def _print_message(self, message: str, file=None) -> None:
+        if not self.quiet:
+            super()._print_message(message, file)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser = _Parser(
+        quiet=quiet,
         prog="hpccollect",
         description="Collect RL experience into HDF5 datasets. With no command, runs collect.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    sub = parser.add_subparsers(
+        dest="command", parser_class=functools.partial(_Parser, quiet=quiet)
+    )
     collect = sub.add_parser(
         "collect",
         help="collect a dataset (the default command)",
@@ -100,6 +119,39 @@ def _parser() -> argparse.ArgumentParser:
         f"(default {d.worker_timeout:g})",
     )
     collect.add_argument("--quiet", action="store_true", help="no progress line")
+    mpi = collect.add_argument_group(
+        "distributed (mpiexec -n N / srun: rank 0 gathers, ranks 1..N-1 each run --collector)"
+    )
+    mpi.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        help="mpi: run distributed (the default when mpiexec, srun or torchrun started more than "
+        "one process); local: one process as without a launcher (each process its own job)",
+    )
+    mpi.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="how batches and weights travel between ranks: gloo (TCP, default) or mpi",
+    )
+    mpi.add_argument(
+        "--master-addr",
+        metavar="ADDR",
+        help="address of rank 0's host that the other ranks reach (default: loopback on one "
+        "node, else rank 0's host address)",
+    )
+    mpi.add_argument(
+        "--interface",
+        metavar="NAME",
+        help="network interface whose address rank 0 listens on (eth0, ib0), instead of "
+        "--master-addr",
+    )
+    mpi.add_argument(
+        "--shards",
+        action="store_true",
+        default=None,
+        help="each collector rank writes its own shard OUT.shards/rank-0001.h5, ...; rank 0 "
+        "writes --out as a merged view over them (default: rank 0 writes --out)",
+    )
     inspect = sub.add_parser("inspect", help="describe and check a dataset file")
     inspect.add_argument("file")
     repair = sub.add_parser(
@@ -158,32 +210,69 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or (args[0] not in COMMANDS and args[0] not in ("-h", "--help")):
         args.insert(0, "collect")
-    ns = _parser().parse_args(args)
+    out = _Output(args[0] == "collect")
     commands = {
-        "collect": _collect,
+        "collect": functools.partial(_collect, out=out),
         "inspect": _inspect,
         "repair": _repair,
         "merge": _merge,
         "export": _export,
     }
     try:
+        ns = _parser(quiet=not out.speaks).parse_args(args)
         with warnings.catch_warnings():
             warnings.showwarning = show_warning_line
             return commands[ns.command](ns)
-    except _USER_ERRORS as err:
-        print(f"hpccollect: error: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 2
+    except _UsageError as err:
+        return out.fail(2, str(err))
     except HpcCollectError as err:
-        print(f"hpccollect: failed: {err}", file=sys.stderr)
-        return 1
+        code, line = _describe(err)
+        return out.fail(code, line)
 
 
-def _collect(ns: argparse.Namespace) -> int:
+def _describe(err: BaseException) -> tuple[int, str] | None:
+    """The exit code and the one line for an error the command line reports, else None."""
+    if isinstance(err, _USER_ERRORS):
+        text = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return 2, f"hpccollect: error: {text}"
+    if isinstance(err, HpcCollectError):
+        return 1, f"hpccollect: failed: {err}"
+    return None
+
+
+class _Output:
+    """Who prints. Under mpiexec/srun every rank runs the same command: until the collect job
+    knows better, only rank 0 reports the argument mistakes that every rank finds alike."""
+
+    def __init__(self, collect: bool) -> None:
+        self.speaks = True
+        self.job = None  # the distributed collect job, once MPI runs
+        if collect:
+            from hpccollect.distributed_job import launched_rank
+
+            self.speaks = launched_rank() == 0
+
+    def fail(self, code: int, line: str) -> int:
+        if self.speaks:
+            print(line, file=sys.stderr)
+        if self.job is not None:  # the other ranks would wait for this one forever
+            sys.stderr.flush()
+            self.job.abort(code)
+        return code
+
+
+def _collect(ns: argparse.Namespace, out: _Output) -> int:
+    options = {k: v for k, v in vars(ns).items() if k not in ("command", "config", "quiet")}
+    cfg = RunConfig.from_sources(load_toml(ns.config) if ns.config else {}, options)
+    from hpccollect.distributed_job import wants_mpi
+
+    if wants_mpi(cfg):
+        return _collect_distributed(cfg, ns.quiet, out)
+    out.speaks = True  # --launcher local: every process runs its own job
+    cfg.check_local()
     from hpccollect.job import run_collect
     from hpccollect.progress import Progress
 
-    options = {k: v for k, v in vars(ns).items() if k not in ("command", "config", "quiet")}
-    cfg = RunConfig.from_sources(load_toml(ns.config) if ns.config else {}, options)
     print(
         f"collecting {cfg.total_frames} frames of {cfg.env} with {cfg.collector} "
         f"({cfg.num_workers if cfg.collector != 'sync' else 1} process(es) x {cfg.num_envs} env(s)) "
@@ -197,6 +286,35 @@ def _collect(ns: argparse.Namespace) -> int:
         if progress is not None:
             progress.close()
     print("\n".join(summary.lines()))
+    return 0
+
+
+def _collect_distributed(cfg: RunConfig, quiet: bool, out: _Output) -> int:
+    """Rank 0 collects and reports; the other ranks serve it and print only their errors."""
+    from hpccollect.distributed_job import JobEnded, MPICollect
+    from hpccollect.progress import Progress
+
+    job = MPICollect(cfg)
+    out.speaks = True  # from here on, a rank's error is its own
+    progress = None
+    try:
+        if job.rank == 0:
+            if job.size > 1:
+                print(job.describe(), file=sys.stderr)
+            progress = None if quiet else Progress(cfg.total_frames)
+        summary = job.run(None if progress is None else progress.update, _describe)
+    except JobEnded as end:  # every rank ends, none waits: no abort
+        if end.line:
+            print(end.line, file=sys.stderr)
+        return end.code
+    except BaseException:
+        out.job = job if job.size > 1 else None
+        raise
+    finally:
+        if progress is not None:
+            progress.close()
+    if summary is not None:
+        print("\n".join(summary.lines()))
     return 0
 
 

@@ -19,10 +19,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["COLLECTORS", "RunConfig", "data_dir", "load_toml"]
+__all__ = ["BACKENDS", "COLLECTORS", "LAUNCHERS", "RunConfig", "data_dir", "load_toml"]
 
 COLLECTORS = ("sync", "multi-sync", "multi-async")
 COMPRESSIONS = ("none", "gzip", "lzf")
+LAUNCHERS = ("local", "mpi")
+BACKENDS = ("gloo", "mpi")
+#: options that only a distributed run (mpiexec/srun, or --launcher mpi) uses
+DISTRIBUTED_OPTIONS = ("shards", "backend", "master_addr", "interface")
 
 
 def data_dir() -> Path:
@@ -49,6 +53,11 @@ class RunConfig:
     overwrite: bool = False
     worker_timeout: float = 600.0
     imports: tuple[str, ...] = ()
+    launcher: str | None = None  # None: mpi when a launcher started several ranks, else local
+    backend: str | None = None  # None: gloo
+    master_addr: str | None = None
+    interface: str | None = None
+    shards: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "num_workers", "frames_per_batch", "total_frames"):
@@ -86,7 +95,34 @@ class RunConfig:
                 f"--import must name modules (a list in TOML), got {self.imports!r}."
             )
         object.__setattr__(self, "imports", tuple(self.imports))
+        self._check_distributed()
         self._check_batch_split()
+
+    def _check_distributed(self) -> None:
+        for name, allowed in (("launcher", LAUNCHERS), ("backend", BACKENDS)):
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise ArgumentValueError(
+                    f"--{name} must be one of {', '.join(allowed)}; got {value!r}."
+                )
+        for name in ("master_addr", "interface"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ArgumentValueError(
+                    f"--{name.replace('_', '-')} must be a non-empty string, got {value!r}."
+                )
+        if not isinstance(self.shards, bool):
+            raise ArgumentValueError(f"--shards is true or false, got {self.shards!r}.")
+
+    def check_local(self) -> None:
+        """Refuse the distributed-only options in a single-process run (they would do nothing)."""
+        given = [n for n in DISTRIBUTED_OPTIONS if getattr(self, n) not in (None, False)]
+        if given:
+            names = ", ".join("--" + n.replace("_", "-") for n in given)
+            raise ArgumentValueError(
+                f"{names}: only for a distributed run; start the job with mpiexec -n N or "
+                "srun (N >= 2: rank 0 and N-1 collector ranks), or drop them."
+            )
 
     @property
     def env_copies(self) -> int:
@@ -121,6 +157,12 @@ class RunConfig:
                 f"--total-frames ({total}) must be a multiple of --frames-per-batch ({fpb}), "
                 f"e.g. {fits}."
             )
+
+    @property
+    def shards_dir(self) -> Path:
+        """Where ``--shards`` puts the collector ranks' files: ``run.h5`` -> ``run.shards/``."""
+        out = self.output
+        return out.with_name(out.stem + ".shards")
 
     @property
     def output(self) -> Path:

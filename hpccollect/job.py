@@ -141,6 +141,37 @@ def _make_env(env_id: str, kwargs: dict, num_envs: int, imports: tuple[str, ...]
     return gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id, **kwargs)] * num_envs)
 
 
+def env_maker(cfg: RunConfig) -> Callable[[], gym.Env]:
+    """The env constructor every worker (or collector rank) calls: picklable, imports first."""
+    return functools.partial(
+        _make_env, cfg.env, dict(cfg.env_kwargs), cfg.num_envs, tuple(cfg.imports)
+    )
+
+
+def probe_policy(cfg: RunConfig, make: Callable[[], gym.Env]) -> Any:
+    """Build one env to learn its spaces, and the policy ``--policy`` names for them."""
+    try:
+        probe = GymEnv(make())
+    except Exception as err:
+        raise ArgumentValueError(
+            f"--env {cfg.env} with --env-kwargs {cfg.env_kwargs}: {err}"
+        ) from err
+    try:
+        torch.manual_seed(cfg.seed)  # the default MLP's weights, and sync's sampling
+        return build_policy(cfg.policy, probe)
+    finally:
+        probe.close()
+
+
+def check_output(out: Path, overwrite: bool) -> None:
+    """Refuse an existing output (unless ``overwrite``) and one that cannot be written."""
+    if (out.exists() or partial_path(out).exists()) and not overwrite:
+        raise ArgumentValueError(
+            f"{out} already exists; pass --overwrite to replace it or --out elsewhere."
+        )
+    _check_writable(out)
+
+
 def _check_writable(out: Path) -> None:
     """Refuse an output that cannot be written before any worker starts."""
     probe = out.parent / f".{out.name}.{os.getpid()}.write-test"
@@ -157,12 +188,12 @@ def _check_writable(out: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------- signals
-class _Stopped(BaseException):
+class Stopped(BaseException):
     """A stop signal during start-up (a BaseException, so ``except Exception`` lets it pass)."""
 
 
-class _StopSignals:
-    """SIGTERM/SIGINT: raise ``_Stopped`` during start-up, set ``signal`` while collecting; a
+class StopSignals:
+    """SIGTERM/SIGINT: raise ``Stopped`` during start-up, set ``signal`` while collecting; a
     second SIGINT while collecting raises ``KeyboardInterrupt``. Each raises at most once, so
     the shutdown that follows is not interrupted."""
 
@@ -178,7 +209,7 @@ class _StopSignals:
             return
         if not self.collecting:
             self._raised = True
-            raise _Stopped
+            raise Stopped
         if signum == signal.SIGINT:
             self._raised = True
             raise KeyboardInterrupt
@@ -193,10 +224,19 @@ class _StopSignals:
             self._deferred = False
         if self.signal is not None and not self.collecting and not self._raised:
             self._raised = True
-            raise _Stopped
+            raise Stopped
 
     @contextlib.contextmanager
-    def installed(self) -> Iterator[_StopSignals]:
+    def held(self) -> Iterator[None]:
+        """A step during which a signal is only recorded in ``signal``: the caller decides."""
+        self._deferred = True
+        try:
+            yield
+        finally:
+            self._deferred = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopSignals]:
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
@@ -222,31 +262,15 @@ class _Run:
         self.collect_start = self.last_batch = self.start
 
     def prepare(self) -> None:
-        cfg, out = self.cfg, self.cfg.output
+        cfg = self.cfg
         resolve_env(cfg.env, cfg.imports)
-        if (out.exists() or partial_path(out).exists()) and not cfg.overwrite:
-            raise ArgumentValueError(
-                f"{out} already exists; pass --overwrite to replace it or --out elsewhere."
-            )
-        _check_writable(out)
-        make = functools.partial(
-            _make_env, cfg.env, dict(cfg.env_kwargs), cfg.num_envs, tuple(cfg.imports)
-        )
-        try:
-            probe = GymEnv(make())
-        except Exception as err:
-            raise ArgumentValueError(
-                f"--env {cfg.env} with --env-kwargs {cfg.env_kwargs}: {err}"
-            ) from err
-        try:
-            torch.manual_seed(cfg.seed)  # the default MLP's weights, and sync's sampling
-            policy = build_policy(cfg.policy, probe)
-        finally:
-            probe.close()
+        check_output(cfg.output, cfg.overwrite)
+        make = env_maker(cfg)
+        policy = probe_policy(cfg, make)
         self.collector = _collector(cfg, make, policy)
         self.collector.set_seed(cfg.seed)
 
-    def collect(self, stop: _StopSignals, on_progress: Callable | None) -> None:
+    def collect(self, stop: StopSignals, on_progress: Callable | None) -> None:
         cfg = self.cfg
         with stop.deferred():
             self.writer = HDF5Writer(
@@ -308,12 +332,12 @@ def run_collect(
     ``on_progress(frames, episodes, mean return of the last 100 episodes)`` is called with
     ``frames == 0`` when collection starts, then after every batch.
     """
-    run, stop = _Run(cfg), _StopSignals()
+    run, stop = _Run(cfg), StopSignals()
     with stop.installed():
         try:
             run.prepare()
             run.collect(stop, on_progress)
-        except _Stopped:
+        except Stopped:
             run.close(discard=True)
         except KeyboardInterrupt:
             stop.signal = stop.signal or "SIGINT"

@@ -162,16 +162,23 @@ class MultiaSyncDataCollector(MultiCollectorBase):
             if self.update_at_each_batch:
                 self.update_policy_weights_(worker_ids=[index])
             # the worker's next batch overlaps this one's split/postproc/buffer work
-            if self.total_frames < 0 or self._frames + batch.numel() < self.total_frames:
+            if self._wanted(self._in_flight | {index}):
                 self._collect_from(index)
             yield self._finish(batch)
+
+    def _wanted(self, busy: set[int]) -> bool:
+        """Whether another batch can still count: the frames yielded and those ``busy`` workers
+        are collecting fall short of ``total_frames``. No worker collects a batch that would be
+        thrown away (a rank writing its own shard keeps every batch it collects)."""
+        coming = sum(self._layouts[i].numel() for i in busy)
+        return self.total_frames < 0 or self._frames + coming < self.total_frames
 
     def _next_ready(self) -> tuple[int, TensorDictBase]:
         """Set every idle worker collecting; the first finished batch (a copy) and its worker."""
         got = None
         while got is None:
             for i in list(self._active):
-                if i not in self._in_flight:
+                if i not in self._in_flight and self._wanted(self._in_flight):
                     self._collect_from(i)
             got = self._wait_batch(self._in_flight)
         index = got[0]

@@ -1,0 +1,454 @@
+"""``python -m hpccollect collect`` under ``mpiexec -n N`` or ``srun``: every rank runs the same
+command; rank 0 is a ``DistributedDataCollector`` (``launcher="mpi"``) and ranks 1..N-1 its
+collector ranks, each running the ``--collector`` over ``--num-workers``/``--num-envs``.
+
+Start-up is agreed before any collector starts. Every rank builds the MPI launcher, rank 0 checks
+the env, the output and the policy, and each rank tells rank 0 how that went; rank 0 then tells
+every rank to go on, or prints the first error (one line) and every rank ends with its code. So
+a mistake ends the job at once and cleanly. Once the collector exists, a failure on any rank
+aborts the whole MPI job (``MPI_Abort``): a rank that just returned would leave the others
+waiting forever.
+
+The dataset: rank 0 writes what it receives into ``--out``; with ``--shards`` each collector
+rank writes its own shard (``run.shards/rank-0001.h5`` for ``run.h5``) as it collects, and rank
+0 writes ``--out`` at the end as a merged virtual view over them. The shards of a run share one
+``run_id`` and trajectory ids are unique across ranks, so the merged view keeps every id.
+
+Signals: the collector ranks ignore SIGTERM and SIGINT (the launcher forwards them to every
+rank); rank 0 stops after its current batch as in a local run, shuts the collector down (each
+rank then closes its shard) and writes the merged view.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import socket
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tensordict import TensorDictBase
+
+from hpccollect.config import RunConfig
+from hpccollect.distributed.rendezvous import detect, launched_ranks
+from hpccollect.errors import (
+    ArgumentValueError,
+    CollectorTimeoutError,
+    HpcCollectError,
+    StorageError,
+)
+from hpccollect.job import (
+    Stopped,
+    StopSignals,
+    Summary,
+    check_output,
+    env_maker,
+    probe_policy,
+    resolve_env,
+)
+from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path
+
+__all__ = ["JobEnded", "MPICollect", "launched_rank", "open_shard", "shard_name", "wants_mpi"]
+
+_STATUS_TAG = 32761  # each rank's start-up outcome, to rank 0
+_VERDICT_TAG = 32762  # rank 0's decision, to each rank
+_START_WAIT = 600.0  # s a rank waits for the others' start-up checks (env imports, probe)
+_SHARD_WAIT = 60.0  # s rank 0 waits for the ranks to close their shards after shutdown
+_POLL = 0.02
+_CLASSES = {"sync": "single", "multi-sync": "sync", "multi-async": "async"}
+
+#: ``describe(err)``: (exit code, the one line to print) for an error the command line reports
+Describe = Callable[[BaseException], "tuple[int, str] | None"]
+
+
+class JobEnded(Exception):
+    """The job ended during start-up on every rank: ``code`` is this rank's exit code, ``line``
+    what it prints (only rank 0 has one)."""
+
+    def __init__(self, code: int, line: str | None = None) -> None:
+        super().__init__(line or f"exit {code}")
+        self.code, self.line = code, line
+
+
+def wants_mpi(cfg: RunConfig) -> bool:
+    """Whether ``collect`` runs distributed: ``--launcher``, else whether a launcher (mpiexec,
+    srun, torchrun) started more than one rank."""
+    if cfg.launcher is not None:
+        return cfg.launcher == "mpi"
+    return launched_ranks() > 1
+
+
+def launched_rank() -> int:
+    """This process's rank as the launcher's variables say (0 without a launcher): before MPI
+    starts, only rank 0 reports argument errors, which every rank finds alike."""
+    try:
+        return detect(master_addr="127.0.0.1").rank
+    except HpcCollectError:
+        return 0
+
+
+def shard_name(rank: int) -> str:
+    return f"rank-{rank:04d}.h5"
+
+
+def open_shard(folder: str, rank: int, *, imports: tuple[str, ...], **writer: Any) -> HDF5Writer:
+    """The shard collector rank ``rank`` writes (called there, as ``rank_sink``)."""
+    resolve_env(writer["env"], imports)  # the env's module registers it on this rank too
+    return HDF5Writer(Path(folder) / shard_name(rank), shard=rank, **writer)
+
+
+class _Tally:
+    """Episodes and returns from the batches rank 0 receives, for the progress line when the
+    ranks write the data (``--shards``)."""
+
+    def __init__(self) -> None:
+        self.running: dict[int, float] = {}
+        self.returns: list[float] = []
+
+    def extend(self, batch: TensorDictBase) -> None:
+        ids = batch.get(("collector", "traj_ids")).reshape(-1).numpy()
+        rewards = batch.get(("next", "reward")).reshape(ids.shape[0], -1)[:, 0].double().numpy()
+        done = batch.get(("next", "done")).reshape(-1).numpy()
+        keep = ids >= 0
+        ids, rewards, done = ids[keep], rewards[keep], done[keep]
+        unique, inverse = np.unique(ids, return_inverse=True)
+        sums = np.bincount(inverse, weights=rewards, minlength=len(unique))
+        ended = np.zeros(len(unique), dtype=bool)
+        ended[inverse[done]] = True
+        for tid, total, end in zip(unique.tolist(), sums.tolist(), ended.tolist(), strict=True):
+            total += self.running.pop(tid, 0.0)
+            if end:
+                self.returns.append(total)
+            else:
+                self.running[tid] = total
+
+
+class MPICollect:
+    """This rank's part of a distributed ``collect``; ``run()`` on every rank."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from hpccollect.distributed.mpi_transport import mpi4py_comm
+        from hpccollect.launchers.mpi import abort_on_uncaught
+
+        self.cfg = cfg
+        self.comm = mpi4py_comm()  # MPI starts here
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        if self.size > 1:
+            abort_on_uncaught(self.comm)
+        if self.rank:  # the launcher forwards signals to every rank; rank 0 decides
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.collector: Any = None
+        self.writer: HDF5Writer | None = None
+        self.tally = _Tally()
+        self.frames = 0
+        self.run_id = uuid.uuid4().hex
+        self.start = time.perf_counter()
+        self.collect_start = self.last_batch = self.start
+
+    @property
+    def ranks(self) -> int:
+        """Collector ranks (every MPI rank but 0)."""
+        return self.size - 1
+
+    def abort(self, code: int) -> None:
+        """End every rank of the job with ``code`` (after this rank printed why)."""
+        if self.size > 1:
+            self.comm.Abort(code)
+
+    # ------------------------------------------------------------------ start-up
+    def run(self, on_progress: Callable | None, describe: Describe) -> Summary | None:
+        """Rank 0: collect and return the summary. Other ranks serve rank 0 and end the process
+        when it is done (None if that ever returns). ``JobEnded`` when start-up failed."""
+        if self.rank:
+            launcher = self._agree(self._launcher, describe)
+            from hpccollect.distributed import DistributedDataCollector
+
+            DistributedDataCollector(env_maker(self.cfg), None, **self._arguments(launcher))
+            return None
+        stop = StopSignals()
+        with stop.installed():
+            try:
+                self._start(stop, describe)
+                self._collect(stop, on_progress)
+            except Stopped:
+                self._close(discard=True)
+            except KeyboardInterrupt:
+                stop.signal = stop.signal or "SIGINT"
+            except CollectorTimeoutError as err:
+                if not stop.collecting:  # start-up: its message names start_timeout already
+                    raise
+                raise self._timeout(err) from err
+            finally:
+                self._close()
+        return self._summary(stop.signal)
+
+    def _launcher(self) -> Any:
+        from hpccollect.launchers.mpi import MPILauncher
+
+        if self.size == 1 and launched_ranks() > 1:
+            raise ArgumentValueError(
+                f"the launcher started {launched_ranks()} processes but MPI sees only this one: "
+                "start the job with the mpiexec of the MPI library mpi4py uses (or srun with "
+                "its PMI plug-in), or pass --launcher local to run one job per process."
+            )
+        if self.size == 1:
+            raise ArgumentValueError(
+                "--launcher mpi needs rank 0 and at least one collector rank: start the job with "
+                "mpiexec -n N or srun -n N (N >= 2), or drop --launcher mpi to collect in one "
+                "process."
+            )
+        return MPILauncher(master_addr=self.cfg.master_addr, interface=self.cfg.interface)
+
+    def _start(self, stop: StopSignals, describe: Describe) -> None:
+        """Agree with every rank to start, then build the collector and the dataset."""
+
+        def checks() -> tuple[Any, Any]:
+            with stop.deferred():  # collective calls: every rank must take part
+                launcher = self._launcher()
+            return launcher, self._check()
+
+        launcher, policy = self._agree(checks, describe, stop)
+        cfg = self.cfg
+        if cfg.shards:
+            self._clear_shards()
+        from hpccollect.distributed import DistributedDataCollector
+
+        with stop.deferred():  # cut in half, the ranks' state would be unknown
+            self.collector = DistributedDataCollector(
+                env_maker(cfg), policy, **self._arguments(launcher)
+            )
+            self.collector.set_seed(cfg.seed)
+            if not cfg.shards:
+                self.writer = HDF5Writer(
+                    cfg.output, expected_rows=cfg.total_frames, **self._writer_args()
+                )
+
+    def _check(self) -> Any:
+        """Rank 0's checks before anything starts (env, output, shards folder); the policy."""
+        cfg = self.cfg
+        resolve_env(cfg.env, cfg.imports)
+        check_output(cfg.output, cfg.overwrite)
+        if cfg.shards:
+            folder = cfg.shards_dir
+            old = sorted(folder.glob("rank-*.h5*")) if folder.is_dir() else []
+            if old and not cfg.overwrite:
+                raise ArgumentValueError(
+                    f"{folder} already holds shards ({old[0].name}, ...); pass --overwrite to "
+                    "replace them or --out elsewhere."
+                )
+            check_output(folder / shard_name(1), True)  # creates the folder: the ranks write there
+        return probe_policy(cfg, env_maker(cfg))
+
+    def _agree(self, checks: Callable[[], Any], describe: Describe, stop: Any = None) -> Any:
+        """Run this rank's start-up ``checks``; return their result once every rank passed
+        its own. Otherwise every rank raises ``JobEnded`` (rank 0 with the first error's line),
+        or, when rank 0 was stopped by a signal, rank 0 raises ``Stopped``."""
+        status: tuple[int, str | None] | None = None
+        result = None
+        try:
+            result = checks()
+        except Stopped:
+            status = (0, None)
+        except Exception as err:
+            status = describe(err)
+            if status is None:
+                raise
+        if self.rank:
+            self._send(status, 0, _STATUS_TAG)
+            verdict = self._receive(0, _VERDICT_TAG, "rank 0's start-up checks")
+            if verdict is not None:
+                raise JobEnded(verdict)
+            return result
+        failures = [(0, status)] if status is not None else []
+        with stop.held():  # the other ranks wait for the verdict: it is always sent
+            for rank in range(1, self.size):
+                theirs = self._receive(rank, _STATUS_TAG, f"rank {rank}'s start-up")
+                if theirs is not None:
+                    failures.append((rank, theirs))
+            errors = [f for f in failures if f[1][1] is not None]
+            stopped = stop.signal is not None
+            verdict = errors[0][1][0] if errors else (0 if failures or stopped else None)
+            for rank in range(1, self.size):
+                self._send(verdict, rank, _VERDICT_TAG)
+        if errors:
+            rank, (code, line) = errors[0]
+            raise JobEnded(code, f"{line} [MPI rank {rank}]" if rank else line)
+        if verdict is not None:
+            raise Stopped
+        return result
+
+    def _send(self, value: Any, dest: int, tag: int) -> None:
+        from hpccollect.distributed.mpi_transport import wait_request
+
+        request = self.comm.isend(value, dest=dest, tag=tag)
+        wait_request(lambda: request.Test(), _START_WAIT, f"the message to rank {dest}")
+
+    def _receive(self, source: int, tag: int, what: str) -> Any:
+        """A small message, waited for by probing with sleeps (a blocking receive spins a core
+        that the ranks on this node need)."""
+        from hpccollect.distributed.mpi_transport import wait_request
+
+        try:
+            wait_request(lambda: self.comm.Iprobe(source, tag), _START_WAIT, what, max_sleep=_POLL)
+        except CollectorTimeoutError as err:
+            raise CollectorTimeoutError(
+                f"MPI rank {self.rank} waited {_START_WAIT:g} s for {what}; every rank must run "
+                "the same python -m hpccollect collect command."
+            ) from err
+        return self.comm.recv(source=source, tag=tag)
+
+    def _arguments(self, launcher: Any) -> dict[str, Any]:
+        """The ``DistributedDataCollector`` arguments; the same on every rank."""
+        cfg = self.cfg
+        multi = cfg.collector != "sync"
+        sink = None
+        if cfg.shards and self.rank == 0:
+            sink = functools.partial(
+                open_shard,
+                str(cfg.shards_dir.resolve()),
+                imports=tuple(cfg.imports),
+                expected_rows=max(1, cfg.total_frames // self.ranks),
+                **self._writer_args(),
+            )
+        return dict(
+            frames_per_batch=cfg.frames_per_batch,
+            total_frames=cfg.total_frames,
+            max_frames_per_traj=-1 if cfg.max_steps is None else cfg.max_steps,
+            collector_class=_CLASSES[cfg.collector],
+            collector_kwargs={"worker_timeout": cfg.worker_timeout} if multi else None,
+            num_workers_per_collector=cfg.num_workers if multi else 1,
+            sync=False,
+            backend=cfg.backend or "gloo",
+            launcher=launcher,
+            worker_timeout=cfg.worker_timeout,
+            rank_sink=sink,
+        )
+
+    def _writer_args(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return dict(
+            env=cfg.env,
+            env_kwargs=dict(cfg.env_kwargs),
+            run_id=self.run_id,
+            config={
+                **cfg.as_dict(),
+                "launcher": "mpi",
+                "backend": cfg.backend or "gloo",
+                "collector_ranks": self.ranks,
+            },
+            seed=cfg.seed,
+            compression=None if cfg.compression == "none" else cfg.compression,
+            overwrite=cfg.overwrite,
+        )
+
+    def _clear_shards(self) -> None:
+        """``--overwrite``: an earlier run's shards go, so none is taken for this run's."""
+        for old in self.cfg.shards_dir.glob("rank-*.h5*"):
+            old.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ collecting (rank 0)
+    def _collect(self, stop: StopSignals, on_progress: Callable | None) -> None:
+        stop.collecting = True
+        self.collect_start = self.last_batch = time.perf_counter()
+        if on_progress is not None:
+            on_progress(0, 0, None)
+        for batch in self.collector:
+            if self.writer is not None:
+                self.writer.extend(batch)
+            else:
+                self.tally.extend(batch)
+            self.frames += batch.numel()
+            self.last_batch = time.perf_counter()
+            if on_progress is not None:
+                returns = self.writer.returns if self.writer is not None else self.tally.returns
+                mean = statistics.fmean(returns[-100:]) if returns else None
+                on_progress(self.frames, len(returns), mean)
+            if stop.signal is not None:
+                break
+
+    def _close(self, discard: bool = False) -> None:
+        """Stop the collector ranks (each closes its shard) and close rank 0's dataset;
+        ``discard``: a stop before the first batch keeps no dataset."""
+        if self.collector is not None:
+            self.collector.shutdown()
+            self.collector = None
+            if discard and self.cfg.shards:
+                for path in self._await_shards():
+                    path.unlink(missing_ok=True)
+                if not any(self.cfg.shards_dir.iterdir()):
+                    self.cfg.shards_dir.rmdir()
+        if self.writer is not None:
+            path = self.writer.close()
+            if discard and self.frames == 0:
+                path.unlink(missing_ok=True)
+                self.writer = None
+
+    def _await_shards(self) -> list[Path]:
+        """The ranks' shard files once each rank has closed its own (they do after rank 0's
+        shutdown)."""
+        folder = self.cfg.shards_dir
+        paths = [folder / shard_name(rank) for rank in range(1, self.size)]
+        deadline = time.monotonic() + _SHARD_WAIT
+        while True:
+            open_ = [p for p in paths if partial_path(p).exists() or not p.exists()]
+            if not open_:
+                return paths
+            if time.monotonic() > deadline:
+                raise StorageError(
+                    f"{open_[0]} was not closed within {_SHARD_WAIT:g} s of the end of the run "
+                    f"({len(open_)} shard(s) unfinished); its committed episodes are readable: "
+                    f"python -m hpccollect repair {partial_path(open_[0])}, then merge the shards."
+                )
+            time.sleep(_POLL)
+
+    def _timeout(self, err: CollectorTimeoutError) -> CollectorTimeoutError:
+        where = self.cfg.shards_dir if self.cfg.shards else self.cfg.output
+        return CollectorTimeoutError(
+            f"a collector rank stopped answering: {str(err).split(';')[0]} (--worker-timeout "
+            f"{self.cfg.worker_timeout:g}); the committed episodes are kept in {where}. Raise "
+            "--worker-timeout for slow envs or large batches."
+        )
+
+    def _summary(self, stopped_by: str | None) -> Summary:
+        collecting, elapsed = self.last_batch - self.collect_start, time.perf_counter() - self.start
+        if self.writer is None and not (self.cfg.shards and self.frames):
+            return Summary(0, 0, 0, [], collecting, elapsed, None, stopped_by)
+        w = self.writer
+        kept = (w.committed_episodes, w.committed_steps, list(w.returns)) if w else self._merge()
+        return Summary(self.frames, *kept, collecting, elapsed, self.cfg.output, stopped_by)
+
+    def _merge(self) -> tuple[int, int, list[float]]:
+        """Write ``--out`` as the merged view over the ranks' shards; its episodes, steps and
+        returns."""
+        from hpccollect.storage import merge_shards, open_dataset
+
+        shards = []
+        for path in self._await_shards():
+            with open_dataset(path) as ds:
+                if ds.keymap:  # a rank stopped before its first batch has no columns
+                    shards.append(path)
+        merge_shards(shards, self.cfg.output, overwrite=self.cfg.overwrite)
+        with open_dataset(self.cfg.output) as ds:
+            return ds.committed_episodes, len(ds), ds.returns().tolist()
+
+    def describe(self) -> str:
+        """What the job runs, for the line before the progress bar."""
+        cfg = self.cfg
+        inner = (
+            f"{cfg.num_workers} process(es) x {cfg.num_envs} env(s)"
+            if cfg.collector != "sync"
+            else f"{cfg.num_envs} env(s)"
+        )
+        where = f"{cfg.output} (shards in {cfg.shards_dir})" if cfg.shards else str(cfg.output)
+        return (
+            f"collecting {cfg.total_frames} frames of {cfg.env} with {self.ranks} collector "
+            f"rank(s) ({cfg.backend or 'gloo'}, rank 0 on {socket.gethostname()}, pid "
+            f"{os.getpid()}), each {cfg.collector} ({inner}) -> {where}"
+        )

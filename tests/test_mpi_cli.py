@@ -1,0 +1,220 @@
+"""``python -m hpccollect collect`` under a real ``mpiexec -n 3`` (the ``mpich`` package's hydra):
+rank 0 gathers, ranks 1 and 2 collect; the dataset read back with ``inspect`` and
+``open_dataset`` in both dataset modes; SIGTERM to mpiexec; mistakes end every rank at once."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import alive
+
+from hpccollect.cli import main
+from hpccollect.storage import open_dataset
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+BIN = os.path.dirname(sys.executable)
+MPIEXEC = shutil.which("mpiexec", path=BIN)
+if MPIEXEC is None and not os.environ.get("CI"):
+    pytestmark.append(pytest.mark.skip(reason="no mpiexec next to this Python (pip install mpich)"))
+ENV = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
+TOTAL, BATCH = 2000, 200
+SMALL = ["--env", "CartPole-v1", "--frames-per-batch", str(BATCH), "--total-frames", str(TOTAL)]
+
+
+def _descendants(root: int) -> set[int]:
+    """Every process below ``root`` (hydra's proxy, the ranks, their workers), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+class Job:
+    """``mpiexec -n 3 python -m hpccollect collect ...`` in ``cwd``, watched: every process it
+    starts is remembered, so the test can check that none is left."""
+
+    def __init__(self, cwd: Path, *args: str) -> None:
+        self.log = cwd / "job.log"
+        self.cwd = cwd
+        cmd = [MPIEXEC, "-n", "3", sys.executable, "-m", "hpccollect", "collect", *args]
+        self.out = open(cwd / "job.stdout", "w")  # noqa: SIM115 - closed in wait()
+        self.err = open(self.log, "w")  # noqa: SIM115
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd, cwd=cwd, env=ENV, stdout=self.out, stderr=self.err, start_new_session=True
+        )
+        self.seen: set[int] = set()
+
+    def watch(self, timeout: float, until: Callable[[], bool] = lambda: False) -> bool:
+        """Follow the job until ``until()`` or its end; False if neither came in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.seen |= _descendants(self.proc.pid)
+            if until() or self.proc.poll() is not None:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def wait(self, timeout: float) -> tuple[int, str, str, float]:
+        """Exit code, stdout, stderr and seconds; the job is killed if it runs past ``timeout``."""
+        try:
+            if not self.watch(timeout):
+                pytest.fail(f"the job did not end within {timeout} s:\n{self.stderr()}")
+            self.proc.wait(5)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                for pid in self.seen:
+                    if alive(pid):
+                        os.kill(pid, signal.SIGKILL)
+                self.proc.wait()
+            self.out.close()
+            self.err.close()
+        seconds = time.monotonic() - self.start
+        return self.proc.returncode, (self.cwd / "job.stdout").read_text(), self.stderr(), seconds
+
+    def stderr(self) -> str:
+        return self.log.read_text()
+
+    def assert_nothing_left(self) -> None:
+        assert len(self.seen) >= 3, f"the ranks were never seen: {self.seen}"
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in self.seen) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in self.seen if alive(p)], "processes of the job are still running"
+
+
+def inspect_ok(path: Path, capsys) -> str:
+    assert main(["inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "integrity         ok" in text
+    return text
+
+
+def episodes(path: Path) -> tuple[int, np.ndarray]:
+    """Committed frames, and the id of each episode in file order; checks that every episode's
+    rows are contiguous (an id never comes back after another one)."""
+    with open_dataset(path) as ds:
+        assert ds.complete and not ds.check()
+        ids = np.asarray(ds.episode_ids)
+        starts = np.concatenate([[True], ids[1:] != ids[:-1]])
+        order = ids[starts]
+        assert len(order) == len(np.unique(order)) == ds.committed_episodes
+        return len(ds), order
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("extra", "shards"),
+    [
+        (["--collector", "sync", "--backend", "mpi"], False),
+        (["--collector", "sync", "--num-envs", "2", "--shards"], True),
+    ],
+    ids=["rank-0-writes-mpi-backend", "shards-gloo"],
+)
+def test_collect_under_mpiexec_keeps_every_episode_of_every_rank(tmp_path, capsys, extra, shards):
+    job = Job(tmp_path, *SMALL, *extra, "--out", "run.h5")
+    code, out, err, seconds = job.wait(180)
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert err.count("collecting 2000 frames") == 1  # rank 0 speaks, the others do not
+    assert out.count("frames collected  2000") == 1
+    frames, order = episodes(tmp_path / "run.h5")
+    assert frames == TOTAL
+    assert set(order % 2) == {0, 1}  # rank r numbers its episodes r - 1 modulo 2
+    text = inspect_ok(tmp_path / "run.h5", capsys)
+    assert f"frames            {TOTAL} committed" in text
+    folder = tmp_path / "run.shards"
+    if shards:
+        assert "merged from       2 shards" in text
+        per_rank = []
+        for rank in (1, 2):
+            shard = folder / f"rank-{rank:04d}.h5"
+            with open_dataset(shard) as ds:
+                assert int(ds.file.attrs["shard"]) == rank
+            n, ids = episodes(shard)
+            assert set(ids % 2) == {rank - 1}
+            per_rank.append((n, ids))
+        assert sum(n for n, _ in per_rank) == TOTAL
+        assert sorted(order) == sorted(np.concatenate([ids for _, ids in per_rank]))
+    else:
+        assert not folder.exists()
+    job.assert_nothing_left()
+    assert seconds < 150, f"the job took {seconds:.1f} s"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("shards", [False, True], ids=["rank-0-writes", "shards"])
+def test_sigterm_to_mpiexec_keeps_the_committed_episodes(tmp_path, capsys, shards):
+    args = ["--env", "CartPole-v1", "--collector", "sync", "--frames-per-batch", "100"]
+    args += ["--total-frames", "100000000", "--out", "run.h5"] + (["--shards"] if shards else [])
+    job = Job(tmp_path, *args)
+    collecting = re.compile(r"\] [1-9]\d*/100000000 frames")
+    started = job.watch(150, lambda: bool(collecting.search(job.stderr())))
+    assert started and job.proc.poll() is None, job.stderr()
+    job.proc.send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
+    code, out, err, _ = job.wait(60)
+    assert code == 0, err
+    assert time.monotonic() - stopped < 30
+    assert "stopped early by SIGTERM" in out
+    frames, order = episodes(tmp_path / "run.h5")
+    assert frames >= 100 and len(order)
+    inspect_ok(tmp_path / "run.h5", capsys)
+    if shards:
+        for rank in (1, 2):  # every rank closed its shard: no unfinished file
+            assert (tmp_path / "run.shards" / f"rank-{rank:04d}.h5").exists()
+        assert not list((tmp_path / "run.shards").glob("*.partial"))
+    job.assert_nothing_left()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--frames-per-batch", "7"], "hpccollect: error: --frames-per-batch 7 cannot be split"),
+        # found on rank 0 only, after MPI started: the others must not wait for it forever
+        (["--collector", "sync", "--out", "taken.h5"], "hpccollect: error: taken.h5 already"),
+    ],
+    ids=["every-rank", "rank-0-only"],
+)
+def test_a_mistake_under_mpiexec_ends_every_rank_with_one_line(tmp_path, args, says):
+    (tmp_path / "taken.h5").write_bytes(b"")
+    job = Job(tmp_path, *args)
+    code, out, err, seconds = job.wait(120)
+    assert code == 2, err
+    assert [line for line in err.splitlines() if not line.startswith("collecting ")] == [
+        next(line for line in err.splitlines() if line.startswith(says))
+    ], err
+    assert out == ""
+    job.assert_nothing_left()
+    assert seconds < 60, f"the job took {seconds:.1f} s to end"
+
+
+def test_distributed_options_without_a_launcher_are_refused(capsys):
+    assert main(["collect", "--shards", "--backend", "mpi", "--out", "x.h5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [err[0]] and err[0].startswith("hpccollect: error: --shards, --backend: only")
