@@ -36,6 +36,8 @@ import numpy as np
 from tensordict import TensorDictBase
 
 from hpccollect.config import RunConfig
+from hpccollect.distributed import DistributedDataCollector
+from hpccollect.distributed.mpi_transport import mpi4py_comm, wait_request
 from hpccollect.distributed.rendezvous import detect, launched_ranks
 from hpccollect.errors import (
     ArgumentValueError,
@@ -52,6 +54,8 @@ from hpccollect.job import (
     probe_policy,
     resolve_env,
 )
+from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
+from hpccollect.storage import merge_shards, open_dataset
 from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path
 
 __all__ = ["JobEnded", "MPICollect", "launched_rank", "open_shard", "shard_name", "wants_mpi"]
@@ -133,8 +137,6 @@ class MPICollect:
     """This rank's part of a distributed ``collect``; ``run()`` on every rank."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        from hpccollect.distributed.mpi_transport import mpi4py_comm
-        from hpccollect.launchers.mpi import abort_on_uncaught
 
         self.cfg = cfg
         self.comm = mpi4py_comm()  # MPI starts here
@@ -168,8 +170,6 @@ class MPICollect:
         when it is done (None if that ever returns). ``JobEnded`` when start-up failed."""
         if self.rank:
             launcher = self._agree(self._launcher, describe)
-            from hpccollect.distributed import DistributedDataCollector
-
             DistributedDataCollector(env_maker(self.cfg), None, **self._arguments(launcher))
             return None
         stop = StopSignals()
@@ -190,8 +190,6 @@ class MPICollect:
         return self._summary(stop.signal)
 
     def _launcher(self) -> Any:
-        from hpccollect.launchers.mpi import MPILauncher
-
         if self.size == 1 and launched_ranks() > 1:
             raise ArgumentValueError(
                 f"the launcher started {launched_ranks()} processes but MPI sees only this one: "
@@ -218,8 +216,6 @@ class MPICollect:
         cfg = self.cfg
         if cfg.shards:
             self._clear_shards()
-        from hpccollect.distributed import DistributedDataCollector
-
         with stop.deferred():  # cut in half, the ranks' state would be unknown
             self.collector = DistributedDataCollector(
                 env_maker(cfg), policy, **self._arguments(launcher)
@@ -285,16 +281,12 @@ class MPICollect:
         return result
 
     def _send(self, value: Any, dest: int, tag: int) -> None:
-        from hpccollect.distributed.mpi_transport import wait_request
-
         request = self.comm.isend(value, dest=dest, tag=tag)
         wait_request(lambda: request.Test(), _START_WAIT, f"the message to rank {dest}")
 
     def _receive(self, source: int, tag: int, what: str) -> Any:
         """A small message, waited for by probing with sleeps (a blocking receive spins a core
         that the ranks on this node need)."""
-        from hpccollect.distributed.mpi_transport import wait_request
-
         try:
             wait_request(lambda: self.comm.Iprobe(source, tag), _START_WAIT, what, max_sleep=_POLL)
         except CollectorTimeoutError as err:
@@ -427,8 +419,6 @@ class MPICollect:
     def _merge(self) -> tuple[int, int, list[float]]:
         """Write ``--out`` as the merged view over the ranks' shards; its episodes, steps and
         returns."""
-        from hpccollect.storage import merge_shards, open_dataset
-
         shards = []
         for path in self._await_shards():
             with open_dataset(path) as ds:

@@ -214,7 +214,17 @@ def test_a_mistake_under_mpiexec_ends_every_rank_with_one_line(tmp_path, args, s
     assert seconds < 60, f"the job took {seconds:.1f} s to end"
 
 
-def test_distributed_options_without_a_launcher_are_refused(capsys):
+@pytest.mark.timeout(120)
+def test_distributed_options_without_a_launcher_are_refused(tmp_path, capsys):
     assert main(["collect", "--shards", "--backend", "mpi", "--out", "x.h5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [err[0]] and err[0].startswith("hpccollect: error: --shards, --backend: only")
+    cmd = [sys.executable, "-m", "hpccollect", "collect", "--launcher", "mpi", "--out", "x.h5"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "hpccollect: error: --launcher mpi needs rank 0 and at least one collector rank: start "
+        "the job with mpiexec -n N or srun -n N (N >= 2), or drop --launcher mpi to collect in "
+        "one process."
+    ]
+    assert not list(tmp_path.iterdir())
