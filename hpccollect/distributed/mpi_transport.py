@@ -33,7 +33,12 @@ from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 __all__ = ["IDLE_SLEEP", "MPIGroup", "mpi4py_comm", "wait_request"]
 
 IDLE_SLEEP = 1e-3  # the longest sleep between two tests of a request (the added latency)
-_BUSY_TESTS = 32  # tests before the first sleep: a message in flight completes in microseconds
+#: seconds a wait tests without sleeping first: a message in flight (a batch streaming in, the
+#: other half of a rendezvous) completes within them, and both ends must be inside MPI for it
+#: to move; an idle wait spins once, then sleeps
+SPIN = 200e-6
+_SPIN_PER_BYTE = 2e-9  # ... and for as long as the bytes of a transfer under way take
+_NOTICE = 32765  # the tag of "a broadcast follows"
 _BYE = 32767  # the tag of the goodbye message (below MPI's guaranteed tag upper bound)
 _GRACE = 2.0  # seconds a closing end waits for its peers' goodbyes, then for its own to leave
 _ABORTING: set[int] = set()  # collector ranks that did not stop; the job ends at exit
@@ -78,12 +83,20 @@ def wait_request(
     what: str,
     stop: Callable[[], str | None] = lambda: None,
     max_sleep: float = IDLE_SLEEP,
+    spin: float = SPIN,
 ) -> None:
-    """Wait until ``test()`` is true: tests, then sleeps growing up to ``max_sleep``;
-    ``RuntimeError`` when ``stop()`` gives a reason, ``CollectorTimeoutError`` after
-    ``timeout`` s (None: no limit)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    tests, sleep = 0, 20e-6
+    """Wait until ``test()`` is true: tests for ``spin`` s, then sleeps growing up to
+    ``max_sleep`` between tests; ``RuntimeError`` when ``stop()`` gives a reason (asked only
+    once spinning is over), ``CollectorTimeoutError`` after ``timeout`` s (None: no limit)."""
+    start = time.monotonic()
+    spin_end = start + spin
+    while not test():
+        if time.monotonic() > spin_end:
+            break
+    else:
+        return
+    deadline = None if timeout is None else start + timeout
+    sleep = 20e-6
     while not test():
         why = stop()
         if why is not None:
@@ -92,33 +105,44 @@ def wait_request(
             raise RuntimeError(why)
         if deadline is not None and time.monotonic() > deadline:
             raise CollectorTimeoutError(f"{what} did not complete within {timeout:g} s")
-        tests += 1
-        if tests > _BUSY_TESTS:
-            time.sleep(sleep)
-            sleep = min(sleep * 2, max_sleep)
+        time.sleep(sleep)
+        sleep = min(sleep * 2, max_sleep)
 
 
 class _Work:
-    """One pending request, waited on like a torch ``Work``."""
+    """One operation, waited on like a torch ``Work``. A receive is posted only once its
+    message has arrived (``ready``): until then the wait sleeps between probes; from then on the
+    transfer is under way and the wait tests without sleeping for as long as the bytes take,
+    since a large message moves only while both ends are inside MPI."""
 
     def __init__(
-        self, group: MPIGroup, request: Any, what: str, peer: int | None, buffer: Any
+        self,
+        group: MPIGroup,
+        what: str,
+        peer: int | None,
+        buffer: Any,
+        post: Callable[[], Any],
+        ready: Callable[[], bool] | None = None,
     ) -> None:
-        self.group, self.request, self.what, self.peer = group, request, what, peer
+        self.group, self.what, self.peer = group, what, peer
         self.buffer = buffer  # MPI reads or writes it until the request completes
+        self.post, self.ready = post, ready
+        self.request = post() if ready is None else None
+        self.spin = SPIN + buffer.nbytes * _SPIN_PER_BYTE
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         seconds = None if timeout is None else timeout.total_seconds()
+        deadline = None if seconds is None else time.monotonic() + seconds
+        stop = lambda: self.group.stopped(self.peer)  # noqa: E731
         try:
-            wait_request(
-                self.request.Test,
-                seconds,
-                self.what,
-                lambda: self.group.stopped(self.peer),
-                self.group.max_sleep,
-            )
+            if self.request is None:
+                wait_request(self.ready, seconds, self.what, stop, self.group.max_sleep)
+                self.request = self.post()
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait_request(self.request.Test, left, self.what, stop, self.group.max_sleep, self.spin)
         except BaseException:
-            self.group.cancel(self.request)
+            if self.request is not None:
+                self.group.cancel(self.request)
             raise
         return True
 
@@ -134,25 +158,41 @@ class MPIGroup:
         self._closed: str | None = None
         self._gone: dict[int, str] = {}  # peers that said goodbye
         self._lock = threading.Lock()  # one thread at a time looks for goodbyes
-        self._byes: list[Any] = []
+        self._notices: list[Any] = []
 
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
         self._check_open(peer)
         buffer = _buffer(tensors)
-        request = self.comm.Isend(buffer, peer, tag)
-        return _Work(self, request, f"a send to rank {peer}", peer, buffer)
+        post = lambda: self.comm.Isend(buffer, peer, tag)  # noqa: E731
+        return _Work(self, f"a send to rank {peer}", peer, buffer, post)
 
     def recv(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
         self._check_open(peer)
         buffer = _buffer(tensors)
-        request = self.comm.Irecv(buffer, peer, tag)
-        return _Work(self, request, f"a receive from rank {peer}", peer, buffer)
+        post = lambda: self.comm.Irecv(buffer, peer, tag)  # noqa: E731
+        ready = lambda: self.comm.Iprobe(peer, tag)  # noqa: E731
+        return _Work(self, f"a receive from rank {peer}", peer, buffer, post, ready)
 
     def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
+        """``Ibcast`` from ``root``; the root first sends every peer a notice, so that a peer
+        idle in ``wait`` sleeps until one comes, then joins the broadcast and sees it through."""
         self._check_open(None)
         buffer = _buffer(tensor)
-        request = self.comm.Ibcast(buffer, root)
-        return _Work(self, request, f"a broadcast from rank {root}", None, buffer)
+        bcast = lambda: self.comm.Ibcast(buffer, root)  # noqa: E731
+        what = f"a broadcast from rank {root}"
+        if self.rank == root:
+            self._notices = [r for r in self._notices if not r.Test()]
+            for peer in range(self.size):
+                if peer != root:
+                    self._notices.append(self.comm.Isend(bytearray(1), peer, _NOTICE))
+            return _Work(self, what, None, buffer, bcast)
+
+        def noticed() -> Any:
+            self.comm.Recv(bytearray(1), root, _NOTICE)
+            return bcast()
+
+        ready = lambda: self.comm.Iprobe(root, _NOTICE)  # noqa: E731
+        return _Work(self, what, root, buffer, noticed, ready)
 
     def stopped(self, peer: int | None) -> str | None:
         """Why waits involving ``peer`` (None: any) must end, or None."""

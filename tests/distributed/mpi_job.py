@@ -42,7 +42,14 @@ class BiasPolicy(nn.Module):
 
 class Failing(CounterEnv):
     def step(self, action):
+        note_raise()
         raise KeyError("rank 2's env fails on purpose")
+
+
+def note_raise() -> None:
+    """When this process raised (``OUT.raised``): the test measures how long the job took to
+    end from there."""
+    Path(os.environ["MPI_JOB_OUT"] + ".raised").write_text(repr(time.time()))
 
 
 class Slow(CounterEnv):
@@ -68,7 +75,9 @@ def main() -> None:
     rank = int(os.environ.get("PMI_RANK", "0"))
     with open(f"{a.out}.pid{rank}", "w") as f:
         f.write(str(os.getpid()))
+    os.environ["MPI_JOB_OUT"] = a.out  # the ranks' envs inherit it
     if a.mode == "raise-before" and rank == 2:
+        note_raise()
         raise RuntimeError("rank 2 fails before the collector exists")
     if a.mode == "branch" and rank != 0:
         from hpccollect.distributed import serve
