@@ -111,40 +111,78 @@ def wait_request(
 
 class _Work:
     """One operation, waited on like a torch ``Work``. A receive is posted only once its
-    message has arrived (``ready``): until then the wait sleeps between probes; from then on the
-    transfer is under way and the wait tests without sleeping for as long as the bytes take,
+    message has arrived (``_arrived``): until then the wait sleeps between probes; from then on
+    the transfer is under way and the wait tests without sleeping for as long as the bytes take,
     since a large message moves only while both ends are inside MPI."""
 
-    def __init__(
-        self,
-        group: MPIGroup,
-        what: str,
-        peer: int | None,
-        buffer: Any,
-        post: Callable[[], Any],
-        ready: Callable[[], bool] | None = None,
-    ) -> None:
-        self.group, self.what, self.peer = group, what, peer
+    def __init__(self, group: MPIGroup, peer: int | None, buffer: Any, what: str) -> None:
+        self.group, self.peer, self.what = group, peer, what
         self.buffer = buffer  # MPI reads or writes it until the request completes
-        self.post, self.ready = post, ready
-        self.request = post() if ready is None else None
-        self.spin = SPIN + buffer.nbytes * _SPIN_PER_BYTE
+        self.request: Any = None
+
+    def _arrived(self) -> bool:
+        return True
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         seconds = None if timeout is None else timeout.total_seconds()
-        deadline = None if seconds is None else time.monotonic() + seconds
-        stop = lambda: self.group.stopped(self.peer)  # noqa: E731
+        group = self.group
         try:
             if self.request is None:
-                wait_request(self.ready, seconds, self.what, stop, self.group.max_sleep)
-                self.request = self.post()
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            wait_request(self.request.Test, left, self.what, stop, self.group.max_sleep, self.spin)
+                if not self._arrived():
+                    wait_request(self._arrived, seconds, self.what, self._stop, group.max_sleep)
+                self.request = self._post()
+            request = self.request
+            if not request.Test():
+                spin = SPIN + self.buffer.nbytes * _SPIN_PER_BYTE
+                wait_request(request.Test, seconds, self.what, self._stop, group.max_sleep, spin)
         except BaseException:
             if self.request is not None:
-                self.group.cancel(self.request)
+                group.cancel(self.request)
             raise
         return True
+
+    def _stop(self) -> str | None:
+        return self.group.stopped(self.peer)
+
+
+class _Send(_Work):
+    def __init__(self, group: MPIGroup, buffer: Any, peer: int, tag: int) -> None:
+        super().__init__(group, peer, buffer, f"a send to rank {peer}")
+        self.request = group.comm.Isend(buffer, peer, tag)
+
+
+class _Receive(_Work):
+    def __init__(self, group: MPIGroup, buffer: Any, peer: int, tag: int) -> None:
+        super().__init__(group, peer, buffer, f"a receive from rank {peer}")
+        self.tag, self.message = tag, None
+
+    def _arrived(self) -> bool:
+        self.message = self.group.comm.Improbe(self.peer, self.tag)
+        return self.message is not None
+
+    def _post(self) -> Any:
+        return self.message.Irecv(self.buffer)
+
+
+class _Broadcast(_Work):
+    """``Ibcast`` from ``root``; the root first sends every peer a notice, so that a peer idle
+    in ``wait`` sleeps until one comes, then joins the broadcast and sees it through."""
+
+    def __init__(self, group: MPIGroup, buffer: Any, root: int) -> None:
+        super().__init__(group, root, buffer, f"a broadcast from rank {root}")
+        if group.rank == root:
+            group.notify(root)
+            self.request = group.comm.Ibcast(buffer, root)
+
+    def _arrived(self) -> bool:
+        return self.group.comm.Iprobe(self.peer, _NOTICE)
+
+    def _post(self) -> Any:
+        self.group.comm.Recv(bytearray(1), self.peer, _NOTICE)
+        return self.group.comm.Ibcast(self.buffer, self.peer)
+
+    def _stop(self) -> str | None:
+        return self.group.stopped(None if self.group.rank == self.peer else self.peer)
 
 
 class MPIGroup:
@@ -162,37 +200,22 @@ class MPIGroup:
 
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
         self._check_open(peer)
-        buffer = _buffer(tensors)
-        post = lambda: self.comm.Isend(buffer, peer, tag)  # noqa: E731
-        return _Work(self, f"a send to rank {peer}", peer, buffer, post)
+        return _Send(self, _buffer(tensors), peer, tag)
 
     def recv(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
         self._check_open(peer)
-        buffer = _buffer(tensors)
-        post = lambda: self.comm.Irecv(buffer, peer, tag)  # noqa: E731
-        ready = lambda: self.comm.Iprobe(peer, tag)  # noqa: E731
-        return _Work(self, f"a receive from rank {peer}", peer, buffer, post, ready)
+        return _Receive(self, _buffer(tensors), peer, tag)
 
     def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
-        """``Ibcast`` from ``root``; the root first sends every peer a notice, so that a peer
-        idle in ``wait`` sleeps until one comes, then joins the broadcast and sees it through."""
         self._check_open(None)
-        buffer = _buffer(tensor)
-        bcast = lambda: self.comm.Ibcast(buffer, root)  # noqa: E731
-        what = f"a broadcast from rank {root}"
-        if self.rank == root:
-            self._notices = [r for r in self._notices if not r.Test()]
-            for peer in range(self.size):
-                if peer != root:
-                    self._notices.append(self.comm.Isend(bytearray(1), peer, _NOTICE))
-            return _Work(self, what, None, buffer, bcast)
+        return _Broadcast(self, _buffer(tensor), root)
 
-        def noticed() -> Any:
-            self.comm.Recv(bytearray(1), root, _NOTICE)
-            return bcast()
-
-        ready = lambda: self.comm.Iprobe(root, _NOTICE)  # noqa: E731
-        return _Work(self, what, root, buffer, noticed, ready)
+    def notify(self, root: int) -> None:
+        """Tell every peer that a broadcast from ``root`` follows."""
+        self._notices = [r for r in self._notices if not r.Test()]
+        for peer in range(self.size):
+            if peer != root:
+                self._notices.append(self.comm.Isend(bytearray(1), peer, _NOTICE))
 
     def stopped(self, peer: int | None) -> str | None:
         """Why waits involving ``peer`` (None: any) must end, or None."""
@@ -235,7 +258,9 @@ class MPIGroup:
             _abort_at_exit(self.comm, stuck)
 
     def _check_open(self, peer: int | None) -> None:
-        why = self.stopped(peer)
+        """Refuse a new operation once closed, or with a peer known to be gone (a goodbye not
+        seen yet is noticed by the operation's wait)."""
+        why = self._closed or self._gone.get(peer)  # type: ignore[arg-type]
         if why is not None:
             raise RuntimeError(why)
 
@@ -256,8 +281,9 @@ def _abort(comm: Any) -> None:
 
 
 def _buffer(tensors: torch.Tensor | Sequence[torch.Tensor]) -> Any:
-    """The tensor's memory as an array MPI reads or writes in place (it keeps the tensor)."""
+    """The tensor's memory as an array MPI reads or writes in place (it keeps the tensor);
+    ``numpy()`` refuses tensors that are not on the CPU."""
     tensor = tensors if isinstance(tensors, torch.Tensor) else tensors[0]
-    if tensor.device.type != "cpu" or not tensor.is_contiguous():
-        raise ValueError("the MPI transport moves contiguous CPU tensors only")
+    if not tensor.is_contiguous():
+        raise ValueError("the MPI transport moves contiguous tensors only")
     return tensor.numpy()
