@@ -295,6 +295,7 @@ def _collect_distributed(cfg: RunConfig, quiet: bool, out: _Output) -> int:
     from hpccollect.progress import Progress
 
     job = MPICollect(cfg)
+    alone = job.size == 1 and not out.speaks  # torchrun: every process is MPI's rank 0
     out.speaks = True  # from here on, a rank's error is its own
     progress = None
     try:
@@ -304,7 +305,7 @@ def _collect_distributed(cfg: RunConfig, quiet: bool, out: _Output) -> int:
             progress = None if quiet else Progress(cfg.total_frames)
         summary = job.run(None if progress is None else progress.update, _describe)
     except JobEnded as end:  # every rank ends, none waits: no abort
-        if end.line:
+        if end.line and not alone:
             print(end.line, file=sys.stderr)
         return end.code
     except BaseException:
