@@ -37,7 +37,7 @@ from tensordict import TensorDictBase
 
 from hpccollect.config import RunConfig
 from hpccollect.distributed import DistributedDataCollector
-from hpccollect.distributed.mpi_transport import mpi4py_comm, wait_request
+from hpccollect.distributed.mpi_transport import abort_job, mpi4py_comm, wait_request
 from hpccollect.distributed.rendezvous import detect, launched_ranks
 from hpccollect.errors import (
     ArgumentValueError,
@@ -162,7 +162,7 @@ class MPICollect:
     def abort(self, code: int) -> None:
         """End every rank of the job with ``code`` (after this rank printed why)."""
         if self.size > 1:
-            self.comm.Abort(code)
+            abort_job(self.comm, code)
 
     # ------------------------------------------------------------------ start-up
     def run(self, on_progress: Callable | None, describe: Describe) -> Summary | None:

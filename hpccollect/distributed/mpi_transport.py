@@ -30,7 +30,7 @@ import torch
 
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 
-__all__ = ["IDLE_SLEEP", "MPIGroup", "mpi4py_comm", "wait_request"]
+__all__ = ["IDLE_SLEEP", "MPIGroup", "abort_job", "mpi4py_comm", "wait_request"]
 
 IDLE_SLEEP = 1e-3  # the longest sleep between two tests of a request (the added latency)
 #: seconds a wait tests without sleeping first: a message in flight (a batch streaming in, the
@@ -64,6 +64,18 @@ def mpi4py_comm() -> Any:
             "lower thread level."
         )
     return MPI.COMM_WORLD
+
+
+def abort_job(comm: Any, code: int) -> None:
+    """End every rank of the MPI job with ``code`` (``MPI_Abort``). MPICH unlinks its
+    shared-memory segment only in ``MPI_Finalize``, so this process first unlinks the segments
+    it maps (the others keep their mappings until they end): an abort leaves none behind."""
+    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
+        mapped = {line.split()[-1] for line in maps if "/dev/shm/mpich_shm_" in line}
+    for path in mapped:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    comm.Abort(code)
 
 
 def _loopback_ucx_on_one_node() -> None:
@@ -277,7 +289,7 @@ def _abort(comm: Any) -> None:
         "MPI job so that it ends.\n"
     )
     sys.stderr.flush()
-    comm.Abort(1)
+    abort_job(comm, 1)
 
 
 def _buffer(tensors: torch.Tensor | Sequence[torch.Tensor]) -> Any:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from hpccollect.distributed.mpi_transport import mpi4py_comm, wait_request
+from hpccollect.distributed.mpi_transport import abort_job, mpi4py_comm, wait_request
 from hpccollect.distributed.rank import RankArgs, serve_rank
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.launchers.base import Launcher, RankProcess
@@ -149,7 +149,7 @@ def abort_on_uncaught(comm: Any = None) -> None:
             sys.stderr.flush()
             sys.stdout.flush()
         finally:
-            comm.Abort(130 if issubclass(kind, KeyboardInterrupt) else 1)
+            abort_job(comm, 130 if issubclass(kind, KeyboardInterrupt) else 1)
 
     hook._hpccollect_abort = True  # type: ignore[attr-defined]
     sys.excepthook = hook

@@ -58,6 +58,19 @@ def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
     assert not [p for p in pids if alive(p)], "processes of the job are still running"
 
 
+def mpich_segments() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("mpich_shm_*")}
+
+
+@pytest.fixture(autouse=True)
+def no_shared_memory_left():
+    """Every job, ended by its own shutdown or by an abort, leaves none of MPICH's
+    shared-memory segments behind (MPICH unlinks them only in MPI_Finalize)."""
+    before = mpich_segments()
+    yield
+    assert mpich_segments() <= before, "an mpiexec job left a shared-memory segment"
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> list[TensorDict]:
     """The same job with launcher='mp' in one plain process."""
@@ -153,6 +166,7 @@ def test_an_exception_on_one_rank_ends_the_whole_job(tmp_path, mode, says):
 
 @pytest.mark.timeout(120)
 def test_a_rank_killed_with_sigkill_ends_the_job_within_seconds(tmp_path):
+    before = mpich_segments()
     out = tmp_path / "out.pt"
     cmd = [MPIEXEC, "-n", "3", sys.executable, str(JOB), str(out), "--backend", "mpi"]
     proc = subprocess.Popen(
@@ -176,3 +190,6 @@ def test_a_rank_killed_with_sigkill_ends_the_job_within_seconds(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert_gone(job_pids(out))
+    # hydra ends the other ranks with SIGKILL too: nothing of the job can unlink MPICH's segment
+    for name in mpich_segments() - before:
+        Path("/dev/shm", name).unlink(missing_ok=True)
