@@ -6,6 +6,7 @@ import contextlib
 import os
 import socket
 import threading
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -132,3 +133,17 @@ def listening_addresses(pids: list[int], besides: int | None = None) -> set[str]
                         words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
                         found.add(socket.inet_ntop(socket.AF_INET6, words))
     return found
+
+
+def mpich_segments() -> set[str]:
+    """The shared-memory segments MPICH's ranks have in /dev/shm."""
+    return {p.name for p in Path("/dev/shm").glob("mpich_shm_*")}
+
+
+@pytest.fixture
+def no_mpich_segments_left():
+    """The test's MPI jobs, ended by their shutdown or by an abort, leave none of MPICH's
+    shared-memory segments behind (MPICH unlinks them only in MPI_Finalize)."""
+    before = mpich_segments()
+    yield
+    assert mpich_segments() <= before, "an mpiexec job left a shared-memory segment"

@@ -21,7 +21,7 @@ from conftest import alive
 from hpccollect.cli import main
 from hpccollect.storage import open_dataset
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.usefixtures("no_mpich_segments_left")]
 
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = shutil.which("mpiexec", path=BIN)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import alive
+from conftest import alive, mpich_segments
 from tensordict import TensorDict
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.usefixtures("no_mpich_segments_left")]
 
 JOB = Path(__file__).with_name("mpi_job.py")
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
@@ -56,19 +56,6 @@ def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if alive(p)], "processes of the job are still running"
-
-
-def mpich_segments() -> set[str]:
-    return {p.name for p in Path("/dev/shm").glob("mpich_shm_*")}
-
-
-@pytest.fixture(autouse=True)
-def no_shared_memory_left():
-    """Every job, ended by its own shutdown or by an abort, leaves none of MPICH's
-    shared-memory segments behind (MPICH unlinks them only in MPI_Finalize)."""
-    before = mpich_segments()
-    yield
-    assert mpich_segments() <= before, "an mpiexec job left a shared-memory segment"
 
 
 @pytest.fixture(scope="module")
