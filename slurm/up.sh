@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Start a single-node SLURM cluster (munged + slurmctld + slurmd) on this machine, for
+# development and CI. Needs root (slurmd runs jobs as their user); no systemd or cgroups.
+#
+#   eval "$(slurm/up.sh)"        # prints `export SLURM_CONF=...` lines (progress goes to stderr)
+#   sbatch --wait jobs/collect.sh
+#   slurm/down.sh --purge        # stop the daemons, remove the state directory
+#
+# Everything (config, spool, logs, pid files, munge key and socket) lives in one directory:
+# $HPCCOLLECT_SLURM_DIR, else a new temporary directory (recorded in $POINTER so that down.sh and
+# a second up.sh find it). Idempotent: a cluster that is already up is reused.
+# Environment: HPCCOLLECT_SLURM_CPUS (CPUs the node advertises, default max(8, nproc)),
+# HPCCOLLECT_SLURM_CTLD_PORT / _SLURMD_PORT (default 6817 / 6818), HPCCOLLECT_SLURM_TIMEOUT
+# (seconds to wait for the node to be idle, default 60).
+set -euo pipefail
+
+POINTER="${TMPDIR:-/tmp}/hpccollect-slurm.current"
+PACKAGES=(slurmctld slurmd slurm-client munge)
+TIMEOUT="${HPCCOLLECT_SLURM_TIMEOUT:-60}"
+
+log() { echo "slurm/up.sh: $*" >&2; }
+die() {
+    echo "slurm/up.sh: error: $*" >&2
+    exit 1
+}
+
+# Is the daemon whose pid file is $1 running (and is it the program $2)?
+alive() {
+    local pid
+    [[ -s "$1" ]] || return 1
+    pid="$(cat "$1")"
+    [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null &&
+        [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$2" ]]
+}
+
+install_packages() {
+    local missing=()
+    command -v munged >/dev/null || missing+=(munge)
+    command -v slurmctld >/dev/null || missing+=(slurmctld)
+    command -v slurmd >/dev/null || missing+=(slurmd)
+    command -v sbatch >/dev/null || missing+=(slurm-client)
+    ((${#missing[@]} == 0)) && return 0
+    [[ "$(id -u)" == 0 ]] || die "SLURM is not installed (${missing[*]}) and installing it needs root"
+    command -v apt-get >/dev/null || die "no apt-get: install ${PACKAGES[*]} (SLURM >= 22.05) yourself"
+    log "installing ${PACKAGES[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    # invoke-rc.d must not start the packaged services: ours run from $STATE.
+    local policy=/usr/sbin/policy-rc.d made_policy=0
+    if [[ ! -e "$policy" ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
+    fi
+    local apt=(apt-get install -y -q --no-install-recommends "${PACKAGES[@]}")
+    if ! "${apt[@]}" >"$STATE/log/apt.log" 2>&1; then
+        log "install failed, running apt-get update first"
+        apt-get update -q >>"$STATE/log/apt.log" 2>&1 || true
+        "${apt[@]}" >>"$STATE/log/apt.log" 2>&1 || {
+            ((made_policy)) && rm -f "$policy"
+            tail -n 20 "$STATE/log/apt.log" >&2
+            die "apt-get install ${PACKAGES[*]} failed (log: $STATE/log/apt.log)"
+        }
+    fi
+    ((made_policy)) && rm -f "$policy"
+    return 0
+}
+
+print_env() {
+    echo "export HPCCOLLECT_SLURM_DIR=$STATE"
+    echo "export SLURM_CONF=$STATE/etc/slurm.conf"
+}
+
+write_config() {
+    local host cpus
+    host="$(hostname -s)"
+    cpus="${HPCCOLLECT_SLURM_CPUS:-$(($(nproc) > 8 ? $(nproc) : 8))}"
+    cat >"$STATE/etc/slurm.conf" <<EOF
+# Written by hpccollect's slurm/up.sh: a single-node cluster on loopback.
+ClusterName=hpccollect
+SlurmctldHost=$host(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=${HPCCOLLECT_SLURM_CTLD_PORT:-6817}
+SlurmdPort=${HPCCOLLECT_SLURM_SLURMD_PORT:-6818}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$STATE/munge/munge.socket
+CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
+StateSaveLocation=$STATE/ctld
+SlurmdSpoolDir=$STATE/spool
+SlurmctldPidFile=$STATE/run/slurmctld.pid
+SlurmdPidFile=$STATE/run/slurmd.pid
+SlurmctldLogFile=$STATE/log/slurmctld.log
+SlurmdLogFile=$STATE/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+# No systemd/cgroups here: processes are tracked through their parent ids.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SwitchType=switch/none
+MpiDefault=pmi2
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=1
+EnforcePartLimits=ALL
+ReturnToService=2
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=10
+MinJobAge=5
+# The node may advertise more CPUs than the machine has (several ranks per core).
+SlurmdParameters=config_overrides
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+EOF
+}
+
+start_munge() {
+    alive "$STATE/run/munged.pid" munged && return 0
+    mkdir -p /run/munge
+    if [[ ! -s "$STATE/munge/munge.key" ]]; then
+        dd if=/dev/urandom of="$STATE/munge/munge.key" bs=1 count=1024 status=none
+    fi
+    chmod 0400 "$STATE/munge/munge.key"
+    # --force: the state directory may sit under a world-writable (sticky) /tmp.
+    munged --force --key-file="$STATE/munge/munge.key" --socket="$STATE/munge/munge.socket" \
+        --pid-file="$STATE/run/munged.pid" --log-file="$STATE/log/munged.log" \
+        --seed-file="$STATE/munge/munged.seed" 2>>"$STATE/log/munged.log" ||
+        die "munged did not start: $(tail -n 5 "$STATE/log/munged.log")"
+}
+
+wait_idle() {
+    local deadline=$((SECONDS + TIMEOUT)) state=""
+    while ((SECONDS < deadline)); do
+        state="$(sinfo -h -N -o '%T' 2>/dev/null | head -n 1 || true)"
+        # "idle*" (a trailing mark) would be a node that has not answered yet.
+        [[ "$state" =~ ^(idle|mixed|allocated|completing)$ ]] && return 0
+        alive "$STATE/run/slurmctld.pid" slurmctld || break
+        alive "$STATE/run/slurmd.pid" slurmd || break
+        sleep 0.2
+    done
+    for f in munged slurmctld slurmd; do
+        echo "--- $STATE/log/$f.log" >&2
+        tail -n 15 "$STATE/log/$f.log" >&2 2>/dev/null || true
+    done
+    die "the node is not idle after ${TIMEOUT}s (state: '${state:-no answer}'); logs above"
+}
+
+main() {
+    if [[ -n "${HPCCOLLECT_SLURM_DIR:-}" ]]; then
+        STATE="$HPCCOLLECT_SLURM_DIR"
+    elif [[ -s "$POINTER" && -d "$(cat "$POINTER")" ]]; then
+        STATE="$(cat "$POINTER")"
+    else
+        STATE="$(mktemp -d "${TMPDIR:-/tmp}/hpccollect-slurm.XXXXXX")"
+    fi
+    mkdir -p "$STATE"/{etc,ctld,spool,run,log,munge}
+    STATE="$(cd "$STATE" && pwd -P)"
+    chmod 0700 "$STATE/munge"
+    export SLURM_CONF="$STATE/etc/slurm.conf"
+
+    if alive "$STATE/run/slurmctld.pid" slurmctld && alive "$STATE/run/slurmd.pid" slurmd &&
+        alive "$STATE/run/munged.pid" munged; then
+        log "already up in $STATE"
+        wait_idle
+        print_env
+        return 0
+    fi
+    [[ "$(id -u)" == 0 ]] || die "needs root (slurmd runs jobs as their user; munged as root)"
+    install_packages
+    write_config
+    start_munge
+    alive "$STATE/run/slurmctld.pid" slurmctld || slurmctld -c -f "$SLURM_CONF" ||
+        die "slurmctld did not start: $(tail -n 5 "$STATE/log/slurmctld.log" 2>/dev/null)"
+    alive "$STATE/run/slurmd.pid" slurmd || slurmd -f "$SLURM_CONF" ||
+        die "slurmd did not start: $(tail -n 5 "$STATE/log/slurmd.log" 2>/dev/null)"
+    echo "$STATE" >"$POINTER"
+    wait_idle
+    log "up in ${SECONDS}s: node $(hostname -s), state in $STATE"
+    print_env
+}
+
+main "$@"
