@@ -8,7 +8,7 @@
 #
 # Everything (config, spool, logs, pid files, munge key and socket) lives in one directory:
 # $HPCCOLLECT_SLURM_DIR, else a new temporary directory (recorded in $POINTER so that down.sh and
-# a second up.sh find it). Idempotent: a cluster that is already up is reused.
+# a second up.sh without HPCCOLLECT_SLURM_DIR find it). Idempotent: a cluster that is already up is reused.
 # Environment: HPCCOLLECT_SLURM_CPUS (CPUs the node advertises, default max(8, nproc)),
 # HPCCOLLECT_SLURM_CTLD_PORT / _SLURMD_PORT (default 6817 / 6818), HPCCOLLECT_SLURM_TIMEOUT
 # (seconds to wait for the node to be idle, default 60).
@@ -19,6 +19,8 @@ PACKAGES=(slurmctld slurmd slurm-client munge)
 TIMEOUT="${HPCCOLLECT_SLURM_TIMEOUT:-60}"
 
 log() { echo "slurm/up.sh: $*" >&2; }
+# The short host name, as slurmd finds its NodeName (`hostname` is missing in some images).
+short_host() { hostname -s 2>/dev/null || uname -n | cut -d. -f1; }
 die() {
     echo "slurm/up.sh: error: $*" >&2
     exit 1
@@ -70,7 +72,7 @@ print_env() {
 
 write_config() {
     local host cpus
-    host="$(hostname -s)"
+    host="$(short_host)"
     cpus="${HPCCOLLECT_SLURM_CPUS:-$(($(nproc) > 8 ? $(nproc) : 8))}"
     cat >"$STATE/etc/slurm.conf" <<EOF
 # Written by hpccollect's slurm/up.sh: a single-node cluster on loopback.
@@ -144,7 +146,8 @@ wait_idle() {
         echo "--- $STATE/log/$f.log" >&2
         tail -n 15 "$STATE/log/$f.log" >&2 2>/dev/null || true
     done
-    die "the node is not idle after ${TIMEOUT}s (state: '${state:-no answer}'); logs above"
+    die "the node is not idle after ${TIMEOUT}s (state: '${state:-no answer}'); logs above" \
+        "(slurm/down.sh stops what was started)"
 }
 
 main() {
@@ -169,15 +172,22 @@ main() {
     fi
     [[ "$(id -u)" == 0 ]] || die "needs root (slurmd runs jobs as their user; munged as root)"
     install_packages
+    local port
+    for port in "${HPCCOLLECT_SLURM_CTLD_PORT:-6817}" "${HPCCOLLECT_SLURM_SLURMD_PORT:-6818}"; do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            die "port $port is taken (another cluster?): stop it, or choose other ports with" \
+                "HPCCOLLECT_SLURM_CTLD_PORT and HPCCOLLECT_SLURM_SLURMD_PORT"
+        fi
+    done
     write_config
     start_munge
     alive "$STATE/run/slurmctld.pid" slurmctld || slurmctld -c -f "$SLURM_CONF" ||
         die "slurmctld did not start: $(tail -n 5 "$STATE/log/slurmctld.log" 2>/dev/null)"
     alive "$STATE/run/slurmd.pid" slurmd || slurmd -f "$SLURM_CONF" ||
         die "slurmd did not start: $(tail -n 5 "$STATE/log/slurmd.log" 2>/dev/null)"
-    echo "$STATE" >"$POINTER"
+    [[ -n "${HPCCOLLECT_SLURM_DIR:-}" ]] || echo "$STATE" >"$POINTER"
     wait_idle
-    log "up in ${SECONDS}s: node $(hostname -s), state in $STATE"
+    log "up in ${SECONDS}s: node $(short_host), state in $STATE"
     print_env
 }
 
