@@ -224,7 +224,9 @@ def remote_exception(
 
 
 @atexit.register
-def _shutdown_live_pools() -> None:
+def shutdown_live_pools() -> None:
+    """Shut down every pool still open (at exit; also called first by whatever must outlive
+    them, such as the MPI transport's groups)."""
     # Runs before multiprocessing's own exit handler (registered earlier), whose terminate() the
     # workers ignore and whose join() has no timeout.
     for pool in list(_LIVE_POOLS):

@@ -23,14 +23,15 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 
-__all__ = ["IDLE_SLEEP", "MPIGroup", "abort_job", "mpi4py_comm", "wait_request"]
+__all__ = ["IDLE_SLEEP", "MPIGroup", "abort_job", "mpi4py_comm", "quiesce", "wait_request"]
 
 IDLE_SLEEP = 1e-3  # the longest sleep between two tests of a request (the added latency)
 #: seconds a wait tests without sleeping first: a message in flight (a batch streaming in, the
@@ -41,7 +42,10 @@ _SPIN_PER_BYTE = 2e-9  # ... and for as long as the bytes of a transfer under wa
 _NOTICE = 32765  # the tag of "a broadcast follows"
 _BYE = 32767  # the tag of the goodbye message (below MPI's guaranteed tag upper bound)
 _GRACE = 2.0  # seconds a closing end waits for its peers' goodbyes, then for its own to leave
-_ABORTING: set[int] = set()  # collector ranks that did not stop; the job ends at exit
+_ABORTING: set[int] = set()
+_GROUPS: weakref.WeakSet = (
+    weakref.WeakSet()
+)  # this process's open groups  # collector ranks that did not stop; the job ends at exit
 
 
 def mpi4py_comm() -> Any:
@@ -64,6 +68,29 @@ def mpi4py_comm() -> Any:
             "lower thread level."
         )
     return MPI.COMM_WORLD
+
+
+def quiesce(timeout: float = 2.0) -> None:
+    """Close every ``MPIGroup`` of this process and wait (bounded) until no thread is inside
+    one: ``MPI_Finalize`` while another thread still calls MPI can crash the rank, and with it
+    the job. Runs at exit, after the live collectors were shut down, and before a collector
+    rank finalises."""
+    groups = list(_GROUPS)
+    for group in groups:
+        group.abort()
+    deadline = time.monotonic() + timeout
+    while any(g._busy for g in groups) and time.monotonic() < deadline:
+        time.sleep(1e-3)
+
+
+@atexit.register
+def _quiesce_at_exit() -> None:
+    if not _GROUPS:
+        return
+    from hpccollect.collectors.pool import shutdown_live_pools
+
+    shutdown_live_pools()  # their ranks are told to stop first, over these groups
+    quiesce()
 
 
 def abort_job(comm: Any, code: int) -> None:
@@ -136,7 +163,10 @@ class _Work:
         return True
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        seconds = None if timeout is None else timeout.total_seconds()
+        with self.group.inside():
+            return self._wait(None if timeout is None else timeout.total_seconds())
+
+    def _wait(self, seconds: float | None) -> bool:
         group = self.group
         try:
             if self.request is None:
@@ -209,18 +239,34 @@ class MPIGroup:
         self._gone: dict[int, str] = {}  # peers that said goodbye
         self._lock = threading.Lock()  # one thread at a time looks for goodbyes
         self._notices: list[Any] = []
+        self._busy = 0  # threads inside an MPI call or wait of this group
+        self._busy_lock = threading.Lock()
+        _GROUPS.add(self)
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        """Count this thread as using MPI through the group (see ``quiesce``)."""
+        with self._busy_lock:
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._busy_lock:
+                self._busy -= 1
 
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
-        self._check_open(peer)
-        return _Send(self, _buffer(tensors), peer, tag)
+        with self.inside():
+            self._check_open(peer)
+            return _Send(self, _buffer(tensors), peer, tag)
 
     def recv(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
         self._check_open(peer)
         return _Receive(self, _buffer(tensors), peer, tag)
 
     def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
-        self._check_open(None)
-        return _Broadcast(self, _buffer(tensor), root)
+        with self.inside():
+            self._check_open(None)
+            return _Broadcast(self, _buffer(tensor), root)
 
     def notify(self, root: int) -> None:
         """Tell every peer that a broadcast from ``root`` follows."""

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from hpccollect.distributed.mpi_transport import abort_job, mpi4py_comm, wait_request
+from hpccollect.distributed.mpi_transport import abort_job, mpi4py_comm, quiesce, wait_request
 from hpccollect.distributed.rank import RankArgs, serve_rank
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.launchers.base import Launcher, RankProcess
@@ -84,6 +84,7 @@ class MPILauncher(Launcher):
         sys.stderr.flush()
         from mpi4py import MPI
 
+        quiesce()  # no thread may still call MPI when it is finalised
         MPI.Finalize()  # waits for rank 0's end; exiting without it would end the job now
         os._exit(0)
 
