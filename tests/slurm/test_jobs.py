@@ -1,4 +1,4 @@
-"""``sbatch jobs/collect.sh`` against a real single-node SLURM cluster (see conftest.py).
+"""``sbatch jobs/collect.sh`` against a real single-node SLURM cluster (see slurm_cluster.py).
 
 The jobs run ``python -m hpccollect collect`` under ``srun --mpi=pmi2``: 3 ranks (rank 0 + 2
 collector ranks) for the dataset test, 2 for the SIGTERM tests; they are small (``--collector
@@ -18,13 +18,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+# the fixture lives in slurm_cluster.py: a conftest.py here would shadow tests/conftest.py, which
+# other test modules import as ``conftest``
+from slurm_cluster import slurm_cluster  # noqa: F401
+
 from hpccollect.storage import open_dataset
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "jobs" / "collect.sh"
-Cluster = Any  # conftest.Cluster: the slurm_cluster fixture
+Cluster = Any  # slurm_cluster.Cluster: the slurm_cluster fixture
 SMALL = ["--collector", "sync", "--frames-per-batch", "200", "--seed", "3"]
 
 
