@@ -7,9 +7,9 @@ batches are buffer-based ``Isend``/``Irecv`` of the wire buffers themselves (not
 weights an ``Ibcast``.
 
 Waits never block inside MPI: MPICH's blocking calls spin a whole core while they wait, which a
-rank 0 sharing a node with its collector ranks would steal from them. A wait tests its request,
-then sleeps with a growing back-off (at most ``IDLE_SLEEP``), and ends early when the group is
-closed or the peer said goodbye. MPI cannot close a connection the way a dying gloo peer does,
+rank 0 sharing a node with its collector ranks would steal from them. An idle wait probes, then
+sleeps with a growing back-off (at most ``IDLE_SLEEP``); a transfer under way is tested without
+sleeping (see ``_Work``); a wait ends early when the group is closed or the peer said goodbye. MPI cannot close a connection the way a dying gloo peer does,
 so a closing end sends a goodbye message to every peer; their pending receives from it then
 fail just as gloo's do.
 """
@@ -42,10 +42,8 @@ _SPIN_PER_BYTE = 2e-9  # ... and for as long as the bytes of a transfer under wa
 _NOTICE = 32765  # the tag of "a broadcast follows"
 _BYE = 32767  # the tag of the goodbye message (below MPI's guaranteed tag upper bound)
 _GRACE = 2.0  # seconds a closing end waits for its peers' goodbyes, then for its own to leave
-_ABORTING: set[int] = set()
-_GROUPS: weakref.WeakSet = (
-    weakref.WeakSet()
-)  # this process's open groups  # collector ranks that did not stop; the job ends at exit
+_ABORTING: set[int] = set()  # collector ranks that did not stop; the job ends at exit
+_GROUPS: weakref.WeakSet = weakref.WeakSet()  # this process's open groups
 
 
 def mpi4py_comm() -> Any:
