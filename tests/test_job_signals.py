@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import alive
+from conftest import alive, descendants
 
 from hpccollect.storage import open_dataset
 
@@ -66,25 +66,6 @@ def start(tmp_path: Path, *args) -> subprocess.Popen:
         text=True,
         start_new_session=True,
     )
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc; psutil is not a dependency)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def wait_for(proc: subprocess.Popen, condition, timeout: float, what: str) -> None:

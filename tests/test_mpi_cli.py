@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import alive
+from conftest import alive, descendants
 
 from hpccollect.cli import main
 from hpccollect.storage import open_dataset
@@ -30,26 +30,6 @@ if MPIEXEC is None and not os.environ.get("CI"):
 ENV = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
 TOTAL, BATCH = 2000, 200
 SMALL = ["--env", "CartPole-v1", "--frames-per-batch", str(BATCH), "--total-frames", str(TOTAL)]
-
-
-def _descendants(root: int) -> set[int]:
-    """Every process below ``root`` (hydra's proxy, the ranks, their workers), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 class Job:
@@ -72,7 +52,7 @@ class Job:
         """Follow the job until ``until()`` or its end; False if neither came in time."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self.seen |= _descendants(self.proc.pid)
+            self.seen |= set(descendants(self.proc.pid))
             if until() or self.proc.poll() is not None:
                 return True
             time.sleep(0.1)

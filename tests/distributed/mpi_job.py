@@ -20,24 +20,11 @@ from pathlib import Path
 
 import torch
 from tensordict.nn import TensorDictModule
-from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import CounterEnv, listening_addresses
+from conftest import BiasPolicy, CounterEnv, listening_addresses
 
 from hpccollect import DistributedDataCollector
-
-
-class BiasPolicy(nn.Module):
-    """Takes the action with the larger bias: the weights show in every action."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bias = nn.Parameter(torch.tensor([1.0, 0.0]))
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        scores = self.bias + 0 * observation[..., :1]
-        return nn.functional.one_hot(scores.argmax(-1), 2)
 
 
 class Failing(CounterEnv):

@@ -16,7 +16,7 @@ from functools import partial
 import gymnasium as gym
 import pytest
 import torch
-from conftest import CounterEnv, alive, listening_addresses
+from conftest import BiasPolicy, CounterEnv, alive, listening_addresses
 from tensordict.nn import TensorDictModule
 from torch import nn
 
@@ -34,18 +34,6 @@ from hpccollect.storage import ReplayBuffer
 pytestmark = [pytest.mark.slow]
 
 TRAJ = ("collector", "traj_ids")
-
-
-class BiasPolicy(nn.Module):
-    """Takes the action with the larger bias: what the weights say is visible in every action."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bias = nn.Parameter(torch.tensor([1.0, 0.0]))
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        scores = self.bias + 0 * observation[..., :1]
-        return nn.functional.one_hot(scores.argmax(-1), 2)
 
 
 def bias_policy() -> TensorDictModule:
