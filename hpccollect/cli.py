@@ -8,7 +8,7 @@ import functools
 import json
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -23,6 +23,7 @@ from hpccollect.errors import (
     PolicyError,
 )
 from hpccollect.progress import show_warning_line
+from hpccollect.resume import RunComplete, resumed_config
 
 __all__ = ["main"]
 
@@ -110,6 +111,13 @@ def _parser(quiet: bool = False) -> argparse.ArgumentParser:
     collect.add_argument("--out", help="dataset file (default data/<env>-seed<seed>.h5)")
     collect.add_argument("--compression", choices=COMPRESSIONS, help=f"default {d.compression}")
     collect.add_argument("--overwrite", action="store_true", default=None)
+    collect.add_argument(
+        "--resume",
+        metavar="RUN",
+        help="continue a run that stopped early (preempted, time limit, crash): RUN is its --out "
+        "or the directory holding it; its recorded options are used, the frames on disk count "
+        "towards --total-frames, new episodes go to new files and --out becomes a view over all",
+    )
     collect.add_argument(
         "--worker-timeout",
         type=float,
@@ -232,6 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _describe(err: BaseException) -> tuple[int, str] | None:
     """The exit code and the one line for an error the command line reports, else None."""
+    if isinstance(err, RunComplete):
+        return 0, f"hpccollect: {err}"
     if isinstance(err, _USER_ERRORS):
         text = str(err).splitlines()[0] if str(err) else type(err).__name__
         return 2, f"hpccollect: error: {text}"
@@ -263,12 +273,18 @@ class _Output:
 
 def _collect(ns: argparse.Namespace, out: _Output) -> int:
     options = {k: v for k, v in vars(ns).items() if k not in ("command", "config", "quiet")}
-    cfg = RunConfig.from_sources(load_toml(ns.config) if ns.config else {}, options)
+    toml = load_toml(ns.config) if ns.config else {}
+    cfg = RunConfig.from_sources(toml, options)
+    resolve = None
+    if cfg.resume is not None:
+        resolve = functools.partial(resumed_config, cfg.resume, [toml, options])
     from hpccollect.distributed_job import wants_mpi
 
-    if wants_mpi(cfg):
-        return _collect_distributed(cfg, ns.quiet, out)
+    if wants_mpi(cfg):  # rank 0 alone reads a run to resume, during its start-up checks
+        return _collect_distributed(cfg, ns.quiet, out, resolve)
     out.speaks = True  # --launcher local: every process runs its own job
+    if resolve is not None:
+        cfg = resolve()
     cfg.check_local()
     from hpccollect.job import run_collect
     from hpccollect.progress import Progress
@@ -281,7 +297,9 @@ def _collect(ns: argparse.Namespace, out: _Output) -> int:
     )
     progress = None if ns.quiet else Progress(cfg.total_frames)
     try:
-        summary = run_collect(cfg, None if progress is None else progress.update)
+        summary = run_collect(
+            cfg, None if progress is None else progress.update, _on_resume(progress)
+        )
     finally:
         if progress is not None:
             progress.close()
@@ -289,21 +307,37 @@ def _collect(ns: argparse.Namespace, out: _Output) -> int:
     return 0
 
 
-def _collect_distributed(cfg: RunConfig, quiet: bool, out: _Output) -> int:
+def _on_resume(progress) -> Callable:
+    def on_resume(attempt) -> None:
+        print(attempt.describe(), file=sys.stderr)
+        if progress is not None:
+            progress.total = attempt.cfg.total_frames
+
+    return on_resume
+
+
+def _collect_distributed(
+    cfg: RunConfig, quiet: bool, out: _Output, resolve: Callable[[], RunConfig] | None
+) -> int:
     """Rank 0 collects and reports; the other ranks serve it and print only their errors."""
     from hpccollect.distributed_job import JobEnded, MPICollect
     from hpccollect.progress import Progress
 
-    job = MPICollect(cfg)
+    job = MPICollect(cfg, resolve)
     alone = job.size == 1 and not out.speaks  # torchrun: every process is MPI's rank 0
     out.speaks = True  # from here on, a rank's error is its own
-    progress = None
+    progress = None if quiet or job.rank else Progress(cfg.total_frames)
+
+    def announce(job: MPICollect) -> None:
+        if job.attempt is not None:
+            _on_resume(progress)(job.attempt)
+        if job.size > 1:
+            print(job.describe(), file=sys.stderr)
+        if progress is not None:
+            progress.total = job.cfg.total_frames
+
     try:
-        if job.rank == 0:
-            if job.size > 1:
-                print(job.describe(), file=sys.stderr)
-            progress = None if quiet else Progress(cfg.total_frames)
-        summary = job.run(None if progress is None else progress.update, _describe)
+        summary = job.run(None if progress is None else progress.update, _describe, announce)
     except JobEnded as end:  # every rank ends, none waits: no abort
         if end.line and not alone:
             print(end.line, file=sys.stderr)

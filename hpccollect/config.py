@@ -58,6 +58,7 @@ class RunConfig:
     master_addr: str | None = None
     interface: str | None = None
     shards: bool = False
+    resume: str | None = None  # a run to continue (see hpccollect.resume)
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "num_workers", "frames_per_batch", "total_frames"):
@@ -95,6 +96,11 @@ class RunConfig:
                 f"--import must name modules (a list in TOML), got {self.imports!r}."
             )
         object.__setattr__(self, "imports", tuple(self.imports))
+        if self.resume is not None and self.overwrite:
+            raise ArgumentValueError(
+                "--overwrite cannot be combined with --resume: a resumed run adds to its "
+                "dataset and never replaces it; drop one of them."
+            )
         self._check_distributed()
         self._check_batch_split()
 

@@ -52,9 +52,11 @@ from hpccollect.job import (
     check_output,
     env_maker,
     probe_policy,
+    record,
     resolve_env,
 )
 from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
+from hpccollect.resume import Attempt, remove_run_files, start_attempt
 from hpccollect.storage import merge_shards, open_dataset
 from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path
 
@@ -97,14 +99,17 @@ def launched_rank() -> int:
         return 0
 
 
-def shard_name(rank: int) -> str:
-    return f"rank-{rank:04d}.h5"
+def shard_name(rank: int, attempt: Attempt | None = None) -> str:
+    """The shard of collector rank ``rank``, in a fresh run or a resumed ``attempt``."""
+    return f"rank-{rank:04d}.h5" if attempt is None else attempt.shard_name(rank)
 
 
-def open_shard(folder: str, rank: int, *, imports: tuple[str, ...], **writer: Any) -> HDF5Writer:
+def open_shard(
+    folder: str, rank: int, *, names: Callable[[int], str], imports: tuple[str, ...], **writer: Any
+) -> HDF5Writer:
     """The shard collector rank ``rank`` writes (called there, as ``rank_sink``)."""
     resolve_env(writer["env"], imports)  # the env's module registers it on this rank too
-    return HDF5Writer(Path(folder) / shard_name(rank), shard=rank, **writer)
+    return HDF5Writer(Path(folder) / names(rank), shard=rank, **writer)
 
 
 class _Tally:
@@ -136,9 +141,12 @@ class _Tally:
 class MPICollect:
     """This rank's part of a distributed ``collect``; ``run()`` on every rank."""
 
-    def __init__(self, cfg: RunConfig) -> None:
-
-        self.cfg = cfg
+    def __init__(self, cfg: RunConfig, resolve: Callable[[], RunConfig] | None = None) -> None:
+        """``resolve``: rank 0 calls it during its start-up checks for the run's options
+        (``--resume``: only rank 0 reads the run)."""
+        self.cfg = self.run_cfg = cfg
+        self.resolve = resolve
+        self.attempt: Attempt | None = None
         self.comm = mpi4py_comm()  # MPI starts here
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         if self.size > 1:
@@ -148,6 +156,8 @@ class MPICollect:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.collector: Any = None
         self.writer: HDF5Writer | None = None
+        self.published = False
+        self.announce: Callable[[MPICollect], None] | None = None
         self.tally = _Tally()
         self.frames = 0
         self.run_id = uuid.uuid4().hex
@@ -165,9 +175,16 @@ class MPICollect:
             abort_job(self.comm, code)
 
     # ------------------------------------------------------------------ start-up
-    def run(self, on_progress: Callable | None, describe: Describe) -> Summary | None:
+    def run(
+        self,
+        on_progress: Callable | None,
+        describe: Describe,
+        announce: Callable[[MPICollect], None] | None = None,
+    ) -> Summary | None:
         """Rank 0: collect and return the summary. Other ranks serve rank 0 and end the process
-        when it is done (None if that ever returns). ``JobEnded`` when start-up failed."""
+        when it is done (None if that ever returns). ``JobEnded`` when start-up failed.
+        ``announce(self)``: on rank 0 once every rank passed its start-up checks."""
+        self.announce = announce
         if self.rank:
             launcher = self._agree(self._launcher, describe)
             DistributedDataCollector(env_maker(self.cfg), None, **self._arguments(launcher))
@@ -213,8 +230,10 @@ class MPICollect:
             return launcher, self._check()
 
         launcher, policy = self._agree(checks, describe, stop)
+        if self.announce is not None:
+            self.announce(self)
         cfg = self.cfg
-        if cfg.shards:
+        if cfg.overwrite:
             self._clear_shards()
         with stop.deferred():  # cut in half, the ranks' state would be unknown
             self.collector = DistributedDataCollector(
@@ -223,23 +242,29 @@ class MPICollect:
             self.collector.set_seed(cfg.seed)
             if not cfg.shards:
                 self.writer = HDF5Writer(
-                    cfg.output, expected_rows=cfg.total_frames, **self._writer_args()
+                    cfg.output if self.attempt is None else self.attempt.output,
+                    expected_rows=cfg.total_frames,
+                    **self._writer_args(),
                 )
 
     def _check(self) -> Any:
-        """Rank 0's checks before anything starts (env, output, shards folder); the policy."""
+        """Rank 0's checks before anything starts (the run to resume, env, output, shards
+        folder); the policy."""
+        if self.resolve is not None:
+            self.cfg = self.run_cfg = self.resolve()
         cfg = self.cfg
         resolve_env(cfg.env, cfg.imports)
-        check_output(cfg.output, cfg.overwrite)
+        if cfg.resume is not None:
+            self.attempt = start_attempt(cfg)
+            self.cfg = self.attempt.cfg
+            if cfg.shards:
+                check_output(cfg.shards_dir / self.attempt.shard_name(1), False)
+            return probe_policy(self.cfg, env_maker(cfg), seed=cfg.seed)
+        check_output(cfg.output, cfg.overwrite)  # also refuses an earlier run's shards
         if cfg.shards:
-            folder = cfg.shards_dir
-            old = sorted(folder.glob("rank-*.h5*")) if folder.is_dir() else []
-            if old and not cfg.overwrite:
-                raise ArgumentValueError(
-                    f"{folder} already holds shards ({old[0].name}, ...); pass --overwrite to "
-                    "replace them or --out elsewhere."
-                )
-            check_output(folder / shard_name(1), True)  # creates the folder: the ranks write there
+            check_output(
+                cfg.shards_dir / shard_name(1), True
+            )  # creates the folder: the ranks write there
         return probe_policy(cfg, env_maker(cfg))
 
     def _agree(self, checks: Callable[[], Any], describe: Describe, stop: Any = None) -> Any:
@@ -305,6 +330,7 @@ class MPICollect:
             sink = functools.partial(
                 open_shard,
                 str(cfg.shards_dir.resolve()),
+                names=functools.partial(shard_name, attempt=self.attempt),
                 imports=tuple(cfg.imports),
                 expected_rows=max(1, cfg.total_frames // self.ranks),
                 **self._writer_args(),
@@ -330,7 +356,7 @@ class MPICollect:
             env_kwargs=dict(cfg.env_kwargs),
             run_id=self.run_id,
             config={
-                **cfg.as_dict(),
+                **record(self.run_cfg, self.attempt),
                 "launcher": "mpi",
                 "backend": cfg.backend or "gloo",
                 "collector_ranks": self.ranks,
@@ -342,8 +368,7 @@ class MPICollect:
 
     def _clear_shards(self) -> None:
         """``--overwrite``: an earlier run's shards go, so none is taken for this run's."""
-        for old in self.cfg.shards_dir.glob("rank-*.h5*"):
-            old.unlink(missing_ok=True)
+        remove_run_files(self.cfg.output)
 
     # ------------------------------------------------------------------ collecting (rank 0)
     def _collect(self, stop: StopSignals, on_progress: Callable | None) -> None:
@@ -381,12 +406,15 @@ class MPICollect:
             if discard and self.frames == 0:
                 path.unlink(missing_ok=True)
                 self.writer = None
+            elif self.attempt is not None and not self.published and self.writer.failed is None:
+                self.published = True  # a failed file stays out: the next --resume repairs it
+                self.attempt.publish([path])
 
     def _await_shards(self) -> list[Path]:
         """The ranks' shard files once each rank has closed its own (they do after rank 0's
         shutdown)."""
         folder = self.cfg.shards_dir
-        paths = [folder / shard_name(rank) for rank in range(1, self.size)]
+        paths = [folder / shard_name(rank, self.attempt) for rank in range(1, self.size)]
         deadline = time.monotonic() + _SHARD_WAIT
         while True:
             open_ = [p for p in paths if partial_path(p).exists() or not p.exists()]
@@ -414,7 +442,8 @@ class MPICollect:
             return Summary(0, 0, 0, [], collecting, elapsed, None, stopped_by)
         w = self.writer
         kept = (w.committed_episodes, w.committed_steps, list(w.returns)) if w else self._merge()
-        return Summary(self.frames, *kept, collecting, elapsed, self.cfg.output, stopped_by)
+        held = None if self.attempt is None else self.attempt.held()
+        return Summary(self.frames, *kept, collecting, elapsed, self.cfg.output, stopped_by, held)
 
     def _merge(self) -> tuple[int, int, list[float]]:
         """Write ``--out`` as the merged view over the ranks' shards; its episodes, steps and
@@ -424,7 +453,10 @@ class MPICollect:
             with open_dataset(path) as ds:
                 if ds.keymap:  # a rank stopped before its first batch has no columns
                     shards.append(path)
-        merge_shards(shards, self.cfg.output, overwrite=self.cfg.overwrite)
+        if self.attempt is not None:
+            self.attempt.publish(shards)
+        else:
+            merge_shards(shards, self.cfg.output, overwrite=self.cfg.overwrite)
         with open_dataset(self.cfg.output) as ds:
             return ds.committed_episodes, len(ds), ds.returns().tolist()
 

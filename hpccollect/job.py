@@ -42,6 +42,7 @@ from hpccollect.envs.gym import GymEnv
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.policy_option import build_policy
 from hpccollect.progress import show_warning_line
+from hpccollect.resume import Attempt, remove_run_files, run_files, start_attempt
 from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path
 
 __all__ = ["Summary", "build_policy", "resolve_env", "run_collect"]
@@ -64,6 +65,7 @@ class Summary:
     elapsed: float
     path: Path | None
     stopped_by: str | None
+    resumed: str | None = None  # a resumed run: what the run now holds
 
     @property
     def frames_per_second(self) -> float:
@@ -91,6 +93,8 @@ class Summary:
                 f"(all {len(self.returns)} kept episodes)"
             )
         out.append(f"dataset           {self.path}")
+        if self.resumed:
+            out.append(f"resumed run       {self.resumed}")
         if self.stopped_by:
             out.append(
                 f"stopped early by {self.stopped_by}: every committed episode was kept, "
@@ -148,8 +152,9 @@ def env_maker(cfg: RunConfig) -> Callable[[], gym.Env]:
     )
 
 
-def probe_policy(cfg: RunConfig, make: Callable[[], gym.Env]) -> Any:
-    """Build one env to learn its spaces, and the policy ``--policy`` names for them."""
+def probe_policy(cfg: RunConfig, make: Callable[[], gym.Env], seed: int | None = None) -> Any:
+    """Build one env to learn its spaces, and the policy ``--policy`` names for them (the
+    default MLP's weights drawn with ``seed``, by default ``cfg.seed``)."""
     try:
         probe = GymEnv(make())
     except Exception as err:
@@ -157,17 +162,23 @@ def probe_policy(cfg: RunConfig, make: Callable[[], gym.Env]) -> Any:
             f"--env {cfg.env} with --env-kwargs {cfg.env_kwargs}: {err}"
         ) from err
     try:
-        torch.manual_seed(cfg.seed)  # the default MLP's weights, and sync's sampling
-        return build_policy(cfg.policy, probe)
+        torch.manual_seed(cfg.seed if seed is None else seed)  # the default MLP's weights
+        policy = build_policy(cfg.policy, probe)
+        if seed is not None:
+            torch.manual_seed(cfg.seed)  # sync's sampling: this run's own stream
+        return policy
     finally:
         probe.close()
 
 
 def check_output(out: Path, overwrite: bool) -> None:
-    """Refuse an existing output (unless ``overwrite``) and one that cannot be written."""
-    if (out.exists() or partial_path(out).exists()) and not overwrite:
+    """Refuse an existing output, or an earlier run's files beside it (unless ``overwrite``),
+    and an output that cannot be written."""
+    earlier = [p for p in (out, partial_path(out)) if p.exists()] + run_files(out)
+    if earlier and not overwrite:
         raise ArgumentValueError(
-            f"{out} already exists; pass --overwrite to replace it or --out elsewhere."
+            f"{earlier[0]} already exists; pass --overwrite to replace it (or --resume {out} to "
+            "continue that run) or --out elsewhere."
         )
     _check_writable(out)
 
@@ -254,30 +265,40 @@ class _Run:
     ``close()``."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+        self.cfg = self.run_cfg = cfg
+        self.attempt: Attempt | None = None
+        self.published = False
         self.collector: Any = None
         self.writer: HDF5Writer | None = None
         self.frames = 0
         self.start = time.perf_counter()
         self.collect_start = self.last_batch = self.start
 
-    def prepare(self) -> None:
+    def prepare(self, on_resume: Callable[[Attempt], None] | None = None) -> None:
         cfg = self.cfg
         resolve_env(cfg.env, cfg.imports)
-        check_output(cfg.output, cfg.overwrite)
+        if cfg.resume is None:
+            check_output(cfg.output, cfg.overwrite)
+            if cfg.overwrite:
+                remove_run_files(cfg.output)
+        else:
+            self.attempt = start_attempt(cfg)
+            self.cfg = cfg = self.attempt.cfg
+            if on_resume is not None:
+                on_resume(self.attempt)
         make = env_maker(cfg)
-        policy = probe_policy(cfg, make)
+        policy = probe_policy(cfg, make, seed=self.run_cfg.seed)
         self.collector = _collector(cfg, make, policy)
         self.collector.set_seed(cfg.seed)
 
     def collect(self, stop: StopSignals, on_progress: Callable | None) -> None:
-        cfg = self.cfg
+        cfg, attempt = self.cfg, self.attempt
         with stop.deferred():
             self.writer = HDF5Writer(
-                cfg.output,
+                cfg.output if attempt is None else attempt.output,
                 env=cfg.env,
                 env_kwargs=dict(cfg.env_kwargs),
-                config=cfg.as_dict(),
+                config=record(self.run_cfg, attempt),
                 seed=cfg.seed,
                 compression=None if cfg.compression == "none" else cfg.compression,
                 expected_rows=cfg.total_frames,
@@ -309,9 +330,12 @@ class _Run:
             if discard and self.frames == 0:
                 path.unlink(missing_ok=True)
                 self.writer = None
+            elif self.attempt is not None and not self.published and self.writer.failed is None:
+                self.published = True  # a failed file stays out: the next --resume repairs it
+                self.attempt.publish([path])
 
     def summary(self, stopped_by: str | None) -> Summary:
-        w = self.writer
+        w, attempt = self.writer, self.attempt
         return Summary(
             self.frames,
             w.committed_episodes if w else 0,
@@ -319,23 +343,28 @@ class _Run:
             list(w.returns) if w else [],
             self.last_batch - self.collect_start,
             time.perf_counter() - self.start,
-            w.path if w else None,
+            (w.path if attempt is None else attempt.run) if w else None,
             stopped_by,
+            None if attempt is None or w is None else attempt.held(),
         )
 
 
 def run_collect(
-    cfg: RunConfig, on_progress: Callable[[int, int, float | None], None] | None = None
+    cfg: RunConfig,
+    on_progress: Callable[[int, int, float | None], None] | None = None,
+    on_resume: Callable[[Attempt], None] | None = None,
 ) -> Summary:
-    """Collect ``cfg.total_frames`` frames into ``cfg.output``; see the module docstring.
+    """Collect ``cfg.total_frames`` frames into ``cfg.output``, or continue the run
+    ``cfg.resume`` (see ``hpccollect.resume``); see the module docstring.
 
     ``on_progress(frames, episodes, mean return of the last 100 episodes)`` is called with
-    ``frames == 0`` when collection starts, then after every batch.
+    ``frames == 0`` when collection starts, then after every batch; ``on_resume(attempt)`` once
+    a resumed run's attempt is planned.
     """
     run, stop = _Run(cfg), StopSignals()
     with stop.installed():
         try:
-            run.prepare()
+            run.prepare(on_resume)
             run.collect(stop, on_progress)
         except Stopped:
             run.close(discard=True)
@@ -354,6 +383,15 @@ def run_collect(
         finally:
             run.close()
     return run.summary(stop.signal)
+
+
+def record(cfg: RunConfig, attempt: Attempt | None) -> dict[str, Any]:
+    """The options a dataset file records: the run's (so that ``--resume`` finds them), and
+    for a resumed attempt which one it is."""
+    out = cfg.as_dict()
+    if attempt is not None:
+        out["resume"] = attempt.record()
+    return out
 
 
 def _collector(cfg: RunConfig, make: Callable, policy: Any) -> Any:

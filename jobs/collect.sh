@@ -14,7 +14,9 @@
 #   --cpus-per-task=C                   one per worker process of a collector rank (--num-workers);
 #   --gpus-per-task=1 (or --gres=gpu:1) only if your policy runs on a GPU;
 #   --time=HH:MM:SS                     SIGTERM comes 120 s before it (see --signal): every rank
-#                                       stops after its current batch and the dataset is kept.
+#                                       stops after its current batch, the dataset is kept, and
+#                                       the job requeues itself (--requeue) to resume the run
+#                                       (`collect --resume`); drop --requeue to just end.
 #SBATCH --job-name=hpccollect
 #SBATCH --ntasks=3
 #SBATCH --cpus-per-task=2
@@ -39,7 +41,15 @@ fi
 
 run="runs/${SLURM_JOB_NAME:-hpccollect}-${SLURM_JOB_ID:-local}"
 mkdir -p "$run" || exit 1
-echo "hpccollect job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-$(hostname -s)}: ${SLURM_NTASKS:-1} ranks, dataset $run/data.h5"
+data="$run/data.h5"
+echo "hpccollect job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-$(hostname -s)}: ${SLURM_NTASKS:-1} ranks, dataset $data (start ${SLURM_RESTART_COUNT:-0})"
+# A requeued job (same id, same run directory) continues its run: the frames on disk count, new
+# episodes go to new files, and data.h5 becomes a view over every attempt's files.
+if [[ -e "$data" || -e "$data.partial" || -d "$run/data.shards" ]]; then
+    where=(--resume "$data")
+else
+    where=(--out "$data")
+fi
 
 # srun in the background so that this shell can pass SLURM's warning signal (--signal=B:TERM, or
 # `scancel --signal=TERM --batch`) on to every rank; rank 0 then stops after its current batch.
@@ -47,9 +57,11 @@ echo "hpccollect job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-$(hostname -s)}
 # signals the tasks of every step (each rank sees one SIGTERM; a second one changes nothing).
 # srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05): pass it on.
 srun --mpi=pmi2 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
-    python -m hpccollect collect --out "$run/data.h5" "$@" &
+    python -m hpccollect collect "${where[@]}" "$@" &
 step=$!
+warned=0
 forward() {
+    warned=1
     echo "hpccollect job: SIGTERM, every rank stops after its current batch"
     scancel --signal=TERM "$SLURM_JOB_ID" || echo "hpccollect job: scancel failed, ranks not signalled"
 }
@@ -62,4 +74,13 @@ while true; do
     kill -0 "$step" 2>/dev/null || break
 done
 echo "hpccollect job: collect exited with $rc"
+# Warned by SLURM (the time limit is near, or preemption) and stopped cleanly: when the job may
+# be requeued (--requeue), requeue it; it then resumes this run. A run that failed is not
+# requeued (it would fail again), and a user's `scancel --signal=TERM` reaches only the ranks:
+# the run stops and the job ends.
+if [[ "$warned" == 1 && "$rc" == 0 ]] && scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -q 'Requeue=1'; then
+    echo "hpccollect job: requeueing job $SLURM_JOB_ID; it resumes $data"
+    scontrol requeue "$SLURM_JOB_ID" && exit 0
+    echo "hpccollect job: scontrol requeue failed; resume by hand: sbatch jobs/collect.sh, or python -m hpccollect collect --resume $data"
+fi
 exit "$rc"
