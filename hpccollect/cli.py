@@ -23,7 +23,7 @@ from hpccollect.errors import (
     PolicyError,
 )
 from hpccollect.progress import show_warning_line
-from hpccollect.resume import RunComplete, resumed_config
+from hpccollect.resume import RUN_OPTIONS, RunComplete, resumed_config
 
 __all__ = ["main"]
 
@@ -274,10 +274,12 @@ class _Output:
 def _collect(ns: argparse.Namespace, out: _Output) -> int:
     options = {k: v for k, v in vars(ns).items() if k not in ("command", "config", "quiet")}
     toml = load_toml(ns.config) if ns.config else {}
-    cfg = RunConfig.from_sources(toml, options)
     resolve = None
-    if cfg.resume is not None:
-        resolve = functools.partial(resumed_config, cfg.resume, [toml, options])
+    if options.get("resume") is not None:  # the run's options are checked once read (rank 0)
+        resolve = functools.partial(resumed_config, options["resume"], [toml, options])
+        options = {k: v for k, v in options.items() if k in RUN_OPTIONS}
+        toml = {k: v for k, v in toml.items() if k.replace("-", "_") in RUN_OPTIONS}
+    cfg = RunConfig.from_sources(toml, options)
     from hpccollect.distributed_job import wants_mpi
 
     if wants_mpi(cfg):  # rank 0 alone reads a run to resume, during its start-up checks

@@ -34,6 +34,7 @@ from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
 from hpccollect.storage import merge_shards, open_dataset, repair
 
 __all__ = [
+    "RUN_OPTIONS",
     "SEED_STRIDE",
     "Attempt",
     "RunComplete",
@@ -61,6 +62,8 @@ _RECORDED = (
     "policy",
     "compression",
 )
+#: what a process needs before rank 0 has read the run: how the job runs
+RUN_OPTIONS = ("resume", "launcher", "backend", "master_addr", "interface", "worker_timeout")
 #: what the data is: given again, they must equal the record
 _FIXED = ("env", "env_kwargs", "imports", "policy", "max_steps", "seed")
 _PIECE = re.compile(r"^(?:attempt-(\d+)(?:\.rank-(\d+))?|rank-(\d+))\.h5(\.partial)?$")

@@ -208,3 +208,37 @@ def test_distributed_options_without_a_launcher_are_refused(tmp_path, capsys):
         "one process."
     ]
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(360)
+def test_a_run_stopped_under_mpiexec_resumes_with_new_shards(tmp_path, capsys):
+    total = 40_000
+    args = ["--env", "CartPole-v1", "--collector", "sync", "--frames-per-batch", "200"]
+    job = Job(tmp_path, *args, "--total-frames", str(total), "--out", "run.h5", "--shards")
+    collecting = re.compile(rf"\] [1-9]\d*/{total} frames")
+    started = job.watch(150, lambda: bool(collecting.search(job.stderr())))
+    assert started and job.proc.poll() is None, job.stderr()
+    job.proc.send_signal(signal.SIGTERM)
+    code, out, err, _ = job.wait(60)
+    assert code == 0 and "stopped early by SIGTERM" in out, err
+    before, _ = episodes(tmp_path / "run.h5")
+    assert 0 < before < total
+    job.assert_nothing_left()
+
+    again = Job(tmp_path, "--resume", "run.h5", "--shards")  # the rest from the record
+    code, out, err, _ = again.wait(200)
+    assert code == 0, err
+    assert f"{before} of {total} frames on disk, attempt 1 collects {total - before}" in err
+    frames, _ = episodes(tmp_path / "run.h5")  # ids unique, episodes contiguous
+    assert frames == total
+    folder = tmp_path / "run.shards"
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == [f"{a}rank-000{r}.h5" for a in ("attempt-1.", "") for r in (1, 2)]
+    seeds = set()
+    for name in names:
+        with open_dataset(folder / name) as ds:
+            seeds.add(int(ds.file.attrs["seed"]))
+    assert len(seeds) == 2  # the attempt's seed is not the first one's
+    assert f"holds {total} of {total} frames" in out
+    inspect_ok(tmp_path / "run.h5", capsys)
+    again.assert_nothing_left()

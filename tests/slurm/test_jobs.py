@@ -90,32 +90,43 @@ def test_sbatch_collect_writes_every_rank(slurm_cluster: Cluster, tmp_path: Path
     _assert_no_process_left(slurm_cluster, job)
 
 
+def _submit(cluster: Cluster, tmp_path: Path, name: str, *args: str) -> tuple[str, Path]:
+    """``sbatch jobs/collect.sh`` with 2 tasks (rank 0 + 1 collector rank); the job id and its
+    log, once the log shows the first batch (rank 0's first progress line)."""
+    (tmp_path / "logs").mkdir()
+    job = cluster.run(
+        "sbatch", "--parsable", f"--job-name={name}", "--ntasks=2", f"--chdir={tmp_path}",
+        *args, HPCCOLLECT_VENV=sys.prefix,
+    ).strip().split(";")[0]  # fmt: skip
+    log = tmp_path / "logs" / f"{name}-{job}.out"
+    deadline = time.monotonic() + 200  # start-up: about 10 s unless the machine is busy
+    while not (log.exists() and re.search(r"\] [1-9]\d*/\d+ frames", log.read_text())):
+        if time.monotonic() > deadline or job not in cluster.queued():
+            cluster.run("scancel", job, check=False)
+            pytest.fail(f"no batch within 200 s, or the job ended:\n{log.read_text()}")
+        time.sleep(0.3)
+    return job, log
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "how",
     [
-        pytest.param([], id="steps"),  # every rank gets SIGTERM (preemption, `scancel -s TERM`)
-        pytest.param(["--batch"], id="batch"),  # the shell only, as `--signal=B:TERM@120` does
+        pytest.param([], id="steps"),  # every rank gets SIGTERM (`scancel -s TERM` by a user)
+        # the shell only, as `--signal=B:TERM@120` does, in a job that may not be requeued
+        pytest.param(["--batch"], id="batch-no-requeue"),
     ],
 )
 def test_scancel_term_keeps_committed_episodes(
     slurm_cluster: Cluster, tmp_path: Path, how: list[str]
 ) -> None:
     """A job sent SIGTERM mid-run stops after the current batch, exits 0 and keeps every
-    committed episode in a complete, readable dataset."""
-    (tmp_path / "logs").mkdir()
-    job = slurm_cluster.run(
-        "sbatch", "--parsable", "--job-name=t-term", "--ntasks=2", f"--chdir={tmp_path}", str(JOB),
-        *SMALL, "--total-frames", "10000000", HPCCOLLECT_VENV=sys.prefix,
-    ).strip().split(";")[0]  # fmt: skip
-    log = tmp_path / "logs" / f"t-term-{job}.out"
+    committed episode in a complete, readable dataset; it is not requeued."""
+    submit = ["--no-requeue"] if how else []
+    job, log = _submit(
+        slurm_cluster, tmp_path, "t-term", *submit, str(JOB), *SMALL, "--total-frames", "10000000"
+    )
     try:
-        deadline = time.monotonic() + 200  # start-up: about 10 s unless the machine is busy
-        # Rank 0 prints a progress line once the first batch is in: collecting has begun.
-        while not (log.exists() and re.search(r"\d+/10000000 frames", log.read_text())):
-            assert time.monotonic() < deadline, f"no batch within 200 s:\n{log.read_text()}"
-            assert job in slurm_cluster.queued(), f"job ended early:\n{log.read_text()}"
-            time.sleep(0.3)
         slurm_cluster.run("scancel", "--signal=TERM", *how, job)
         slurm_cluster.wait_gone(job, timeout=60)
     finally:
@@ -123,9 +134,53 @@ def test_scancel_term_keeps_committed_episodes(
     text = log.read_text()
     assert "stopped early by SIGTERM" in text, text
     assert "collect exited with 0" in text, text
+    assert "requeueing" not in text and "(start 1)" not in text, text
     kept = int(re.search(r"episodes kept\s+(\d+)", text).group(1))
     out = _inspect(tmp_path / "runs" / f"t-term-{job}" / "data.h5")
     assert "(complete)" in out, out
     written = re.search(r"^episodes\s+(\d+)", out, re.MULTILINE)
     assert written and int(written.group(1)) == kept > 0, (out, text)
+    _assert_no_process_left(slurm_cluster, job)
+
+
+@pytest.mark.timeout(420)
+def test_the_warning_signal_requeues_the_job_and_it_resumes(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """SLURM's warning before the time limit (``--signal=B:TERM``, sent here with ``scancel
+    --batch``): the run stops after its batch, the job requeues itself, and the requeued job
+    resumes the run to exactly its total, with its own shards and no episode twice."""
+    total = 60_000
+    job, log = _submit(
+        slurm_cluster, tmp_path, "t-requeue", str(JOB), *SMALL, "--total-frames", str(total),
+        "--shards",
+    )  # fmt: skip
+    try:
+        slurm_cluster.run("scancel", "--batch", "--signal=TERM", job)
+        deadline = time.monotonic() + 90
+        while "Restarts=1" not in slurm_cluster.run("scontrol", "show", "job", job):
+            assert time.monotonic() < deadline, f"not requeued:\n{log.read_text()}"
+            time.sleep(0.5)
+        # SLURM holds a requeued job for about two minutes; start it now, as an admin could
+        slurm_cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        slurm_cluster.wait_gone(job, timeout=240)
+    finally:
+        slurm_cluster.run("scancel", job, check=False)
+    text = log.read_text()
+    assert "stopped early by SIGTERM" in text and f"requeueing job {job}" in text, text
+    before = int(re.search(r"resuming \S+: (\d+) of", text).group(1))
+    assert 0 < before < total, text
+    assert f"holds {total} of {total} frames" in text, text
+    assert text.count("collect exited with 0") == 2, text
+    run = tmp_path / "runs" / f"t-requeue-{job}"
+    out = _inspect(run / "data.h5")
+    assert f"{total} committed" in out, out
+    names = sorted(p.name for p in (run / "data.shards").iterdir())
+    assert names == ["attempt-1.rank-0001.h5", "rank-0001.h5"], names
+    with open_dataset(run / "data.h5") as ds:
+        ids = np.asarray(ds.episode_ids)
+        order = ids[np.concatenate([[True], ids[1:] != ids[:-1]])]
+        assert len(order) == len(np.unique(order)) == ds.committed_episodes
+    with open_dataset(run / "data.shards" / "rank-0001.h5") as ds:
+        assert len(ds) == before
     _assert_no_process_left(slurm_cluster, job)
