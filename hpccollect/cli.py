@@ -204,7 +204,8 @@ EXIT_CODES = """\
 exit codes:
   0  done, or stopped early by SIGTERM/SIGINT (SLURM preemption, scancel, timeout, Ctrl-C):
      the summary says "stopped early by SIGTERM"; every committed episode is kept, episodes in
-     progress are written as truncated (a stop during start-up writes no dataset)
+     progress are written as truncated (a stop during start-up writes no dataset); continue
+     it with --resume OUT. Also: --resume of a run that already holds its total
   1  collection failed: a worker died, or did not answer within --worker-timeout, or the
      dataset could not be written (full disk, file-size limit, I/O error); committed episodes
      are kept (after a write error, `repair FILE` finishes the file)
