@@ -12,8 +12,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-import numpy as np
-
 from hpccollect.config import BACKENDS, COLLECTORS, COMPRESSIONS, LAUNCHERS, RunConfig, load_toml
 from hpccollect.errors import (
     ArgumentTypeError,
@@ -323,7 +321,8 @@ def _collect_distributed(
     cfg: RunConfig, quiet: bool, out: _Output, resolve: Callable[[], RunConfig] | None
 ) -> int:
     """Rank 0 collects and reports; the other ranks serve it and print only their errors."""
-    from hpccollect.distributed_job import JobEnded, MPICollect
+    from hpccollect.agreement import JobEnded
+    from hpccollect.distributed_job import MPICollect
     from hpccollect.progress import Progress
 
     job = MPICollect(cfg, resolve)
@@ -360,85 +359,23 @@ def _inspect(ns: argparse.Namespace) -> int:
     """Describe a file; one still being written is read as of its last commit (no lock taken)."""
     import time
 
+    from hpccollect.report import description, unfinished_hint
     from hpccollect.storage import open_dataset
 
-    _unfinished_hint(ns.file)
+    unfinished_hint(ns.file)
     for attempt in range(3):
         with open_dataset(ns.file) as ds:
             problems = ds.check()
             if problems and not ds.complete and attempt < 2:
                 time.sleep(0.2)  # read while its writer was mid-flush: look again
                 continue
-            _print_description(ds, ns.file)
+            print("\n".join(description(ds, ns.file)))
             print(
                 "integrity         "
                 + ("ok" if not problems else "PROBLEMS: " + "; ".join(problems))
             )
             return 0 if not problems else 1
     return 1
-
-
-def _print_description(ds, file: str) -> None:
-    """What ``inspect`` prints above the integrity line."""
-    meta = ds.metadata
-    state = (
-        "complete"
-        if ds.complete
-        else "unfinished: still being written, or its run was killed; if that run is over, "
-        f"make it readable with: python -m hpccollect repair {file}"
-    )
-    print(f"file              {ds.path} ({state})")
-    print(
-        f"env               {meta.get('env_id', '-')}   format v{meta.get('format_version')}, "
-        f"hpccollect {meta.get('hpccollect_version', '-')}, created {meta.get('created', '-')}"
-    )
-    spec = meta.get("env_spec") if isinstance(meta.get("env_spec"), dict) else {}
-    kwargs = meta.get("env_kwargs", spec.get("kwargs"))
-    limit = spec.get("max_episode_steps")
-    print(
-        f"env kwargs        {json.dumps(kwargs) if kwargs is not None else '-'}"
-        + (f"   max_episode_steps {limit}" if limit is not None else "")
-    )
-    print(f"seed              {meta.get('seed', '-')}")
-    config = meta.get("collector_config")
-    if isinstance(config, dict) and config:
-        print("collector         " + ", ".join(f"{k}={json.dumps(v)}" for k, v in config.items()))
-    if "merged_from" in meta:
-        print(
-            f"merged from       {len(meta['merged_from'])} shards: {', '.join(meta['merged_from'])}"
-        )
-    print(f"frames            {len(ds)} committed, {ds.written_steps} written")
-    ends = ds.episode_ends()
-    print(
-        f"episodes          {ds.committed_episodes}   ({ends['terminated']} terminated, "
-        f"{ends['truncated']} truncated)"
-    )
-    lengths, returns = ds.episode_lengths(), ds.returns()
-    if len(lengths):
-        print(
-            f"episode length    mean {lengths.mean():.2f}  min {lengths.min()}  max {lengths.max()}"
-        )
-    if len(returns):
-        print(
-            f"episode return    mean {returns.mean():.2f}  std {returns.std():.2f}  "
-            f"min {returns.min():.2f}  max {returns.max():.2f}"
-        )
-    print("keys")
-    for path, key in ds.keymap.items():
-        data = ds.file[path]
-        shape = data.shape[1:] + ((1,) if path in ds.squeezed else ())
-        print(f"  {'/'.join(key):28s} {np.dtype(data.dtype)!s:8s} {tuple(shape)!s:12s} <- {path}")
-
-
-def _unfinished_hint(file: str) -> None:
-    """A final name that does not exist yet while its ``.partial`` does: say what that is."""
-    path = Path(file)
-    partial = path.with_name(path.name + ".partial")
-    if not path.exists() and partial.exists():
-        raise ArgumentValueError(
-            f"{path} does not exist yet, but {partial} does: its run is still writing it, or was "
-            f"killed; inspect that file, or if the run is over: python -m hpccollect repair {path}"
-        )
 
 
 def _repair(ns: argparse.Namespace) -> int:

@@ -2,10 +2,9 @@
 command; rank 0 is a ``DistributedDataCollector`` (``launcher="mpi"``) and ranks 1..N-1 its
 collector ranks, each running the ``--collector`` over ``--num-workers``/``--num-envs``.
 
-Start-up is agreed before any collector starts. Every rank builds the MPI launcher, rank 0 checks
-the env, the output and the policy, and each rank tells rank 0 how that went; rank 0 then tells
-every rank to go on, or prints the first error (one line) and every rank ends with its code. So
-a mistake ends the job at once and cleanly. Once the collector exists, a failure on any rank
+Start-up is agreed before any collector starts (``hpccollect.agreement``): every rank builds the
+MPI launcher, rank 0 reads the run to resume (``--resume``) and checks the env, the output and the
+policy, and every rank ends at once with the first error's code if any rank found one. Once the collector exists, a failure on any rank
 aborts the whole MPI job (``MPI_Abort``): a rank that just returned would leave the others
 waiting forever.
 
@@ -35,9 +34,10 @@ from typing import Any
 import numpy as np
 from tensordict import TensorDictBase
 
+from hpccollect.agreement import Describe, agree
 from hpccollect.config import RunConfig
 from hpccollect.distributed import DistributedDataCollector
-from hpccollect.distributed.mpi_transport import abort_job, mpi4py_comm, wait_request
+from hpccollect.distributed.mpi_transport import abort_job, mpi4py_comm
 from hpccollect.distributed.rendezvous import detect, launched_ranks
 from hpccollect.errors import (
     ArgumentValueError,
@@ -60,26 +60,11 @@ from hpccollect.resume import Attempt, remove_run_files, start_attempt
 from hpccollect.storage import merge_shards, open_dataset
 from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path
 
-__all__ = ["JobEnded", "MPICollect", "launched_rank", "open_shard", "shard_name", "wants_mpi"]
+__all__ = ["MPICollect", "launched_rank", "open_shard", "shard_name", "wants_mpi"]
 
-_STATUS_TAG = 32761  # each rank's start-up outcome, to rank 0
-_VERDICT_TAG = 32762  # rank 0's decision, to each rank
-_START_WAIT = 600.0  # s a rank waits for the others' start-up checks (env imports, probe)
 _SHARD_WAIT = 60.0  # s rank 0 waits for the ranks to close their shards after shutdown
 _POLL = 0.02
 _CLASSES = {"sync": "single", "multi-sync": "sync", "multi-async": "async"}
-
-#: ``describe(err)``: (exit code, the one line to print) for an error the command line reports
-Describe = Callable[[BaseException], "tuple[int, str] | None"]
-
-
-class JobEnded(Exception):
-    """The job ended during start-up on every rank: ``code`` is this rank's exit code, ``line``
-    what it prints (only rank 0 has one)."""
-
-    def __init__(self, code: int, line: str | None = None) -> None:
-        super().__init__(line or f"exit {code}")
-        self.code, self.line = code, line
 
 
 def wants_mpi(cfg: RunConfig) -> bool:
@@ -186,7 +171,7 @@ class MPICollect:
         ``announce(self)``: on rank 0 once every rank passed its start-up checks."""
         self.announce = announce
         if self.rank:
-            launcher = self._agree(self._launcher, describe)
+            launcher = agree(self.comm, self._launcher, describe)
             DistributedDataCollector(env_maker(self.cfg), None, **self._arguments(launcher))
             return None
         stop = StopSignals()
@@ -229,7 +214,7 @@ class MPICollect:
                 launcher = self._launcher()
             return launcher, self._check()
 
-        launcher, policy = self._agree(checks, describe, stop)
+        launcher, policy = agree(self.comm, checks, describe, stop)
         if self.announce is not None:
             self.announce(self)
         cfg = self.cfg
@@ -266,60 +251,6 @@ class MPICollect:
                 cfg.shards_dir / shard_name(1), True
             )  # creates the folder: the ranks write there
         return probe_policy(cfg, env_maker(cfg))
-
-    def _agree(self, checks: Callable[[], Any], describe: Describe, stop: Any = None) -> Any:
-        """Run this rank's start-up ``checks``; return their result once every rank passed
-        its own. Otherwise every rank raises ``JobEnded`` (rank 0 with the first error's line),
-        or, when rank 0 was stopped by a signal, rank 0 raises ``Stopped``."""
-        status: tuple[int, str | None] | None = None
-        result = None
-        try:
-            result = checks()
-        except Stopped:
-            status = (0, None)
-        except Exception as err:
-            status = describe(err)
-            if status is None:
-                raise
-        if self.rank:
-            self._send(status, 0, _STATUS_TAG)
-            verdict = self._receive(0, _VERDICT_TAG, "rank 0's start-up checks")
-            if verdict is not None:
-                raise JobEnded(verdict)
-            return result
-        failures = [(0, status)] if status is not None else []
-        with stop.held():  # the other ranks wait for the verdict: it is always sent
-            for rank in range(1, self.size):
-                theirs = self._receive(rank, _STATUS_TAG, f"rank {rank}'s start-up")
-                if theirs is not None:
-                    failures.append((rank, theirs))
-            errors = [f for f in failures if f[1][1] is not None]
-            stopped = stop.signal is not None
-            verdict = errors[0][1][0] if errors else (0 if failures or stopped else None)
-            for rank in range(1, self.size):
-                self._send(verdict, rank, _VERDICT_TAG)
-        if errors:
-            rank, (code, line) = errors[0]
-            raise JobEnded(code, f"{line} [MPI rank {rank}]" if rank else line)
-        if verdict is not None:
-            raise Stopped
-        return result
-
-    def _send(self, value: Any, dest: int, tag: int) -> None:
-        request = self.comm.isend(value, dest=dest, tag=tag)
-        wait_request(lambda: request.Test(), _START_WAIT, f"the message to rank {dest}")
-
-    def _receive(self, source: int, tag: int, what: str) -> Any:
-        """A small message, waited for by probing with sleeps (a blocking receive spins a core
-        that the ranks on this node need)."""
-        try:
-            wait_request(lambda: self.comm.Iprobe(source, tag), _START_WAIT, what, max_sleep=_POLL)
-        except CollectorTimeoutError as err:
-            raise CollectorTimeoutError(
-                f"MPI rank {self.rank} waited {_START_WAIT:g} s for {what}; every rank must run "
-                "the same python -m hpccollect collect command."
-            ) from err
-        return self.comm.recv(source=source, tag=tag)
 
     def _arguments(self, launcher: Any) -> dict[str, Any]:
         """The ``DistributedDataCollector`` arguments; the same on every rank."""

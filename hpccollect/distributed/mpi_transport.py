@@ -31,7 +31,16 @@ import torch
 
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 
-__all__ = ["IDLE_SLEEP", "MPIGroup", "abort_job", "mpi4py_comm", "quiesce", "wait_request"]
+__all__ = [
+    "IDLE_SLEEP",
+    "MPIGroup",
+    "abort_job",
+    "mpi4py_comm",
+    "quiesce",
+    "recv_object",
+    "send_object",
+    "wait_request",
+]
 
 IDLE_SLEEP = 1e-3  # the longest sleep between two tests of a request (the added latency)
 #: seconds a wait tests without sleeping first: a message in flight (a batch streaming in, the
@@ -144,6 +153,23 @@ def wait_request(
             raise CollectorTimeoutError(f"{what} did not complete within {timeout:g} s")
         time.sleep(sleep)
         sleep = min(sleep * 2, max_sleep)
+
+
+def send_object(
+    comm: Any, value: Any, dest: int, tag: int, timeout: float, what: str, max_sleep: float
+) -> None:
+    """Send a small pickled message; wait for it with sleeps (a blocking send may spin)."""
+    request = comm.isend(value, dest=dest, tag=tag)
+    wait_request(lambda: request.Test(), timeout, what, max_sleep=max_sleep)
+
+
+def recv_object(
+    comm: Any, source: int, tag: int, timeout: float, what: str, max_sleep: float
+) -> Any:
+    """Receive a small pickled message, probing with sleeps: a blocking receive spins a core
+    that the ranks on this node need."""
+    wait_request(lambda: comm.Iprobe(source, tag), timeout, what, max_sleep=max_sleep)
+    return comm.recv(source=source, tag=tag)
 
 
 class _Work:

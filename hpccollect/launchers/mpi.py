@@ -21,7 +21,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from hpccollect.distributed.mpi_transport import abort_job, mpi4py_comm, quiesce, wait_request
+from hpccollect.distributed.mpi_transport import (
+    abort_job,
+    mpi4py_comm,
+    quiesce,
+    recv_object,
+    send_object,
+)
 from hpccollect.distributed.rank import RankArgs, serve_rank
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.launchers.base import Launcher, RankProcess
@@ -93,12 +99,14 @@ class MPILauncher(Launcher):
 
     def start(self, ranks: Sequence[RankArgs]) -> list[RankProcess | None]:
         for args in ranks:
-            request = self.comm.isend(args, dest=args.rank, tag=_START)
-            wait_request(
-                lambda r=request: r.test()[0],
+            send_object(
+                self.comm,
+                args,
+                args.rank,
+                _START,
                 args.start_timeout,
                 f"handing rank {args.rank} its arguments",
-                max_sleep=_WAIT_SLEEP,
+                _WAIT_SLEEP,
             )
         return [None] * len(ranks)
 
@@ -116,9 +124,7 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
             "rank 0, construct DistributedDataCollector(..., launcher='mpi') instead."
         )
     try:
-        wait_request(
-            lambda: comm.Iprobe(0, _START), timeout, "rank 0's start", max_sleep=_WAIT_SLEEP
-        )
+        args: RankArgs = recv_object(comm, 0, _START, timeout, "rank 0's start", _WAIT_SLEEP)
     except CollectorTimeoutError as err:
         raise CollectorTimeoutError(
             f"MPI rank {comm.Get_rank()} waited {timeout:g} s for rank 0 to construct "
@@ -126,7 +132,6 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
             "call hpccollect.distributed.serve()). Raise start_timeout if rank 0 does long work "
             "first."
         ) from err
-    args: RankArgs = comm.recv(source=0, tag=_START)
     serve_rank(args)
 
 
