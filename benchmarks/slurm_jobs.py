@@ -16,11 +16,12 @@
   --signal=TERM`` (until it has left the queue, its log saying "collect exited with 0").
 
 The script starts a private single-node cluster with ``slurm/up.sh`` (its own directory and free
-ports) and always stops it with ``slurm/down.sh --purge``. The kinds of each part take turns
-within a repeat; the best of ``--repeats`` is kept (lowest time, highest rate).
+ports, so it never touches a cluster you run) and always stops it with ``slurm/down.sh --purge``,
+also on Ctrl-C or an error; it ends by checking that no job is left queued. The kinds of each part
+take turns within a repeat; the best of ``--repeats`` is kept (lowest time, highest rate).
 
-    python benchmarks/slurm_jobs.py
-    python benchmarks/slurm_jobs.py --only sbatch --repeats 3 --frames 200000
+    .venv/bin/python benchmarks/slurm_jobs.py
+    .venv/bin/python benchmarks/slurm_jobs.py --only sbatch --repeats 3 --frames 200000
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def startup(env: dict[str, str], repeats: int) -> dict[str, float | str]:
 
 # ---------------------------------------------------------------------------------- jobs
 class Cluster:
-    """A private cluster from ``slurm/up.sh``; ``close()`` stops it with ``down.sh --purge``."""
+    """A private cluster: ``start()`` runs ``slurm/up.sh``, ``close()`` runs ``down.sh --purge``."""
 
     def __init__(self) -> None:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_"))}
@@ -124,6 +125,8 @@ class Cluster:
             HPCCOLLECT_VENV=sys.prefix,
             PATH=BIN + os.pathsep + os.environ.get("PATH", ""),
         )
+
+    def start(self) -> None:
         up = self.run("bash", str(REPO / "slurm" / "up.sh"), timeout=240)
         for line in up.splitlines():
             name, _, value = line.removeprefix("export ").partition("=")
@@ -270,6 +273,12 @@ def sigterm(cluster: Cluster, work: Path, args: list[str], repeats: int) -> dict
 
 
 # ---------------------------------------------------------------------------------- main
+def print_table(rows: list[tuple[str, str, str]], repeats: int) -> None:
+    print(f"\n| measurement (best of {repeats}) | figure | ratio, target |\n| --- | --- | --- |")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=PARTS, action="append", help="parts to run (default all)")
@@ -285,26 +294,33 @@ def main() -> None:
     collect_args = ["--collector", "sync", "--frames-per-batch", "500", "--env", "CartPole-v1"]
     cluster = Cluster()
     work = Path(tempfile.mkdtemp(prefix="hpccollect-bench-jobs-"))
-    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]  # submitit's sbatch, in this process
     try:
+        cluster.start()  # inside try: a cluster that fails half-way up is still stopped
+        os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]  # submitit's sbatch, in this process
         print(f"slurm_jobs: {os.cpu_count()} CPUs, cluster {cluster.env['SLURM_CONF']}")
+        rows: list[tuple[str, str, str]] = []  # measurement, figure, ratio and target
         if "startup" in parts:
             for kind, value in startup(cluster.env, args.repeats).items():
                 shown = f"{value:.2f} s" if isinstance(value, float) else value
-                print(f"start-up to first batch, launcher={kind:18s} {shown}")
+                print(f"start-up to first batch, launcher={kind:18s} {shown}", flush=True)
+                rows.append((f"start-up to first batch, launcher={kind}", shown, ""))
         if "sbatch" in parts:
             best = rates(cluster, work, [*collect_args, "--total-frames", str(args.frames)],
                          args.repeats)  # fmt: skip
             ratio = best["sbatch"] / best["mpiexec"]
-            print(
-                f"frames/s once started: sbatch jobs/collect.sh {best['sbatch']:,.0f}, mpiexec -n 3 "
-                f"collect {best['mpiexec']:,.0f}: {ratio:.2f}x "
-                f"({'ok' if ratio >= 0.9 else 'MISSED'}: target >= 0.9x)"
+            verdict = f"{ratio:.2f}x ({'ok' if ratio >= 0.9 else 'MISSED'}: target >= 0.9x)"
+            rows.append(("frames/s once started, sbatch jobs/collect.sh", f"{best['sbatch']:,.0f}",
+                         f"{verdict} of mpiexec"))  # fmt: skip
+            rows.append(
+                ("frames/s once started, mpiexec -n 3 collect", f"{best['mpiexec']:,.0f}", "")
             )
+            print(f"frames/s once started: {best}, {verdict}", flush=True)
         if "sigterm" in parts:
             endless = [*collect_args, "--total-frames", "100000000"]
             for kind, seconds in sigterm(cluster, work, endless, args.repeats).items():
-                print(f"SIGTERM to clean exit, {kind:8s} {seconds:.2f} s")
+                print(f"SIGTERM to clean exit, {kind:8s} {seconds:.2f} s", flush=True)
+                rows.append((f"SIGTERM to clean exit (rc 0), {kind}", f"{seconds:.2f} s", ""))
+        print_table(rows, args.repeats)
         left = cluster.queued()
         if left:
             raise RuntimeError(f"jobs left queued: {left}")
