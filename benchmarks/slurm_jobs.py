@@ -10,8 +10,8 @@
   other error of a kind is reported as FAILED in its row, the other kinds still run).
 * sbatch: frames/s once started, i.e. the ``collect`` summary's "frames/s while collecting" (from
   the first batch request to the last batch written; start-up and shutdown excluded), of
-  ``sbatch jobs/collect.sh ARGS`` (its log read once it left the queue) against ``mpiexec -n 3 python -m hpccollect collect
-  ARGS`` with the same ARGS. Target: at least 0.9x.
+  ``sbatch jobs/collect.sh ARGS`` (its log read once it left the queue) against ``mpiexec -n 3
+  python -m hpccollect collect ARGS`` with the same ARGS. Target: at least 0.9x.
 * sigterm: seconds from SIGTERM to the end of a run that is collecting: ``mpiexec ... collect``
   sent SIGTERM (until the process has exited with 0), and an ``sbatch`` job sent ``scancel
   --signal=TERM`` (until it has left the queue, its log saying "collect exited with 0").
