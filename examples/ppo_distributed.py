@@ -75,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3, help="Adam, annealed linearly to 0")
     p.add_argument("--epochs", type=positive, default=4)
     p.add_argument("--minibatch", type=positive, default=512)
+    p.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus weight")
     p.add_argument(
         "--launcher",
         choices=["mp", "mpi"],
@@ -124,7 +125,7 @@ def ppo_update(
     optim: torch.optim.Optimizer,
     args: argparse.Namespace,
 ) -> dict[str, float]:
-    """One PPO update on a batch: clip 0.2, value loss 0.5, entropy 0.01."""
+    """One PPO update on a batch: clip 0.2, value loss weight 0.5, entropy ``--ent-coef``."""
     td = batch.reshape(-1, batch.shape[-1])  # [rows, T]
     with torch.no_grad():
         values = critic(td["observation"]).squeeze(-1)
@@ -154,7 +155,7 @@ def ppo_update(
             policy_loss = -torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a).mean()
             value_loss = (critic(mb["obs"]).squeeze(-1) - mb["ret"]).pow(2).mean()
             entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
-            loss = policy_loss + 0.5 * value_loss - 0.01 * entropy
+            loss = policy_loss + 0.5 * value_loss - args.ent_coef * entropy
             optim.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_([*net.parameters(), *critic.parameters()], 0.5)
