@@ -56,7 +56,17 @@ def test_ppo_learns_under_mpiexec(tmp_path: Path) -> None:
     episodes ends well above 150, the curve starts near random, CSV and PNG are written and the
     last line has the documented format."""
     out = tmp_path / "run"
-    cmd = [MPIEXEC, "-n", "3", sys.executable, str(SCRIPT), "--total-frames", "40000"]
+    cmd = [
+        MPIEXEC,
+        "-n",
+        "3",
+        sys.executable,
+        str(SCRIPT),
+        "--total-frames",
+        "40000",
+        "--frames-per-batch",
+        "2000",
+    ]
     done = run([*cmd, "--seed", "0", "--out", str(out)], timeout=220)
     assert done.returncode == 0, done.stdout + done.stderr
     last = done.stdout.strip().splitlines()[-1]

@@ -34,7 +34,7 @@ def test_sbatch_train_learns(slurm_cluster: Cluster, tmp_path: Path) -> None:
     above a random policy's 22), curve.csv and curve.png are in the run directory, and the job
     leaves nothing queued and no process behind."""
     (tmp_path / "logs").mkdir()
-    args = ["--total-frames", "24000", "--seed", "0"]
+    args = ["--total-frames", "24000", "--frames-per-batch", "2000", "--seed", "0"]
     done = subprocess.run(
         ["sbatch", "--wait", "--parsable", "--job-name=t-train", str(JOB), *args],
         cwd=tmp_path,
