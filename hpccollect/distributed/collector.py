@@ -140,7 +140,9 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         self._groups: RankGroups | None = None
         self.collector_class = check_collector_class(collector_class)
         inner_processes = issubclass(self.collector_class, MultiCollectorBase)
-        self.launcher = get_launcher(launcher, starts_processes=inner_processes)
+        self.launcher = get_launcher(
+            launcher, starts_processes=inner_processes, slurm_kwargs=slurm_kwargs
+        )
         self.launcher.enter(float(start_timeout))  # under mpiexec: ranks 1..N serve, then end
         fns = _rank_envs(create_env_fn, self.launcher.num_ranks)
         self.num_workers_per_collector = check_int(

@@ -13,9 +13,12 @@ __all__ = ["LAUNCHERS", "Launcher", "MPLauncher", "RankProcess", "get_launcher"]
 LAUNCHERS = ("mp", "mpi", "submitit", "submitit_delayed")
 
 
-def get_launcher(launcher: Any, starts_processes: bool = False) -> Launcher:
+def get_launcher(
+    launcher: Any, starts_processes: bool = False, slurm_kwargs: dict | None = None
+) -> Launcher:
     """The launcher ``launcher`` names (or ``launcher`` itself when it is a ``Launcher``);
-    ``starts_processes``: the ranks' collectors start processes of their own."""
+    ``starts_processes``: the ranks' collectors start processes of their own;
+    ``slurm_kwargs``: the submitit launchers' executor parameters."""
     if isinstance(launcher, Launcher):
         return launcher
     if not isinstance(launcher, str):
@@ -30,9 +33,14 @@ def get_launcher(launcher: Any, starts_processes: bool = False) -> Launcher:
 
         return MPILauncher()
     if launcher in ("submitit", "submitit_delayed"):
-        raise ArgumentValueError(
-            f"launcher={launcher!r} (SLURM jobs through submitit) is not available in this "
-            "version of hpccollect; pass launcher='mp' to run the collector ranks as local "
-            "processes, or launcher='mpi' under mpiexec/srun."
-        )
+        try:
+            import submitit  # noqa: F401 - only a check that it is there
+        except ImportError as err:
+            raise ArgumentValueError(
+                f"launcher={launcher!r} needs the submitit package: pip install submitit, or "
+                "pass launcher='mp' to run the collector ranks as local processes."
+            ) from err
+        from hpccollect.launchers.submitit import SubmititLauncher
+
+        return SubmititLauncher(slurm_kwargs, delayed=launcher == "submitit_delayed")
     raise ArgumentValueError(f"launcher must be one of {list(LAUNCHERS)}, got {launcher!r}.")

@@ -1,0 +1,208 @@
+"""``launcher="submitit"`` and ``"submitit_delayed"``: collector ranks as submitit jobs.
+
+``"submitit"`` submits one job per collector rank; ``"submitit_delayed"`` one job whose tasks
+are the ranks (one allocation: task ``k`` of ``submitit.JobEnvironment()`` serves rank
+``k + 1``). Rank 0 is the calling process; every rank connects to its store, whose address is
+loopback when the ranks run on this host (submitit's local executor, or a SLURM cluster whose
+only node is this host), else this host's address.
+
+``slurm_kwargs`` go to ``submitit.AutoExecutor.update_parameters`` (``slurm_partition``,
+``timeout_min``, ``cpus_per_task``, ...), but for two keys of ours: ``"cluster"`` (``"slurm"``
+or ``"local"``; default: SLURM when ``sbatch`` is on PATH and ``sinfo`` answers, else the local
+executor; the environment variable ``HPCCOLLECT_SUBMITIT_CLUSTER`` sets it too) and
+``"folder"`` (where the jobs' logs and pickles go; default ``$HPCCOLLECT_SUBMITIT_DIR``, else
+``./hpccollect-submitit``), in which each run gets a new sub-folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hpccollect.distributed.rank import RankArgs, serve_rank
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+from hpccollect.launchers.base import Launcher, RankProcess
+from hpccollect.launchers.submitit_jobs import JobWatch, WatchedJob, cancel, slurm_nodes
+
+__all__ = ["SubmititLauncher", "SubmititRank", "serve_task"]
+
+CLUSTERS = ("slurm", "local")
+#: minutes a job may run unless ``slurm_kwargs`` says (``timeout_min`` or ``slurm_time``)
+DEFAULT_TIMEOUT_MIN = {"slurm": 60, "local": 7 * 24 * 60}
+
+
+class SubmititRank(RankProcess):
+    """One collector rank in a submitit job (a job of its own, or a task of the shared one)."""
+
+    def __init__(self, watched: WatchedJob, rank: int, task: int) -> None:
+        self.watched, self.rank, self.task = watched, rank, task
+        self.host = f"submitit job {watched.id}"
+        self.sentinel = watched.read_fd
+
+    def death(self, wait: float = 0.0) -> str | None:
+        if self.watched.ended is None and wait > 0:
+            self.watched.event.wait(wait)
+        return self.watched.ended or self.watched.pending_too_long()
+
+    def join(self, timeout: float) -> bool:
+        return self.watched.event.wait(max(0.0, timeout))
+
+    def kill(self) -> None:
+        """Cancel the job once every rank it runs is to be killed."""
+        self.watched.killed.add(self.rank)
+        if self.watched.killed >= self.watched.ranks:
+            cancel(self.watched)
+
+    def close(self) -> None:
+        """Cancel the job if it still runs once every rank of it is closed."""
+        self.watched.closed.add(self.rank)
+        if self.watched.closed >= self.watched.ranks:
+            cancel(self.watched)
+            self.watched.release()
+
+
+class SubmititLauncher(Launcher):
+    """Starts each collector rank as a submitit job (``delayed=False``), or every rank as the
+    tasks of one job (``delayed=True``); see the module docstring for ``slurm_kwargs``.
+    ``master_addr``: where rank 0 listens, when the default (above) does not suit."""
+
+    uses_slurm_kwargs = True
+
+    def __init__(
+        self,
+        slurm_kwargs: dict | None = None,
+        delayed: bool = False,
+        master_addr: str | None = None,
+    ) -> None:
+        if slurm_kwargs is None:
+            slurm_kwargs = {}
+        if not isinstance(slurm_kwargs, dict):
+            raise ArgumentTypeError(
+                f"slurm_kwargs must be a dict of submitit executor parameters (e.g. "
+                f"{{'slurm_partition': 'cpu', 'timeout_min': 60}}), got "
+                f"{type(slurm_kwargs).__name__}."
+            )
+        kwargs = dict(slurm_kwargs)
+        self.delayed = delayed
+        self.cluster = _cluster(kwargs.pop("cluster", None))
+        nodes = slurm_nodes() if self.cluster == "slurm" else None
+        if self.cluster == "slurm" and nodes is None:
+            raise ArgumentValueError(
+                "slurm_kwargs['cluster']='slurm' but no SLURM cluster answers here (sbatch not "
+                "on PATH, or sinfo failed); use cluster 'local' or run where SLURM is."
+            )
+        self.folder = _run_folder(kwargs.pop("folder", None))
+        if "timeout_min" not in kwargs and "slurm_time" not in kwargs:
+            kwargs["timeout_min"] = DEFAULT_TIMEOUT_MIN[self.cluster]
+        kwargs.setdefault("name", "hpccollect-rank")
+        self.parameters = kwargs
+        self.executor = self._executor({})  # checks slurm_kwargs before anything starts
+        here = socket.gethostname().split(".")[0]
+        self.shares_host = nodes is None or nodes == [here]
+        self.master_addr = master_addr
+        self._watch = JobWatch(period=1.0 if self.cluster == "slurm" else 0.2)
+
+    @property
+    def jobs(self) -> list[Any]:
+        """The submitit jobs submitted so far (``job.job_id``, ``job.paths.stderr``)."""
+        return [watched.job for watched in self._watch.jobs]
+
+    def _executor(self, extra: dict) -> Any:
+        """A submitit executor for this run's folder with ``slurm_kwargs`` and ``extra``."""
+        import submitit
+
+        created = not self.folder.exists()
+        try:
+            executor = submitit.AutoExecutor(folder=self.folder, cluster=self.cluster)
+            executor.update_parameters(**{**self.parameters, **extra})
+        except (NameError, AssertionError, ValueError, TypeError) as err:
+            if created:
+                shutil.rmtree(self.folder, ignore_errors=True)
+            raise ArgumentValueError(
+                f"slurm_kwargs were refused by submitit's {self.cluster} executor: {err}"
+            ) from err
+        return executor
+
+    def address(self) -> str:
+        if self.master_addr is not None:
+            return self.master_addr
+        if self.shares_host:
+            return "127.0.0.1"
+        from hpccollect.distributed.rendezvous import _resolve
+
+        host = socket.gethostname()
+        return _resolve(host, f"rank 0's host name {host!r}")
+
+    def start(self, ranks: Sequence[RankArgs]) -> list[RankProcess | None]:
+        if not ranks:
+            return []
+        timeout = ranks[0].start_timeout
+        slurm = self.cluster == "slurm"
+        started: list[RankProcess] = []
+        try:
+            if self.delayed:
+                per_node = math.ceil(len(ranks) / int(self.parameters.get("nodes", 1)))
+                executor = self._executor({"tasks_per_node": per_node})
+                job = executor.submit(serve_task, list(ranks))
+                watched = WatchedJob(job, [a.rank for a in ranks], timeout, slurm)
+                self._watch.add(watched)
+                started = [SubmititRank(watched, a.rank, i) for i, a in enumerate(ranks)]
+            else:
+                for args in ranks:
+                    job = self.executor.submit(serve_rank, args)
+                    watched = WatchedJob(job, [args.rank], timeout, slurm)
+                    self._watch.add(watched)
+                    started.append(SubmititRank(watched, args.rank, 0))
+        except BaseException:
+            for rank in started:
+                rank.kill()
+                rank.close()
+            raise
+        return list(started)
+
+
+def serve_task(ranks: Sequence[RankArgs]) -> None:
+    """What each task of ``submitit_delayed``'s job runs: serve the rank its task number names
+    (a task beyond the ranks, when the nodes round the task count up, has nothing to do)."""
+    import submitit
+
+    index = submitit.JobEnvironment().global_rank
+    if index < len(ranks):
+        serve_rank(ranks[index])
+
+
+def _cluster(value: Any) -> str:
+    """The executor to use: the one asked for, else SLURM when one answers, else local."""
+    if value is None:
+        value = os.environ.get("HPCCOLLECT_SUBMITIT_CLUSTER") or None
+    if value is None:
+        return "slurm" if slurm_nodes() is not None else "local"
+    if value not in CLUSTERS:
+        raise ArgumentValueError(
+            f"slurm_kwargs['cluster'] (or HPCCOLLECT_SUBMITIT_CLUSTER) must be one of "
+            f"{list(CLUSTERS)}, got {value!r}."
+        )
+    return value
+
+
+def _run_folder(base: Any) -> Path:
+    """A new folder for this run's jobs (job ids restart with a fresh cluster: never reuse)."""
+    if base is None:
+        base = os.environ.get("HPCCOLLECT_SUBMITIT_DIR") or "hpccollect-submitit"
+    if not isinstance(base, (str, os.PathLike)):
+        raise ArgumentTypeError(
+            f"slurm_kwargs['folder'] must be a path (str), got {type(base).__name__}."
+        )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder = Path(base).expanduser().absolute() / f"{stamp}-{uuid.uuid4().hex[:8]}"
+    with contextlib.suppress(OSError):
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    return folder

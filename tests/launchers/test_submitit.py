@@ -1,0 +1,195 @@
+"""``launcher="submitit"`` and ``"submitit_delayed"``: real submitit jobs, on submitit's local
+executor and on a real single-node SLURM cluster (``tests/slurm/slurm_cluster.py``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
+# the fixture lives in slurm_cluster.py (a conftest.py there would shadow tests/conftest.py)
+from slurm_cluster import slurm_cluster  # noqa: F401
+
+from hpccollect.distributed.collector import DistributedDataCollector
+from hpccollect.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    CollectorTimeoutError,
+    WorkerError,
+)
+from hpccollect.launchers import get_launcher
+from hpccollect.launchers.submitit import SubmititLauncher
+
+Cluster = Any  # slurm_cluster.Cluster
+
+
+def _collector(folder: Path, launcher: str = "submitit", **kwargs: Any) -> Any:
+    slurm_kwargs = {"folder": str(folder), **kwargs.pop("slurm_kwargs", {})}
+    return DistributedDataCollector(
+        ["CartPole-v1", "CartPole-v1"],
+        None,
+        frames_per_batch=kwargs.pop("frames_per_batch", 100),
+        total_frames=kwargs.pop("total_frames", 400),
+        launcher=launcher,
+        slurm_kwargs=slurm_kwargs,
+        start_timeout=kwargs.pop("start_timeout", 120.0),
+        **kwargs,
+    )
+
+
+def _check_batches(collector: Any) -> int:
+    frames = 0
+    for batch in collector:
+        assert batch.shape == (2, 50)
+        assert batch["next", "observation"].shape == (2, 50, 4)
+        assert (batch["action"].sum(-1) == 1).all()  # one-hot CartPole actions
+        frames += batch.numel()
+    return frames
+
+
+def _log_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*/*_log.err"))
+
+
+# ---------------------------------------------------------------------- arguments
+def test_bad_slurm_kwargs_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(ArgumentTypeError, match="slurm_kwargs"):
+        get_launcher("submitit", slurm_kwargs=["slurm_partition", "cpu"])  # type: ignore[arg-type]
+    with pytest.raises(ArgumentValueError, match="slurm_kwargs.*bogus_key"):
+        _collector(tmp_path, slurm_kwargs={"cluster": "local", "bogus_key": 1})
+    with pytest.raises(ArgumentValueError, match="slurm_kwargs.*timeout_min"):
+        _collector(tmp_path, slurm_kwargs={"cluster": "local", "timeout_min": "ten"})
+    with pytest.raises(ArgumentValueError, match=r"slurm_kwargs\['cluster'\]"):
+        _collector(tmp_path, slurm_kwargs={"cluster": "kubernetes"})
+    with pytest.raises(ArgumentTypeError, match=r"slurm_kwargs\['folder'\]"):
+        get_launcher("submitit", slurm_kwargs={"cluster": "local", "folder": 3})
+    assert list(tmp_path.iterdir()) == []  # no job, no run folder
+
+
+def test_local_executor_without_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch: a workstation
+    monkeypatch.delenv("HPCCOLLECT_SUBMITIT_CLUSTER", raising=False)
+    launcher = get_launcher("submitit", slurm_kwargs={"folder": str(tmp_path / "jobs")})
+    assert isinstance(launcher, SubmititLauncher)
+    assert (launcher.cluster, launcher.address(), launcher.shares_host) == (
+        "local",
+        "127.0.0.1",
+        True,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_collects_through_the_local_executor(tmp_path: Path) -> None:
+    collector = _collector(tmp_path, slurm_kwargs={"cluster": "local"}, sync=True)
+    try:
+        assert _check_batches(collector) == 400
+        jobs = collector.launcher.jobs
+        assert len(jobs) == 2 and len({job.job_id for job in jobs}) == 2
+    finally:
+        collector.shutdown()
+    assert all(job._process.poll() is not None for job in jobs)  # no controller left
+    assert len(_log_files(tmp_path)) == 2
+
+
+# ---------------------------------------------------------------------- the local cluster
+@pytest.fixture
+def cluster(slurm_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Cluster:  # noqa: F811
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])
+    monkeypatch.delenv("HPCCOLLECT_SUBMITIT_CLUSTER", raising=False)
+    return slurm_cluster
+
+
+def _assert_nothing_left(cluster: Cluster, ids: list[str]) -> None:
+    for job in ids:
+        cluster.wait_gone(job, 20)
+        assert cluster.job_processes(job) == [], f"processes of job {job} left"
+
+
+def _slurm_ids(collector: Any) -> list[str]:
+    ids = [str(job.job_id) for job in collector.launcher.jobs]
+    assert collector.launcher.cluster == "slurm" and ids
+    return ids
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("launcher", ["submitit", "submitit_delayed"])
+def test_collects_on_the_cluster(cluster: Cluster, tmp_path: Path, launcher: str) -> None:
+    collector = _collector(tmp_path, launcher, sync=False, total_frames=600)
+    try:
+        ids = _slurm_ids(collector)
+        assert len(ids) == (1 if launcher == "submitit_delayed" else 2)
+        assert sorted(cluster.queued()) == sorted(ids)
+        frames = 0
+        for batch in collector:
+            frames += batch.numel()
+        assert frames == 600
+    finally:
+        collector.shutdown()
+    _assert_nothing_left(cluster, ids)
+
+
+def _kill_mid_run(cluster: Cluster, tmp_path: Path, how: str) -> None:
+    collector = _collector(tmp_path, sync=True, total_frames=-1)
+    try:
+        ids = _slurm_ids(collector)
+        batches = iter(collector)
+        next(batches)
+        victim = ids[1]
+        if how == "scancel":
+            cluster.run("scancel", victim)
+        else:
+            pids = [
+                pid
+                for pid in cluster.job_processes(victim)
+                if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            ]
+            assert pids, f"no python process of job {victim}"
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(WorkerError) as caught:
+            for _ in range(10_000):
+                next(batches)
+        assert time.monotonic() - killed < 30
+        text = str(caught.value)
+        assert f"submitit job {victim}" in text and f"{victim}_0_log.err" in text, text
+    finally:
+        collector.shutdown()
+    _assert_nothing_left(cluster, ids)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_scancelled_job_is_reported(cluster: Cluster, tmp_path: Path) -> None:
+    _kill_mid_run(cluster, tmp_path, "scancel")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigkilled_job_process_is_reported(cluster: Cluster, tmp_path: Path) -> None:
+    _kill_mid_run(cluster, tmp_path, "sigkill")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_job_pending_past_start_timeout(cluster: Cluster, tmp_path: Path) -> None:
+    later = {"slurm_additional_parameters": {"begin": "now+1hour"}}  # stays PENDING
+    started = time.monotonic()
+    with pytest.raises((WorkerError, CollectorTimeoutError)) as caught:
+        _collector(tmp_path, slurm_kwargs=later, start_timeout=5.0)
+    assert time.monotonic() - started < 30
+    text = str(caught.value)
+    assert "stayed PENDING" in text and "_0_log.err" in text, text
+    assert cluster.queued() == []  # cancelled
