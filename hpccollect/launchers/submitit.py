@@ -45,7 +45,7 @@ class SubmititRank(RankProcess):
     def __init__(self, watched: WatchedJob, rank: int, task: int) -> None:
         self.watched, self.rank, self.task = watched, rank, task
         self.host = f"submitit job {watched.id}"
-        self.sentinel = watched.read_fd
+        self.sentinel: int | None = os.dup(watched.read_fd)  # ranks of one job: one fd each
 
     def death(self, wait: float = 0.0) -> str | None:
         if self.watched.ended is None and wait > 0:
@@ -63,6 +63,10 @@ class SubmititRank(RankProcess):
 
     def close(self) -> None:
         """Cancel the job if it still runs once every rank of it is closed."""
+        if self.sentinel is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.sentinel)
+            self.sentinel = None
         self.watched.closed.add(self.rank)
         if self.watched.closed >= self.watched.ranks:
             cancel(self.watched)
