@@ -76,7 +76,9 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
 
     ``backend``: ``"gloo"`` (default), ``"nccl"``, ``"ucc"`` or ``"mpi"`` where this torch build
     has them. ``launcher``: ``"mp"`` (local processes, rendezvous on loopback), ``"mpi"`` (the
-    ranks of an MPI job, below) or a ``hpccollect.launchers.Launcher``; ``tcp_port``: where rank
+    ranks of an MPI job, below), ``"submitit"``/``"submitit_delayed"`` (submitit jobs, with
+    ``slurm_kwargs``: ``hpccollect/launchers/submitit.py``) or a
+    ``hpccollect.launchers.Launcher``; ``tcp_port``: where rank
     0 listens (None: ``MASTER_PORT``/``TCP_PORT`` under MPI, else a free port).
 
     Beyond TorchRL's arguments: ``on_worker_failure`` (``"raise"``, or ``"continue"`` with the
