@@ -123,13 +123,17 @@ class SubmititLauncher(Launcher):
         """A submitit executor for this run's folder with ``slurm_kwargs`` and ``extra``."""
         import submitit
 
-        created = not self.folder.exists()
+        created = None  # the first folder this call makes: removed again when it fails
+        if not self.folder.exists():
+            created = self.folder
+            while not created.parent.exists():
+                created = created.parent
         try:
             executor = submitit.AutoExecutor(folder=self.folder, cluster=self.cluster)
             executor.update_parameters(**{**self.parameters, **extra})
         except (NameError, AssertionError, ValueError, TypeError) as err:
-            if created:
-                shutil.rmtree(self.folder, ignore_errors=True)
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
             raise ArgumentValueError(
                 f"slurm_kwargs were refused by submitit's {self.cluster} executor: {err}"
             ) from err
@@ -206,7 +210,4 @@ def _run_folder(base: Any) -> Path:
             f"slurm_kwargs['folder'] must be a path (str), got {type(base).__name__}."
         )
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    folder = Path(base).expanduser().absolute() / f"{stamp}-{uuid.uuid4().hex[:8]}"
-    with contextlib.suppress(OSError):
-        folder.parent.mkdir(parents=True, exist_ok=True)
-    return folder
+    return Path(base).expanduser().absolute() / f"{stamp}-{uuid.uuid4().hex[:8]}"

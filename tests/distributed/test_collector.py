@@ -302,7 +302,11 @@ def test_a_silent_rank_raises_a_timeout_saying_how_long():
 def test_bad_arguments_are_refused_before_any_rank_starts():
     before = set(threading.enumerate())
     cases = [
-        (dict(launcher="submitit"), ArgumentValueError, "launcher='mp'"),
+        (
+            dict(launcher="submitit", slurm_kwargs={"cluster": "local", "no_such": 1}),
+            ArgumentValueError,
+            "slurm_kwargs",
+        ),
         (dict(launcher="slurm"), ArgumentValueError, "launcher must be one of"),
         (dict(backend="carrier-pigeon"), ArgumentValueError, "backend must be one of"),
         (dict(collector_class="parallel"), ArgumentValueError, "collector_class"),

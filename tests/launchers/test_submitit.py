@@ -98,6 +98,30 @@ def test_collects_through_the_local_executor(tmp_path: Path) -> None:
     assert len(_log_files(tmp_path)) == 2
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_killed_local_job_is_reported(tmp_path: Path) -> None:
+    collector = _collector(tmp_path, slurm_kwargs={"cluster": "local"}, sync=True, total_frames=-1)
+    try:
+        jobs = collector.launcher.jobs
+        batches = iter(collector)
+        next(batches)
+        controller = jobs[0]._process.pid
+        children = Path(f"/proc/{controller}/task/{controller}/children").read_text().split()
+        assert children, "the local job's controller runs no task"
+        os.kill(int(children[0]), signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(WorkerError) as caught:
+            for _ in range(10_000):
+                next(batches)
+        assert time.monotonic() - killed < 30
+        text = str(caught.value)
+        assert f"submitit local job {jobs[0].job_id}" in text and "_0_log.err" in text, text
+    finally:
+        collector.shutdown()
+    assert all(job._process.poll() is not None for job in jobs)
+
+
 # ---------------------------------------------------------------------- the local cluster
 @pytest.fixture
 def cluster(slurm_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Cluster:  # noqa: F811
