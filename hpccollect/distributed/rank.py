@@ -35,14 +35,16 @@ def ready_key(rank: int) -> str:
     return f"hpccollect/ready/{rank}"
 
 
-def serve_rank(args: RankArgs) -> None:
+def serve_rank(args: RankArgs, stop_on_sigterm: bool = False) -> None:
     """Join the job as ``args.rank`` and serve rank 0 until it says stop or goes away.
 
     SIGTERM and SIGINT are ignored: a scheduler signals every process of a job, and the stop
     belongs to rank 0, which sends ``SHUTDOWN`` after committing its last batch.
+    ``stop_on_sigterm``: SIGTERM ends the process instead (a rank in a job of its own, whose
+    rank 0 is outside the job: the signal means the scheduler ends the job).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL if stop_on_sigterm else signal.SIG_IGN)
     store = open_store(args.host, args.port, args.world_size, False, args.start_timeout)
     store.set(ready_key(args.rank), socket.gethostname())
     groups = RankGroups.open(args.backend, store, args.rank, args.world_size)

@@ -32,7 +32,7 @@ from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.launchers.base import Launcher, RankProcess
 from hpccollect.launchers.submitit_jobs import JobWatch, WatchedJob, cancel, slurm_nodes
 
-__all__ = ["SubmititLauncher", "SubmititRank", "serve_task"]
+__all__ = ["SubmititLauncher", "SubmititRank", "serve_job", "serve_task"]
 
 CLUSTERS = ("slurm", "local")
 #: minutes a job may run unless ``slurm_kwargs`` says (``timeout_min`` or ``slurm_time``)
@@ -165,7 +165,7 @@ class SubmititLauncher(Launcher):
                 started = [SubmititRank(watched, a.rank, i) for i, a in enumerate(ranks)]
             else:
                 for args in ranks:
-                    job = self.executor.submit(serve_rank, args)
+                    job = self.executor.submit(serve_job, args)
                     watched = WatchedJob(job, [args.rank], timeout, slurm)
                     self._watch.add(watched)
                     started.append(SubmititRank(watched, args.rank, 0))
@@ -177,6 +177,14 @@ class SubmititLauncher(Launcher):
         return list(started)
 
 
+def serve_job(args: RankArgs) -> None:
+    """What a submitit job runs: ``serve_rank(args)``, but SIGTERM ends it at once. Under
+    ``srun`` the stop belongs to rank 0; here rank 0 is outside the job, so SIGTERM means SLURM
+    ends this job (scancel, preemption, the time limit), and a rank that kept collecting until
+    SIGKILL (``KillWait`` later) would pass for alive."""
+    serve_rank(args, stop_on_sigterm=True)
+
+
 def serve_task(ranks: Sequence[RankArgs]) -> None:
     """What each task of ``submitit_delayed``'s job runs: serve the rank its task number names
     (a task beyond the ranks, when the nodes round the task count up, has nothing to do)."""
@@ -184,7 +192,7 @@ def serve_task(ranks: Sequence[RankArgs]) -> None:
 
     index = submitit.JobEnvironment().global_rank
     if index < len(ranks):
-        serve_rank(ranks[index])
+        serve_job(ranks[index])
 
 
 def _cluster(value: Any) -> str:

@@ -183,7 +183,8 @@ def _kill_mid_run(cluster: Cluster, tmp_path: Path, how: str) -> None:
         with pytest.raises(WorkerError) as caught:
             for _ in range(10_000):
                 next(batches)
-        assert time.monotonic() - killed < 30
+        # well within 30 s, and before KillWait (10 s here) would end a rank that ignored SIGTERM
+        assert time.monotonic() - killed < 8
         text = str(caught.value)
         assert f"submitit job {victim}" in text and f"{victim}_0_log.err" in text, text
     finally:
