@@ -96,8 +96,9 @@ class SubmititLauncher(Launcher):
             )
         kwargs = dict(slurm_kwargs)
         self.delayed = delayed
-        self.cluster = _cluster(kwargs.pop("cluster", None))
-        nodes = slurm_nodes() if self.cluster == "slurm" else None
+        asked = _asked_cluster(kwargs.pop("cluster", None))
+        nodes = slurm_nodes() if asked != "local" else None
+        self.cluster = asked or ("slurm" if nodes is not None else "local")
         if self.cluster == "slurm" and nodes is None:
             raise ArgumentValueError(
                 "slurm_kwargs['cluster']='slurm' but no SLURM cluster answers here (sbatch not "
@@ -195,13 +196,11 @@ def serve_task(ranks: Sequence[RankArgs]) -> None:
         serve_job(ranks[index])
 
 
-def _cluster(value: Any) -> str:
-    """The executor to use: the one asked for, else SLURM when one answers, else local."""
+def _asked_cluster(value: Any) -> str | None:
+    """The executor asked for (``slurm_kwargs['cluster']``, else the environment), if any."""
     if value is None:
         value = os.environ.get("HPCCOLLECT_SUBMITIT_CLUSTER") or None
-    if value is None:
-        return "slurm" if slurm_nodes() is not None else "local"
-    if value not in CLUSTERS:
+    if value is not None and value not in CLUSTERS:
         raise ArgumentValueError(
             f"slurm_kwargs['cluster'] (or HPCCOLLECT_SUBMITIT_CLUSTER) must be one of "
             f"{list(CLUSTERS)}, got {value!r}."
