@@ -11,7 +11,8 @@
 # a second up.sh without HPCCOLLECT_SLURM_DIR find it). Idempotent: a cluster that is already up is reused.
 # Environment: HPCCOLLECT_SLURM_CPUS (CPUs the node advertises, default max(8, nproc)),
 # HPCCOLLECT_SLURM_CTLD_PORT / _SLURMD_PORT (default 6817 / 6818), HPCCOLLECT_SLURM_TIMEOUT
-# (seconds to wait for the node to be idle, default 60).
+# (seconds to wait for the node to be idle, default 60), HPCCOLLECT_SLURM_CRED_EXPIRE (seconds a
+# requeued job waits before it starts again, default 20; SLURM's own default is 120).
 set -euo pipefail
 
 POINTER="${TMPDIR:-/tmp}/hpccollect-slurm.current"
@@ -84,7 +85,9 @@ SlurmctldPort=${HPCCOLLECT_SLURM_CTLD_PORT:-6817}
 SlurmdPort=${HPCCOLLECT_SLURM_SLURMD_PORT:-6818}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$STATE/munge/munge.socket
+# cred_expire is also how long a requeued job waits before it may start again (default 120 s;
+# slurmd refuses to launch it while the killed attempt's credential is still revoked).
+AuthInfo=socket=$STATE/munge/munge.socket,cred_expire=${HPCCOLLECT_SLURM_CRED_EXPIRE:-20}
 CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/spool

@@ -114,9 +114,10 @@ def _check_started(processes: Sequence[Any], which: Any = None) -> None:
     """Raise for the first rank (of ``which``) whose process ended during start-up."""
     for i in range(len(processes)) if which is None else which:
         if processes[i] is not None and (how := processes[i].death()) is not None:
+            pid = f" (pid {processes[i].pid})" if processes[i].pid is not None else ""
             raise WorkerError(
-                f"collector rank {i + 1} (pid {processes[i].pid}) {how} before joining the "
-                "job; its own output above says why.",
+                f"collector rank {i + 1}{pid} {how} before joining the job; its own output "
+                "above says why.",
                 worker=i,
                 host=processes[i].host,
                 num_workers=len(processes),
