@@ -5,8 +5,8 @@
   CartPole each, the benchmarks' 2x64 actor, ``sync`` collectors) to its first batch, for
   ``launcher="mp"`` (this process: starting the rank processes included), ``"mpi"`` (this script
   under ``mpiexec -n 3``, started by it: the ranks exist already, so also the time from starting
-  ``mpiexec`` to the first batch) and ``"submitit"`` (jobs on the local cluster, scheduling
-  included; reported as skipped, with the reason, where that launcher is not available; any
+  ``mpiexec`` to the first batch), ``"submitit"`` and ``"submitit_delayed"`` (jobs on the local
+  cluster, scheduling included; skipped, with the reason, where submitit is not installed; any
   other error of a kind is reported as FAILED in its row, the other kinds still run).
 * sbatch: frames/s once started, i.e. the ``collect`` summary's "frames/s while collecting" (from
   the first batch request to the last batch written; start-up and shutdown excluded), of
@@ -92,8 +92,9 @@ def startup_under_mpiexec(env: dict[str, str]) -> tuple[float, float]:
 
 def startup(env: dict[str, str], repeats: int) -> dict[str, float | str]:
     results: dict[str, float | str] = {}
+    folder = tempfile.mkdtemp(prefix="hpccollect-bench-submitit-")  # the jobs' logs and pickles
     for _ in range(repeats):
-        for kind in ("mp", "mpi", "submitit"):
+        for kind in ("mp", "mpi", "submitit", "submitit_delayed"):
             try:
                 if kind == "mp":
                     seconds = first_batch_seconds("mp")
@@ -103,15 +104,17 @@ def startup(env: dict[str, str], repeats: int) -> dict[str, float | str]:
                         launch, results.get("mpi, from mpiexec", launch)
                     )  # type: ignore[type-var]
                 else:
-                    seconds = first_batch_seconds("submitit", slurm_kwargs={"timeout_min": 10})
+                    slurm_kwargs = {"timeout_min": 10, "folder": folder}
+                    seconds = first_batch_seconds(kind, slurm_kwargs=slurm_kwargs)
             except Exception as err:  # reported in the table; the other kinds still run
-                missing = kind == "submitit" and "not available" in str(err)
+                missing = kind.startswith("submitit") and "needs the submitit package" in str(err)
                 said = f"{type(err).__name__}: {str(err)[:160]}"
                 results.setdefault(kind, f"{'skipped' if missing else 'FAILED'}: {said}")
                 continue
             previous = results.get(kind)
             if not isinstance(previous, float) or seconds < previous:
                 results[kind] = seconds
+    shutil.rmtree(folder, ignore_errors=True)
     return results
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import threading
 from pathlib import Path
@@ -14,6 +15,14 @@ import pytest
 import torch
 from gymnasium import spaces
 from torch import nn
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A shell that starts pytest in the background (``cmd &`` without job control) makes it
+    ignore SIGINT, and every script a test starts would inherit that: their Ctrl-C tests would
+    then wait forever. Give the test processes the SIGINT a terminal has."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class CounterEnv(gym.Env):

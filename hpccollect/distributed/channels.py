@@ -411,7 +411,8 @@ class RankChannel(Channel):
 
     def describe(self) -> str:
         pid = f"pid {self.pid}, " if self.pid is not None else ""
-        return f"collector rank {self.peer} ({pid}{self.host})"
+        where = getattr(self.process, "where", "")
+        return f"collector rank {self.peer} ({pid}{self.host}{', ' + where if where else ''})"
 
     def join_threads(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for this end's threads, once its groups are closed (a

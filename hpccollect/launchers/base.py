@@ -20,6 +20,8 @@ class RankProcess(abc.ABC):
     #: an object ``multiprocessing.connection.wait`` sees become ready when the process ends,
     #: or None when the launcher has none (the rank's connection closing tells instead)
     sentinel: Any = None
+    #: where to look for the rank besides its host and pid (a scheduler's job and log), or ""
+    where: str = ""
 
     @abc.abstractmethod
     def death(self, wait: float = 0.0) -> str | None:

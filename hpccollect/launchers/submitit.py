@@ -45,6 +45,8 @@ class SubmititRank(RankProcess):
     def __init__(self, watched: WatchedJob, rank: int, task: int) -> None:
         self.watched, self.rank, self.task = watched, rank, task
         self.host = f"submitit job {watched.id}"
+        task_of = f" task {task}" if len(watched.ranks) > 1 else ""
+        self.where = f"submitit job {watched.id}{task_of}, log {watched.log(task)}"
         self.sentinel: int | None = os.dup(watched.read_fd)  # ranks of one job: one fd each
 
     def death(self, wait: float = 0.0) -> str | None:

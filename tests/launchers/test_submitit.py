@@ -161,22 +161,35 @@ def test_collects_on_the_cluster(cluster: Cluster, tmp_path: Path, launcher: str
     _assert_nothing_left(cluster, ids)
 
 
-def _kill_mid_run(cluster: Cluster, tmp_path: Path, how: str) -> None:
-    collector = _collector(tmp_path, sync=True, total_frames=-1)
+def _task_pids(cluster: Cluster, job: str, task: int) -> list[int]:
+    """The python processes of task ``task`` of SLURM job ``job`` (submitit's task runner)."""
+    found = []
+    for pid in cluster.job_processes(job):
+        proc = Path(f"/proc/{pid}")
+        try:
+            runs_task = b"submitit.core._submit" in (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if runs_task and f"SLURM_PROCID={task}".encode() in environ:
+            found.append(pid)
+    return found
+
+
+def _kill_mid_run(cluster: Cluster, tmp_path: Path, how: str, launcher: str = "submitit") -> None:
+    """Kill collector rank 2 after the first batch (its job, or its task of the shared job):
+    the collector raises within seconds, naming the job and the rank's log."""
+    collector = _collector(tmp_path, launcher, sync=True, total_frames=-1)
     try:
         ids = _slurm_ids(collector)
         batches = iter(collector)
         next(batches)
-        victim = ids[1]
+        victim, task = (ids[0], 1) if launcher == "submitit_delayed" else (ids[1], 0)
         if how == "scancel":
             cluster.run("scancel", victim)
         else:
-            pids = [
-                pid
-                for pid in cluster.job_processes(victim)
-                if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes()
-            ]
-            assert pids, f"no python process of job {victim}"
+            pids = _task_pids(cluster, victim, task)
+            assert pids, f"no python process of task {task} of job {victim}"
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
@@ -186,7 +199,7 @@ def _kill_mid_run(cluster: Cluster, tmp_path: Path, how: str) -> None:
         # well within 30 s, and before KillWait (10 s here) would end a rank that ignored SIGTERM
         assert time.monotonic() - killed < 8
         text = str(caught.value)
-        assert f"submitit job {victim}" in text and f"{victim}_0_log.err" in text, text
+        assert f"submitit job {victim}" in text and f"{victim}_{task}_log.err" in text, text
     finally:
         collector.shutdown()
     _assert_nothing_left(cluster, ids)
@@ -204,6 +217,14 @@ def test_scancelled_job_is_reported(cluster: Cluster, tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 def test_sigkilled_job_process_is_reported(cluster: Cluster, tmp_path: Path) -> None:
     _kill_mid_run(cluster, tmp_path, "sigkill")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigkilled_task_of_the_shared_job_is_reported(cluster: Cluster, tmp_path: Path) -> None:
+    """submitit_delayed: one task of the one job dies while the other still runs."""
+    _kill_mid_run(cluster, tmp_path, "sigkill", launcher="submitit_delayed")
 
 
 @pytest.mark.slurm
