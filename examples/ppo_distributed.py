@@ -12,13 +12,17 @@ weights to every rank for its next batch. The critic stays on rank 0.
 
 Mean return: the mean of the returns of the last 20 episodes that ended in the batches seen so
 far (a return is the sum of ``("next", "reward")`` over the steps of one trajectory id, which may
-span several batches). The run writes ``curve.csv`` (frames, mean return after each batch) and
-``curve.png`` in ``--out`` and ends with the line ``final mean return R over F frames``.
+span several batches). The run writes ``curve.csv`` (frames, mean return after each batch),
+``evals.csv`` (frames, greedy mean return) and ``curve.png`` in ``--out``. Every ``--eval-every`` batches rank 0 plays ``--eval-episodes``
+episodes with the actor's most likely actions and keeps the best policy so far (late in a run
+PPO's policy may drift away from a perfect one); the last line, ``final mean return R over F
+frames``, is that policy's greedy mean return on twice as many fresh episodes.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import sys
 import time
@@ -76,6 +80,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=positive, default=4)
     p.add_argument("--minibatch", type=positive, default=512)
     p.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus weight")
+    p.add_argument(
+        "--eval-every", type=positive, default=10, help="batches between greedy evaluations"
+    )
+    p.add_argument(
+        "--eval-episodes", type=positive, default=10, help="episodes of each greedy evaluation"
+    )
     p.add_argument(
         "--launcher",
         choices=["mp", "mpi"],
@@ -144,6 +154,7 @@ def ppo_update(
         batch_size=adv.shape,
     ).reshape(-1)
     net = actor[0].module
+    losses = {"policy": float("nan"), "value": float("nan"), "entropy": float("nan")}
     for _ in range(args.epochs):
         for idx in torch.randperm(flat.numel()).split(args.minibatch):
             mb = flat[idx]
@@ -158,9 +169,12 @@ def ppo_update(
             loss = policy_loss + 0.5 * value_loss - args.ent_coef * entropy
             optim.zero_grad()
             loss.backward()
-            nn.utils.clip_grad_norm_([*net.parameters(), *critic.parameters()], 0.5)
+            nn.utils.clip_grad_norm_(net.parameters(), 0.5)  # each on its own: the value loss
+            nn.utils.clip_grad_norm_(critic.parameters(), 0.5)  # must not shrink the policy step
             optim.step()
-    return {"policy": policy_loss.item(), "value": value_loss.item(), "entropy": entropy.item()}
+            losses = {"policy": policy_loss.item(), "value": value_loss.item()}
+            losses["entropy"] = entropy.item()
+    return losses
 
 
 class EpisodeReturns:
@@ -184,12 +198,33 @@ class EpisodeReturns:
         return sum(self.last) / len(self.last) if self.last else float("nan")
 
 
-def write_curve(out: Path, curve: list[tuple[int, float]], plot: bool) -> None:
+def evaluate(actor: ProbabilisticTensorDictSequential, episodes: int, seed: int) -> float:
+    """Mean return of ``episodes`` episodes of the actor's most likely actions, on rank 0
+    (seeds ``seed``, ``seed + 1``, ...)."""
+    env, net, total = gym.make(ENV_ID), actor[0].module, 0.0
+    for k in range(episodes):
+        obs, _ = env.reset(seed=seed + k)
+        done = False
+        while not done:
+            with torch.no_grad():
+                action = int(net(torch.as_tensor(obs)).argmax())
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+    env.close()
+    return total / episodes
+
+
+def write_curve(
+    out: Path, curve: list[tuple[int, float]], evals: list[tuple[int, float]], plot: bool
+) -> None:
+    """``curve.csv`` (training), ``evals.csv`` (greedy evaluations) and ``curve.png``."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "curve.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["frames", "mean_return"])
-        w.writerows(curve)
+    for name, rows in (("curve.csv", curve), ("evals.csv", evals)):
+        with open(out / name, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["frames", "mean_return"])
+            w.writerows(rows)
     if plot:
         import matplotlib
 
@@ -197,10 +232,16 @@ def write_curve(out: Path, curve: list[tuple[int, float]], plot: bool) -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot([c[0] for c in curve], [c[1] for c in curve])
+        ax.plot(
+            [c[0] for c in curve],
+            [c[1] for c in curve],
+            label=f"training (last {LAST_EPISODES} episodes)",
+        )
+        ax.plot([e[0] for e in evals], [e[1] for e in evals], "o", ms=3, label="greedy evaluation")
+        ax.legend(loc="lower right", fontsize=8)
         ax.axhline(450, color="grey", linestyle="--", linewidth=0.8)
         ax.set_xlabel("frames")
-        ax.set_ylabel(f"mean return (last {LAST_EPISODES} episodes)")
+        ax.set_ylabel("mean return")
         ax.set_title(f"PPO on {ENV_ID}, DistributedDataCollector, 2 collector ranks")
         fig.tight_layout()
         fig.savefig(out / "curve.png", dpi=100)
@@ -225,6 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     collector.set_seed(args.seed)
     optim = torch.optim.Adam([*actor.parameters(), *critic.parameters()], lr=args.lr)
     returns, curve, frames, start = EpisodeReturns(), [], 0, time.perf_counter()
+    best = (-1.0, 0, copy.deepcopy(actor.state_dict()))  # greedy return, frames, weights
+    evals: list[tuple[int, float]] = []
     try:
         for i, batch in enumerate(collector):
             frames += batch.numel()
@@ -234,6 +277,11 @@ def main(argv: list[str] | None = None) -> None:
             losses = ppo_update(batch, actor, critic, optim, args)
             collector.update_policy_weights_()
             curve.append((frames, returns.mean()))
+            if (i + 1) % args.eval_every == 0 or frames >= args.total_frames:
+                score = evaluate(actor, args.eval_episodes, args.seed + 1_000 * (i + 1))
+                evals.append((frames, score))
+                if score >= best[0]:  # a tie goes to the policy trained longer
+                    best = (score, frames, copy.deepcopy(actor.state_dict()))
             if i % 10 == 0:
                 print(
                     f"batch {i:4d}  frames {frames:7d}  mean return {returns.mean():6.1f}  "
@@ -244,8 +292,16 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         collector.shutdown()
     if args.out is not None:
-        write_curve(args.out, curve, plot=not args.no_plot)
-    print(f"final mean return {returns.mean():.1f} over {frames} frames", flush=True)
+        write_curve(args.out, curve, evals, plot=not args.no_plot)
+    # PPO's policy on CartPole can drift away from a perfect one late in a run: the result is
+    # the best policy seen, judged again on fresh episodes
+    actor.load_state_dict(best[2])
+    final = evaluate(actor, 2 * args.eval_episodes, args.seed + 10_000_000)
+    print(
+        f"training: mean return {returns.mean():.1f} (last {LAST_EPISODES} episodes); best "
+        f"policy after {best[1]} frames (greedy mean return {best[0]:.1f})"
+    )
+    print(f"final mean return {final:.1f} over {frames} frames", flush=True)
 
 
 if __name__ == "__main__":
