@@ -19,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import pickle
 import shutil
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -162,13 +164,13 @@ class SubmititLauncher(Launcher):
             if self.delayed:
                 per_node = math.ceil(len(ranks) / int(self.parameters.get("nodes", 1)))
                 executor = self._executor({"tasks_per_node": per_node})
-                job = executor.submit(serve_task, list(ranks))
+                job = executor.submit(serve_task, _Packed(list(ranks)))
                 watched = WatchedJob(job, [a.rank for a in ranks], timeout, slurm)
                 self._watch.add(watched)
                 started = [SubmititRank(watched, a.rank, i) for i, a in enumerate(ranks)]
             else:
                 for args in ranks:
-                    job = self.executor.submit(serve_job, args)
+                    job = self.executor.submit(serve_job, _Packed(args))
                     watched = WatchedJob(job, [args.rank], timeout, slurm)
                     self._watch.add(watched)
                     started.append(SubmititRank(watched, args.rank, 0))
@@ -180,19 +182,38 @@ class SubmititLauncher(Launcher):
         return list(started)
 
 
-def serve_job(args: RankArgs) -> None:
+class _Packed:
+    """A rank's arguments pickled here, with this process's ``sys.path``: the job puts the path
+    back before it unpickles them, so env makers and policies from modules the caller imported
+    through its own path (a script's directory, ``sys.path.insert``) load in the job, as
+    ``launcher="mp"``'s spawned processes do."""
+
+    def __init__(self, value: Any) -> None:
+        import cloudpickle  # submitit's own dependency
+
+        self.path = list(sys.path)
+        self.blob = cloudpickle.dumps(value)
+
+    def unpack(self) -> Any:
+        sys.path.extend(p for p in self.path if p not in sys.path)
+        return pickle.loads(self.blob)
+
+
+def serve_job(packed: _Packed | RankArgs) -> None:
     """What a submitit job runs: ``serve_rank(args)``, but SIGTERM ends it at once. Under
     ``srun`` the stop belongs to rank 0; here rank 0 is outside the job, so SIGTERM means SLURM
     ends this job (scancel, preemption, the time limit), and a rank that kept collecting until
     SIGKILL (``KillWait`` later) would pass for alive."""
+    args = packed.unpack() if isinstance(packed, _Packed) else packed
     serve_rank(args, stop_on_sigterm=True)
 
 
-def serve_task(ranks: Sequence[RankArgs]) -> None:
+def serve_task(packed: _Packed) -> None:
     """What each task of ``submitit_delayed``'s job runs: serve the rank its task number names
     (a task beyond the ranks, when the nodes round the task count up, has nothing to do)."""
     import submitit
 
+    ranks = packed.unpack()
     index = submitit.JobEnvironment().global_rank
     if index < len(ranks):
         serve_job(ranks[index])

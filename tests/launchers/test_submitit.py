@@ -100,6 +100,37 @@ def test_collects_through_the_local_executor(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("launcher", ["submitit", "submitit_delayed"])
+def test_env_makers_from_the_callers_path_load_in_the_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str
+) -> None:
+    """An env maker from a module found through a path the caller added (a script's directory,
+    ``sys.path.insert``) loads in the jobs, as it does in ``launcher="mp"``'s processes."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "hpc_local_envs.py").write_text(
+        "import gymnasium as gym\n\ndef make():\n    return gym.make('CartPole-v1')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    import hpc_local_envs
+
+    collector = DistributedDataCollector(
+        [hpc_local_envs.make, hpc_local_envs.make],
+        None,
+        frames_per_batch=100,
+        total_frames=200,
+        sync=True,
+        launcher=launcher,
+        slurm_kwargs={"folder": str(tmp_path / "jobs"), "cluster": "local"},
+        start_timeout=120.0,
+    )
+    try:
+        assert _check_batches(collector) == 200
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_a_killed_local_job_is_reported(tmp_path: Path) -> None:
     collector = _collector(tmp_path, slurm_kwargs={"cluster": "local"}, sync=True, total_frames=-1)
     try:
