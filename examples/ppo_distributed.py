@@ -13,10 +13,11 @@ weights to every rank for its next batch. The critic stays on rank 0.
 Mean return: the mean of the returns of the last 20 episodes that ended in the batches seen so
 far (a return is the sum of ``("next", "reward")`` over the steps of one trajectory id, which may
 span several batches). The run writes ``curve.csv`` (frames, mean return after each batch),
-``evals.csv`` (frames, greedy mean return) and ``curve.png`` in ``--out``. Every ``--eval-every`` batches rank 0 plays ``--eval-episodes``
-episodes with the actor's most likely actions and keeps the best policy so far (late in a run
-PPO's policy may drift away from a perfect one); the last line, ``final mean return R over F
-frames``, is that policy's greedy mean return on twice as many fresh episodes.
+``evals.csv`` (frames, greedy mean return) and ``curve.png`` in ``--out``. Every
+``--eval-every`` batches rank 0 plays ``--eval-episodes`` episodes with the actor's most likely
+actions and keeps the best policy so far (late in a run PPO's policy may drift away from a
+perfect one); the last line, ``final mean return R over F frames``, is that policy's greedy
+mean return on twice as many fresh episodes.
 """
 
 from __future__ import annotations
