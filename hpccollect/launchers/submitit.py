@@ -199,13 +199,9 @@ class _Packed:
         return pickle.loads(self.blob)
 
 
-def serve_job(packed: _Packed | RankArgs) -> None:
-    """What a submitit job runs: ``serve_rank(args)``, but SIGTERM ends it at once. Under
-    ``srun`` the stop belongs to rank 0; here rank 0 is outside the job, so SIGTERM means SLURM
-    ends this job (scancel, preemption, the time limit), and a rank that kept collecting until
-    SIGKILL (``KillWait`` later) would pass for alive."""
-    args = packed.unpack() if isinstance(packed, _Packed) else packed
-    serve_rank(args, stop_on_sigterm=True)
+def serve_job(packed: _Packed) -> None:
+    """What a submitit job runs: its rank (see ``_serve``)."""
+    _serve(packed.unpack())
 
 
 def serve_task(packed: _Packed) -> None:
@@ -216,7 +212,15 @@ def serve_task(packed: _Packed) -> None:
     ranks = packed.unpack()
     index = submitit.JobEnvironment().global_rank
     if index < len(ranks):
-        serve_job(ranks[index])
+        _serve(ranks[index])
+
+
+def _serve(args: RankArgs) -> None:
+    """``serve_rank(args)``, but SIGTERM ends it at once. Under ``srun`` the stop belongs to
+    rank 0; here rank 0 is outside the job, so SIGTERM means SLURM ends this job (scancel,
+    preemption, the time limit), and a rank that kept collecting until SIGKILL (``KillWait``
+    later) would pass for alive."""
+    serve_rank(args, stop_on_sigterm=True)
 
 
 def _asked_cluster(value: Any) -> str | None:
