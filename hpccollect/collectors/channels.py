@@ -14,6 +14,7 @@ import abc
 import contextlib
 import signal
 import socket
+import time
 import weakref
 from collections.abc import Sequence
 from multiprocessing import resource_sharer
@@ -36,6 +37,9 @@ class Channel(abc.ABC):
 
     host: str = ""
     local: bool = False
+    #: its messages are seen by ``poll`` only, not by waiting on ``handles()`` (which then
+    #: tell only the peer's end and wake-ups)
+    polled: bool = False
     pid: int | None = None
     rank: int | None = None  # the peer's torch.distributed rank, for a collector rank
 
@@ -88,17 +92,25 @@ class Channel(abc.ABC):
 
 
 def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
-    """The channels of ``channels`` with something to receive within ``timeout`` s (maybe none)."""
+    """The channels of ``channels`` with something to receive within ``timeout`` s (maybe none).
+    Polled channels are polled in turn with the others' handles, sleeping between rounds from
+    20 us up to 1 ms (the latency an idle wait adds)."""
     owners = {}
     for channel in channels:
         for handle in channel.handles():
             owners[id(handle)] = channel
-    ready = wait([h for c in channels for h in c.handles()], max(0.0, timeout))
-    seen: dict[int, Channel] = {}
-    for handle in ready:
-        channel = owners[id(handle)]
-        seen[id(channel)] = channel
-    return [c for c in channels if id(c) in seen]
+    polled = [c for c in channels if c.polled]
+    handles = [h for c in channels if not c.polled for h in c.handles()]
+    deadline = time.monotonic() + timeout
+    sleep = 20e-6
+    while True:
+        seen = {id(c): c for c in polled if c.poll(0)}
+        remaining = 0.0 if seen else max(0.0, deadline - time.monotonic())
+        for handle in wait(handles, min(remaining, sleep) if polled else remaining):
+            seen[id(owners[id(handle)])] = owners[id(handle)]
+        if seen or not polled or time.monotonic() >= deadline:
+            return [c for c in channels if id(c) in seen]
+        sleep = min(2 * sleep, 1e-3)
 
 
 # open PipeChannels: sending shared tensors down a pipe starts the stdlib's fd-passing thread in

@@ -9,10 +9,13 @@ the ``Layout.batch`` the collector reads: one message per batch, nothing pickled
 (seeds, states, errors) are pickled: only a job's own ranks may connect (the store is the
 rendezvous). A message longer than the receiver's buffer sends its rest in a second message.
 
-Each end runs one thread that blocks in ``recv`` from its peer and hands messages over through a
-pipe, so ``multiprocessing.connection.wait`` watches ranks like local processes (a blocking
-receive is the only reliable way: gloo cannot poll, and a timed-out receive closes the pair for
-good). A peer that dies closes the connection, which ends that receive at once. A collector rank
+Over a torch group each end runs one thread that blocks in ``recv`` from its peer and hands
+messages over through a pipe, so ``multiprocessing.connection.wait`` watches ranks like local
+processes (a blocking receive is the only reliable way: gloo cannot poll, and a timed-out receive
+closes the pair for good). A peer that dies closes the connection, which ends that receive at
+once. A group whose receives can be polled (``can_poll``: the mpi4py transport) needs no such
+thread: the caller probes for the next message itself, which saves the hand-over (most of a
+small batch's cost). A collector rank
 whose policy has weights runs a second thread that waits in the weight broadcast; every message
 rank 0 sends after a broadcast carries the broadcast count, so the rank hands the update over
 first. After a rank has announced its batches, other payloads travel in a message of their own,
@@ -39,6 +42,8 @@ from torch import nn
 
 from hpccollect.collectors.channels import Channel
 from hpccollect.distributed.batches import HEADER, FlatLayout
+from hpccollect.distributed.mpi_transport import SPIN, wait_request
+from hpccollect.errors import CollectorTimeoutError
 from hpccollect.protocol import Command, Layout, Message, Reply, message
 
 __all__ = ["RankChannel"]
@@ -122,10 +127,17 @@ class RankChannel(Channel):
         for handle in self.handles():
             self._poller.register(handle, select.POLLIN)
         self._closed = False
-        self._thread = threading.Thread(
-            target=self._receive_loop, name=f"hpccollect-rank{peer}-recv", daemon=True
-        )
-        self._thread.start()
+        #: polled receiving: the receive of the next message, begun by the caller's thread
+        self._pending: Any = None
+        self._thread: threading.Thread | None = None
+        self.polled = bool(getattr(groups.messages, "can_poll", False))
+        if self.polled:
+            self._writers = 0
+        else:
+            self._thread = threading.Thread(
+                target=self._receive_loop, name=f"hpccollect-rank{peer}-recv", daemon=True
+            )
+            self._thread.start()
 
     # ------------------------------------------------------------------ sending
     def send(self, message_: Message) -> None:
@@ -275,9 +287,11 @@ class RankChannel(Channel):
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _receive_one(self) -> Message:
+    def _receive_one(self, work: Any = None) -> Message:
+        """The next message, received by ``work`` (a receive into ``_recv_buf`` begun earlier)
+        or by a receive begun here."""
         buf = self._recv_buf
-        self._group().recv([buf], self.peer, _MESSAGES).wait()
+        (work or self._group().recv([buf], self.peer, _MESSAGES)).wait()
         code, length, value, broadcasts, inline = self._in_head.tolist()
         kind = _KINDS[code]
         if broadcasts > self._broadcasts_in:  # sent after a weight broadcast: hand that over first
@@ -366,26 +380,102 @@ class RankChannel(Channel):
         while not self._inbox:
             if self._closed:
                 raise ConnectionError("the channel is closed")
+            if self._thread is None:
+                if self._take(1.0) == "ended":
+                    raise ConnectionError(self.death(2.0) or "the rank ended")
+                continue
             ready = self._ready(1.0)
             if ready and self._rfd not in ready and not self._inbox:
                 # the process ended: its connection's end is reported within moments
                 wait([self._rfd], 2.0)
                 if not self._inbox:
                     raise ConnectionError(self.death() or "the rank ended")
-        with contextlib.suppress(OSError):
-            os.read(self._rfd, 1)
-        with self._weights_arrived:  # taking a broadcast update and its flag is one step
+        if self._thread is not None:
+            with contextlib.suppress(OSError):
+                os.read(self._rfd, 1)
+        if self._broadcaster is None:  # no broadcast updates (rank 0's end)
             item = self._inbox.popleft()
-            if item is _BROADCAST_UPDATE:
-                self._broadcast_queued = False
-                self._silent_acks += 1
+        else:
+            with self._weights_arrived:  # taking a broadcast update and its flag is one step
+                item = self._inbox.popleft()
+                if item is _BROADCAST_UPDATE:
+                    self._broadcast_queued = False
+                    self._silent_acks += 1
         if isinstance(item, _Closed):
             self._inbox.appendleft(item)  # every later recv fails the same way
             raise ConnectionError(item.why)
         return item
 
     def poll(self, timeout: float) -> bool:
-        return bool(self._inbox) or bool(self._ready(timeout))
+        if self._thread is not None:
+            return bool(self._inbox) or bool(self._ready(timeout))
+        if self._inbox or self._take(timeout) == "took":
+            return bool(self._inbox)
+        deadline = time.monotonic() + timeout
+        while not self._inbox and not self._closed:
+            took = self._take(deadline - time.monotonic())
+            if took == "ended":
+                return True
+            if took == "timeout":
+                break
+        return bool(self._inbox)
+
+    def _take(self, timeout: float) -> str:
+        """Polled receiving: wait up to ``timeout`` s for the next message and put it in the
+        inbox. "took", "woken" (the broadcast thread queued an update), "ended" (the peer's
+        process ended with nothing to receive) or "timeout"."""
+        why = "timeout"
+        timeout = max(0.0, timeout)
+        try:
+            if self._pending is None:
+                self._pending = self._group().recv([self._recv_buf], self.peer, _MESSAGES)
+            # the hot path: a batch that is here or comes within moments (a look, 0 s, does
+            # not spin)
+            if self._pending.arrived(min(timeout, SPIN)):
+                return self._take_pending()
+        except Exception as err:
+            return self._closed_by(err)
+
+        def come() -> bool:
+            nonlocal why
+            if self._pending.arrived():
+                why = "took"
+                return True
+            for fd, _ in self._poller.poll(0):
+                if fd == self._rfd:
+                    with contextlib.suppress(OSError):
+                        os.read(self._rfd, 4096)
+                    why = "woken"
+                else:
+                    why = "ended"
+            return why != "timeout"
+
+        try:
+            wait_request(come, timeout, "a message", self._why_stopped, spin=0.0)
+        except CollectorTimeoutError:
+            return why
+        except Exception as err:
+            return self._closed_by(err)
+        return self._take_pending() if why == "took" else why
+
+    def _take_pending(self) -> str:
+        """Receive the message that arrived for ``_pending`` into the inbox: "took"."""
+        work, self._pending = self._pending, None
+        try:
+            self._inbox.append(self._receive_one(work))
+        except Exception as err:
+            return self._closed_by(err)
+        return "took"
+
+    def _closed_by(self, err: BaseException) -> str:
+        """The peer is gone or the groups were closed: every later receive fails alike."""
+        self._pending = None
+        self._failure = self._failure or f"closed the connection ({_first_line(err)})"
+        self._inbox.append(_Closed(self._failure))
+        return "took"
+
+    def _why_stopped(self) -> str | None:
+        return None if self._pending is None else self._pending.why_stopped()
 
     def handles(self) -> list[Any]:
         sentinel = getattr(self.process, "sentinel", None)
@@ -397,13 +487,19 @@ class RankChannel(Channel):
             how = self.process.death(wait)
             if how is not None:
                 return how
-        return self._failure if self._failure and not self._thread.is_alive() else None
+        receiving = self._thread is not None and self._thread.is_alive()
+        return self._failure if self._failure and not receiving else None
 
     def join(self, timeout: float) -> bool:
         if self.process is not None:
             return self.process.join(timeout)
-        self._thread.join(max(0.0, timeout))
-        return not self._thread.is_alive()
+        if self._thread is not None:
+            self._thread.join(max(0.0, timeout))
+            return not self._thread.is_alive()
+        deadline = time.monotonic() + timeout  # polled: receive until the peer's goodbye
+        while self._failure is None and not self._closed and time.monotonic() < deadline:
+            self._take(deadline - time.monotonic())
+        return self._failure is not None
 
     def kill(self) -> None:
         if self.process is not None:
@@ -426,7 +522,8 @@ class RankChannel(Channel):
         if self._closed:
             return
         self._closed = True
-        self._thread.join(0.2)  # ends when the peer does, or when the groups are aborted
+        if self._thread is not None:
+            self._thread.join(0.2)  # ends when the peer does, or when the groups are aborted
         with self._fds:
             self._close_fds()
         if self.process is not None:

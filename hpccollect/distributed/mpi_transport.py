@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -126,14 +126,15 @@ def _loopback_ucx_on_one_node() -> None:
 def wait_request(
     test: Callable[[], bool],
     timeout: float | None,
-    what: str,
+    what: str | Callable[[], str],
     stop: Callable[[], str | None] = lambda: None,
     max_sleep: float = IDLE_SLEEP,
     spin: float = SPIN,
 ) -> None:
     """Wait until ``test()`` is true: tests for ``spin`` s, then sleeps growing up to
     ``max_sleep`` between tests; ``RuntimeError`` when ``stop()`` gives a reason (asked only
-    once spinning is over), ``CollectorTimeoutError`` after ``timeout`` s (None: no limit)."""
+    once spinning is over), ``CollectorTimeoutError`` after ``timeout`` s (None: no limit).
+    ``what`` names the operation (or makes its name: called only for that error)."""
     start = time.monotonic()
     spin_end = start + spin
     while not test():
@@ -150,7 +151,8 @@ def wait_request(
                 return
             raise RuntimeError(why)
         if deadline is not None and time.monotonic() > deadline:
-            raise CollectorTimeoutError(f"{what} did not complete within {timeout:g} s")
+            name = what if isinstance(what, str) else what()
+            raise CollectorTimeoutError(f"{name} did not complete within {timeout:g} s")
         time.sleep(sleep)
         sleep = min(sleep * 2, max_sleep)
 
@@ -178,16 +180,39 @@ class _Work:
     the transfer is under way and the wait tests without sleeping for as long as the bytes take,
     since a large message moves only while both ends are inside MPI."""
 
-    def __init__(self, group: MPIGroup, peer: int | None, buffer: Any, what: str) -> None:
-        self.group, self.peer, self.what = group, peer, what
+    verb = "an operation with"
+
+    def __init__(self, group: MPIGroup, peer: int | None, buffer: Any) -> None:
+        self.group, self.peer = group, peer
         self.buffer = buffer  # MPI reads or writes it until the request completes
         self.request: Any = None
+
+    def what(self) -> str:
+        return f"{self.verb} rank {self.peer}"
 
     def _arrived(self) -> bool:
         return True
 
+    def arrived(self, spin: float = 0.0) -> bool:
+        """Whether the operation can complete without waiting for its peer (a receive: its
+        message is here; kept matched until ``wait``), probing for up to ``spin`` s."""
+        if self.request is not None:
+            return True
+        with self.group.inside:
+            if self._arrived():
+                return True
+            end = time.monotonic() + spin
+            while time.monotonic() < end:
+                if self._arrived():
+                    return True
+        return False
+
+    def why_stopped(self) -> str | None:
+        """Why this operation can never complete (the group closed, the peer said goodbye)."""
+        return self._stop()
+
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        with self.group.inside():
+        with self.group.inside:
             return self._wait(None if timeout is None else timeout.total_seconds())
 
     def _wait(self, seconds: float | None) -> bool:
@@ -212,18 +237,23 @@ class _Work:
 
 
 class _Send(_Work):
+    verb = "a send to"
+
     def __init__(self, group: MPIGroup, buffer: Any, peer: int, tag: int) -> None:
-        super().__init__(group, peer, buffer, f"a send to rank {peer}")
+        super().__init__(group, peer, buffer)
         self.request = group.comm.Isend(buffer, peer, tag)
 
 
 class _Receive(_Work):
+    verb = "a receive from"
+
     def __init__(self, group: MPIGroup, buffer: Any, peer: int, tag: int) -> None:
-        super().__init__(group, peer, buffer, f"a receive from rank {peer}")
+        super().__init__(group, peer, buffer)
         self.tag, self.message = tag, None
 
     def _arrived(self) -> bool:
-        self.message = self.group.comm.Improbe(self.peer, self.tag)
+        if self.message is None:  # a second probe would match the message after this one
+            self.message = self.group.comm.Improbe(self.peer, self.tag)
         return self.message is not None
 
     def _post(self) -> Any:
@@ -234,8 +264,10 @@ class _Broadcast(_Work):
     """``Ibcast`` from ``root``; the root first sends every peer a notice, so that a peer idle
     in ``wait`` sleeps until one comes, then joins the broadcast and sees it through."""
 
+    verb = "a broadcast from"
+
     def __init__(self, group: MPIGroup, buffer: Any, root: int) -> None:
-        super().__init__(group, root, buffer, f"a broadcast from rank {root}")
+        super().__init__(group, root, buffer)
         if group.rank == root:
             group.notify(root)
             self.request = group.comm.Ibcast(buffer, root)
@@ -252,7 +284,13 @@ class _Broadcast(_Work):
 
 
 class MPIGroup:
-    """A private duplicate of ``comm`` with the process-group calls the transport needs."""
+    """A private duplicate of ``comm`` with the process-group calls the transport needs.
+
+    Unlike a torch group, its receives can be polled (``can_poll``: a work's ``arrived()``), so
+    a channel can receive on its caller's thread instead of handing each message over from a
+    receiving thread (that hand-over costs more than a small batch's transfer)."""
+
+    can_poll = True
 
     def __init__(self, comm: Any, name: str, max_sleep: float = IDLE_SLEEP) -> None:
         self.comm = comm.Dup()
@@ -265,32 +303,24 @@ class MPIGroup:
         self._notices: list[Any] = []
         self._busy = 0  # threads inside an MPI call or wait of this group
         self._busy_lock = threading.Lock()
+        #: ``with group.inside:`` counts this thread as using MPI through the group (``quiesce``)
+        self.inside = _Inside(self)
+        self._arrays: dict[int, tuple[torch.Tensor, Any]] = {}  # see ``_buffer``
         _GROUPS.add(self)
 
-    @contextlib.contextmanager
-    def inside(self) -> Iterator[None]:
-        """Count this thread as using MPI through the group (see ``quiesce``)."""
-        with self._busy_lock:
-            self._busy += 1
-        try:
-            yield
-        finally:
-            with self._busy_lock:
-                self._busy -= 1
-
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
-        with self.inside():
+        with self.inside:
             self._check_open(peer)
-            return _Send(self, _buffer(tensors), peer, tag)
+            return _Send(self, self._buffer(tensors), peer, tag)
 
     def recv(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
         self._check_open(peer)
-        return _Receive(self, _buffer(tensors), peer, tag)
+        return _Receive(self, self._buffer(tensors), peer, tag)
 
     def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
-        with self.inside():
+        with self.inside:
             self._check_open(None)
-            return _Broadcast(self, _buffer(tensor), root)
+            return _Broadcast(self, self._buffer(tensor), root)
 
     def notify(self, root: int) -> None:
         """Tell every peer that a broadcast from ``root`` follows."""
@@ -339,6 +369,21 @@ class MPIGroup:
         if stuck:
             _abort_at_exit(self.comm, stuck)
 
+    def _buffer(self, tensors: torch.Tensor | Sequence[torch.Tensor]) -> Any:
+        """The tensor's memory as an array MPI reads or writes in place (it keeps the tensor);
+        ``numpy()`` refuses tensors that are not on the CPU. The arrays of the last few
+        tensors are kept: a channel sends and receives the same wire buffers again and again."""
+        tensor = tensors if isinstance(tensors, torch.Tensor) else tensors[0]
+        known = self._arrays.get(id(tensor))
+        if known is not None and known[0] is tensor:
+            return known[1]
+        if not tensor.is_contiguous():
+            raise ValueError("the MPI transport moves contiguous tensors only")
+        if len(self._arrays) >= 8:
+            self._arrays.clear()
+        array = self._arrays[id(tensor)] = (tensor, tensor.numpy())
+        return array[1]
+
     def _check_open(self, peer: int | None) -> None:
         """Refuse a new operation once closed, or with a peer known to be gone (a goodbye not
         seen yet is noticed by the operation's wait)."""
@@ -362,10 +407,18 @@ def _abort(comm: Any) -> None:
     abort_job(comm, 1)
 
 
-def _buffer(tensors: torch.Tensor | Sequence[torch.Tensor]) -> Any:
-    """The tensor's memory as an array MPI reads or writes in place (it keeps the tensor);
-    ``numpy()`` refuses tensors that are not on the CPU."""
-    tensor = tensors if isinstance(tensors, torch.Tensor) else tensors[0]
-    if not tensor.is_contiguous():
-        raise ValueError("the MPI transport moves contiguous tensors only")
-    return tensor.numpy()
+class _Inside:
+    """The context that counts a thread inside one group (a class: this is on every call)."""
+
+    __slots__ = ("group",)
+
+    def __init__(self, group: MPIGroup) -> None:
+        self.group = group
+
+    def __enter__(self) -> None:
+        with self.group._busy_lock:
+            self.group._busy += 1
+
+    def __exit__(self, *_: object) -> None:
+        with self.group._busy_lock:
+            self.group._busy -= 1
