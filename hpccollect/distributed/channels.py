@@ -104,6 +104,7 @@ class RankChannel(Channel):
         self.local = False
         self.peer_weights_nbytes: int | None = None
         self._send_timeout = datetime.timedelta(seconds=send_timeout)
+        self._send_seconds = send_timeout
         self._recv_buf = torch.empty(HEADER + _CONTROL, dtype=torch.uint8, device=self.device)
         self._in_head = self._header(self._recv_buf)
         self._batch_out: tuple[torch.Tensor, list, list] | None = None
@@ -127,8 +128,6 @@ class RankChannel(Channel):
         for handle in self.handles():
             self._poller.register(handle, select.POLLIN)
         self._closed = False
-        #: polled receiving: the receive of the next message, begun by the caller's thread
-        self._pending: Any = None
         self._thread: threading.Thread | None = None
         self.polled = bool(getattr(groups.messages, "can_poll", False))
         if self.polled:
@@ -152,7 +151,10 @@ class RankChannel(Channel):
             if dst:
                 torch._foreach_copy_(dst, src)
             self._out_head[0], self._out_head[2] = _CODE[kind], payload
-            self._wait(self._post(flat, _MESSAGES))
+            if self.polled:  # the batch's hot path: no work object
+                self._send_now(flat)
+            else:
+                self._wait(self._post(flat, _MESSAGES))
             return
         if kind is Reply.LAYOUT:
             payload = self._announce(payload)
@@ -238,6 +240,18 @@ class RankChannel(Channel):
             self._failure = self._failure or f"closed the connection ({_first_line(err)})"
             raise ConnectionError(self._failure) from err
 
+    def _send_now(self, flat: torch.Tensor) -> None:
+        """Send ``flat`` and see it through over a group that polls (``_post`` and ``_wait``
+        in one call, failing the same ways)."""
+        try:
+            self._group().send_now([flat], self.peer, _MESSAGES, self._send_seconds)
+        except RuntimeError as err:  # the group was closed or the peer said goodbye
+            self._failure = self._failure or f"closed the connection ({_first_line(err)})"
+            raise ConnectionError(self._failure) from err
+        except Exception as err:
+            self._failure = self._failure or f"stopped taking messages ({_first_line(err)})"
+            raise ConnectionError(self._failure) from err
+
     def _wait(self, work: Any, timeout: datetime.timedelta | None = None) -> None:
         try:
             work.wait(timeout or self._send_timeout)
@@ -287,11 +301,14 @@ class RankChannel(Channel):
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _receive_one(self, work: Any = None) -> Message:
-        """The next message, received by ``work`` (a receive into ``_recv_buf`` begun earlier)
-        or by a receive begun here."""
+    def _receive_one(self) -> Message:
+        self._group().recv([self._recv_buf], self.peer, _MESSAGES).wait()
+        return self._read_message()
+
+    def _read_message(self) -> Message:
+        """The message whose header was just received into ``_recv_buf``, with the rest of its
+        payload (and the weights it announces) received from the peer."""
         buf = self._recv_buf
-        (work or self._group().recv([buf], self.peer, _MESSAGES)).wait()
         code, length, value, broadcasts, inline = self._in_head.tolist()
         kind = _KINDS[code]
         if broadcasts > self._broadcasts_in:  # sent after a weight broadcast: hand that over first
@@ -427,55 +444,46 @@ class RankChannel(Channel):
         why = "timeout"
         timeout = max(0.0, timeout)
         try:
-            if self._pending is None:
-                self._pending = self._group().recv([self._recv_buf], self.peer, _MESSAGES)
-            # the hot path: a batch that is here or comes within moments (a look, 0 s, does
+            group = self._group()
+            # the hot path: a message that is here or comes within moments (a look, 0 s, does
             # not spin)
-            if self._pending.arrived(min(timeout, SPIN)):
-                return self._take_pending()
-        except Exception as err:
-            return self._closed_by(err)
+            if group.try_recv([self._recv_buf], self.peer, _MESSAGES, min(timeout, SPIN)):
+                return self._took()
 
-        def come() -> bool:
-            nonlocal why
-            if self._pending.arrived():
-                why = "took"
-                return True
-            for fd, _ in self._poller.poll(0):
-                if fd == self._rfd:
-                    with contextlib.suppress(OSError):
-                        os.read(self._rfd, 4096)
-                    why = "woken"
-                else:
-                    why = "ended"
-            return why != "timeout"
+            def come() -> bool:
+                nonlocal why
+                if group.try_recv([self._recv_buf], self.peer, _MESSAGES):
+                    why = "took"
+                    return True
+                for fd, _ in self._poller.poll(0):
+                    if fd == self._rfd:
+                        with contextlib.suppress(OSError):
+                            os.read(self._rfd, 4096)
+                        why = "woken"
+                    else:
+                        why = "ended"
+                return why != "timeout"
 
-        try:
-            wait_request(come, timeout, "a message", self._why_stopped, spin=0.0)
+            wait_request(come, timeout, "a message", lambda: group.stopped(self.peer), spin=0.0)
         except CollectorTimeoutError:
             return why
         except Exception as err:
             return self._closed_by(err)
-        return self._take_pending() if why == "took" else why
+        return self._took() if why == "took" else why
 
-    def _take_pending(self) -> str:
-        """Receive the message that arrived for ``_pending`` into the inbox: "took"."""
-        work, self._pending = self._pending, None
+    def _took(self) -> str:
+        """Read the message just received into ``_recv_buf`` into the inbox: "took"."""
         try:
-            self._inbox.append(self._receive_one(work))
+            self._inbox.append(self._read_message())
         except Exception as err:
             return self._closed_by(err)
         return "took"
 
     def _closed_by(self, err: BaseException) -> str:
         """The peer is gone or the groups were closed: every later receive fails alike."""
-        self._pending = None
         self._failure = self._failure or f"closed the connection ({_first_line(err)})"
         self._inbox.append(_Closed(self._failure))
         return "took"
-
-    def _why_stopped(self) -> str | None:
-        return None if self._pending is None else self._pending.why_stopped()
 
     def handles(self) -> list[Any]:
         sentinel = getattr(self.process, "sentinel", None)

@@ -193,24 +193,6 @@ class _Work:
     def _arrived(self) -> bool:
         return True
 
-    def arrived(self, spin: float = 0.0) -> bool:
-        """Whether the operation can complete without waiting for its peer (a receive: its
-        message is here; kept matched until ``wait``), probing for up to ``spin`` s."""
-        if self.request is not None:
-            return True
-        with self.group.inside:
-            if self._arrived():
-                return True
-            end = time.monotonic() + spin
-            while time.monotonic() < end:
-                if self._arrived():
-                    return True
-        return False
-
-    def why_stopped(self) -> str | None:
-        """Why this operation can never complete (the group closed, the peer said goodbye)."""
-        return self._stop()
-
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         with self.group.inside:
             return self._wait(None if timeout is None else timeout.total_seconds())
@@ -286,9 +268,10 @@ class _Broadcast(_Work):
 class MPIGroup:
     """A private duplicate of ``comm`` with the process-group calls the transport needs.
 
-    Unlike a torch group, its receives can be polled (``can_poll``: a work's ``arrived()``), so
-    a channel can receive on its caller's thread instead of handing each message over from a
-    receiving thread (that hand-over costs more than a small batch's transfer)."""
+    Unlike a torch group, its receives can be polled (``can_poll``: ``try_recv``, and
+    ``stopped`` for a peer that is gone), so a channel can receive on its caller's thread
+    instead of handing each message over from a receiving thread (that hand-over costs more
+    than a small batch's transfer)."""
 
     can_poll = True
 
@@ -316,6 +299,45 @@ class MPIGroup:
     def recv(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
         self._check_open(peer)
         return _Receive(self, self._buffer(tensors), peer, tag)
+
+    def send_now(
+        self, tensors: Sequence[torch.Tensor], peer: int, tag: int, timeout: float | None
+    ) -> None:
+        """``send(...).wait(timeout)`` in one call, making no work object when the send
+        completes within a first test (the sending half of ``try_recv``'s hot path)."""
+        with self.inside:
+            self._check_open(peer)
+            buffer = self._buffer(tensors)
+            request = self.comm.Isend(buffer, peer, tag)
+            if not _spin(request, buffer):
+                work = _Send.__new__(_Send)
+                _Work.__init__(work, self, peer, buffer)
+                work.request = request
+                work._wait(timeout)
+
+    def try_recv(
+        self, tensors: Sequence[torch.Tensor], peer: int, tag: int, spin: float = 0.0
+    ) -> bool:
+        """Receive the next message from ``peer`` into ``tensors`` if it is here or comes
+        within ``spin`` s, seeing its transfer through; whether one came. A channel that polls
+        calls this on every look, so the usual case makes no work object."""
+        comm = self.comm
+        with self.inside:
+            self._check_open(peer)
+            found = comm.Improbe(peer, tag)
+            if found is None and spin > 0:
+                end = time.monotonic() + spin
+                while found is None and time.monotonic() < end:
+                    found = comm.Improbe(peer, tag)
+            if found is None:
+                return False
+            buffer = self._buffer(tensors)
+            request = found.Irecv(buffer)
+            if not _spin(request, buffer):  # a long transfer: seen through, bounded
+                work = _Receive(self, buffer, peer, tag)
+                work.request = request
+                work._wait(None)
+        return True
 
     def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
         with self.inside:
@@ -405,6 +427,18 @@ def _abort(comm: Any) -> None:
     )
     sys.stderr.flush()
     abort_job(comm, 1)
+
+
+def _spin(request: Any, buffer: Any) -> bool:
+    """Test ``request`` without sleeping for as long as a ``_Work`` would; whether it
+    completed (the hot path's version of that wait, inline)."""
+    if request.Test():
+        return True
+    end = time.monotonic() + SPIN + buffer.nbytes * _SPIN_PER_BYTE
+    while time.monotonic() < end:
+        if request.Test():
+            return True
+    return False
 
 
 class _Inside:
