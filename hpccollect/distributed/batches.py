@@ -4,7 +4,7 @@ straight into memory allocated at start, and nothing is pickled per batch.
 
 A ``FlatLayout`` is the agreed part (keys, shapes, dtypes, batch size, names); it is small and
 pickled once, when a rank announces its batches. ``HEADER`` bytes at the front of every buffer
-carry a message's kind and size (see ``channels.py``), so a batch and its announcement are one
+carry a message's kind and size (see ``wire.py``), so a batch and its announcement are one
 message.
 """
 

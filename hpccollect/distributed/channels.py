@@ -1,13 +1,6 @@
 """``RankChannel``: protocol messages between rank 0 and one collector rank over a
 torch.distributed process group, the same ``Channel`` the pool and the worker loop use for local
-processes.
-
-Wire format: every message is one point-to-point send of ``HEADER`` bytes (kind, payload length,
-an int value) followed by the payload. A batch is the header plus the batch's bytes, sent from a
-buffer laid out once (``batches.FlatLayout``) straight into the receiver's buffer, whose views are
-the ``Layout.batch`` the collector reads: one message per batch, nothing pickled. Other payloads
-(seeds, states, errors) are pickled: only a job's own ranks may connect (the store is the
-rendezvous). A message longer than the receiver's buffer sends its rest in a second message.
+processes. What travels, and how it is laid out, is ``wire.py``'s.
 
 Over a torch group each end runs one thread that blocks in ``recv`` from its peer and hands
 messages over through a pipe, so ``multiprocessing.connection.wait`` watches ranks like local
@@ -15,11 +8,10 @@ processes (a blocking receive is the only reliable way: gloo cannot poll, and a 
 closes the pair for good). A peer that dies closes the connection, which ends that receive at
 once. A group whose receives can be polled (``can_poll``: the mpi4py transport) needs no such
 thread: the caller probes for the next message itself, which saves the hand-over (most of a
-small batch's cost). A collector rank
-whose policy has weights runs a second thread that waits in the weight broadcast; every message
-rank 0 sends after a broadcast carries the broadcast count, so the rank hands the update over
-first. After a rank has announced its batches, other payloads travel in a message of their own,
-so a reply never lands in a batch buffer.
+small batch's cost). A collector rank whose policy has weights runs a second thread that waits
+in the weight broadcast; every message rank 0 sends after a broadcast carries the broadcast
+count, so the rank hands the update over first. After a rank has announced its batches, other
+payloads travel in a message of their own, so a reply never lands in a batch buffer.
 """
 
 from __future__ import annotations
@@ -27,12 +19,10 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import pickle
 import select
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -43,26 +33,24 @@ from torch import nn
 from hpccollect.collectors.channels import Channel
 from hpccollect.distributed.batches import HEADER, FlatLayout
 from hpccollect.distributed.mpi_transport import SPIN, wait_request
+from hpccollect.distributed.wire import (
+    CODE,
+    CONTROL,
+    KINDS,
+    WireLayout,
+    decode,
+    encode,
+    first_line,
+    header,
+    put_header,
+)
 from hpccollect.errors import CollectorTimeoutError
-from hpccollect.protocol import Command, Layout, Message, Reply, message
+from hpccollect.protocol import Command, Layout, Message, Reply
 
 __all__ = ["RankChannel"]
 
-_KINDS: list[Command | Reply] = [*Command, *Reply]
-_CODE = {kind: i for i, kind in enumerate(_KINDS)}
-_CONTROL = 4096  # payload bytes a receiver always has room for
 _SHUTDOWN_TIMEOUT = datetime.timedelta(seconds=5)  # SHUTDOWN is best effort: kill follows
 _MESSAGES, _WEIGHTS = 0, 1  # point-to-point tags
-
-
-@dataclass(frozen=True)
-class _WireLayout:
-    """``LAYOUT`` as it travels: the batch layout instead of the batch."""
-
-    batch: FlatLayout
-    host: str
-    pid: int
-    weights_nbytes: int
 
 
 #: the message a collector rank's broadcast thread queues (its acknowledgement is not sent)
@@ -105,8 +93,8 @@ class RankChannel(Channel):
         self.peer_weights_nbytes: int | None = None
         self._send_timeout = datetime.timedelta(seconds=send_timeout)
         self._send_seconds = send_timeout
-        self._recv_buf = torch.empty(HEADER + _CONTROL, dtype=torch.uint8, device=self.device)
-        self._in_head = self._header(self._recv_buf)
+        self._recv_buf = torch.empty(HEADER + CONTROL, dtype=torch.uint8, device=self.device)
+        self._in_head = header(self._recv_buf)
         self._batch_out: tuple[torch.Tensor, list, list] | None = None
         self._placed: tuple | None = None
         self._weights: torch.Tensor | None = None
@@ -150,7 +138,7 @@ class RankChannel(Channel):
             flat, dst, src = self._batch_out
             if dst:
                 torch._foreach_copy_(dst, src)
-            self._out_head[0], self._out_head[2] = _CODE[kind], payload
+            self._out_head[0], self._out_head[2] = CODE[kind], payload
             if self.polled:  # the batch's hot path: no work object
                 self._send_now(flat)
             else:
@@ -158,7 +146,7 @@ class RankChannel(Channel):
             return
         if kind is Reply.LAYOUT:
             payload = self._announce(payload)
-        value, blob = _encode(kind, payload)
+        value, blob = encode(kind, payload)
         self._send_blob(kind, value, blob)
 
     def post_weights(self, flat: torch.Tensor) -> Any:
@@ -184,7 +172,7 @@ class RankChannel(Channel):
         self._placed = (flat_layout, flat, views)
         return views
 
-    def _announce(self, layout: Layout) -> _WireLayout:
+    def _announce(self, layout: Layout) -> WireLayout:
         """Set up the buffer batches leave from: the placed one, or a copy of ``layout.batch``."""
         if self._placed is not None and layout.batch is self._placed[2]:
             flat_layout, flat, _ = self._placed
@@ -193,17 +181,17 @@ class RankChannel(Channel):
             flat_layout = FlatLayout.of(layout.batch)
             flat, views = flat_layout.allocate(self.device)
             self._batch_out = (flat, flat_layout.leaves(views), flat_layout.leaves(layout.batch))
-        self._out_head = self._header(flat)
+        self._out_head = header(flat)
         weights = 0 if self._weights is None else self._weights.numel()
-        return _WireLayout(flat_layout, layout.host, layout.pid, weights)
+        return WireLayout(flat_layout, layout.host, layout.pid, weights)
 
     def _send_blob(self, kind: Command | Reply, value: int, blob: bytes) -> None:
         # once this side has announced its batches, the peer receives into the batch buffer: a
         # payload then travels apart, so a reply never overwrites a batch not read yet
-        room = 0 if self._batch_out is not None else _CONTROL
+        room = 0 if self._batch_out is not None else CONTROL
         inline = min(len(blob), room)
         head = torch.empty(HEADER + inline, dtype=torch.uint8)
-        self._put_header(head, kind, len(blob), value, self.broadcasts, inline)
+        put_header(head, kind, len(blob), value, self.broadcasts, inline)
         if inline:
             head[HEADER:] = torch.frombuffer(bytearray(blob[:inline]), dtype=torch.uint8)
         timeout = _SHUTDOWN_TIMEOUT if kind is Command.SHUTDOWN else None
@@ -212,32 +200,12 @@ class RankChannel(Channel):
             rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
             self._wait(self._post(rest.to(self.device), _MESSAGES), timeout)
 
-    @staticmethod
-    def _put_header(
-        buf: torch.Tensor,
-        kind: Command | Reply,
-        length: int,
-        value: int,
-        broadcasts: int,
-        inline: int,
-    ) -> None:
-        buf[:40].view(torch.int64).copy_(
-            torch.tensor([_CODE[kind], length, int(value), broadcasts, inline], dtype=torch.int64)
-        )
-
-    @staticmethod
-    def _header(buf: torch.Tensor) -> Any:
-        """The header of wire buffer ``buf`` as four int64s, read or written in place (a numpy
-        view on CPU: a batch's header costs no tensor operation)."""
-        head = buf[:40].view(torch.int64)
-        return head.numpy() if head.device.type == "cpu" else head
-
     def _post(self, tensor: torch.Tensor, tag: int) -> Any:
         """Start sending ``tensor``; ``ConnectionError`` when the peer is gone."""
         try:
             return self._group().send([tensor], self.peer, tag)
         except RuntimeError as err:
-            self._failure = self._failure or f"closed the connection ({_first_line(err)})"
+            self._failure = self._failure or f"closed the connection ({first_line(err)})"
             raise ConnectionError(self._failure) from err
 
     def _send_now(self, flat: torch.Tensor) -> None:
@@ -246,17 +214,17 @@ class RankChannel(Channel):
         try:
             self._group().send_now([flat], self.peer, _MESSAGES, self._send_seconds)
         except RuntimeError as err:  # the group was closed or the peer said goodbye
-            self._failure = self._failure or f"closed the connection ({_first_line(err)})"
+            self._failure = self._failure or f"closed the connection ({first_line(err)})"
             raise ConnectionError(self._failure) from err
         except Exception as err:
-            self._failure = self._failure or f"stopped taking messages ({_first_line(err)})"
+            self._failure = self._failure or f"stopped taking messages ({first_line(err)})"
             raise ConnectionError(self._failure) from err
 
     def _wait(self, work: Any, timeout: datetime.timedelta | None = None) -> None:
         try:
             work.wait(timeout or self._send_timeout)
         except Exception as err:
-            self._failure = self._failure or f"stopped taking messages ({_first_line(err)})"
+            self._failure = self._failure or f"stopped taking messages ({first_line(err)})"
             raise ConnectionError(self._failure) from err
 
     def _group(self) -> Any:
@@ -272,7 +240,7 @@ class RankChannel(Channel):
                 try:
                     item = self._receive_one()
                 except Exception as err:  # the peer is gone, or the groups were aborted
-                    self._failure = self._failure or f"closed the connection ({_first_line(err)})"
+                    self._failure = self._failure or f"closed the connection ({first_line(err)})"
                     self._hand_over(_Closed(self._failure))
                     return
                 self._hand_over(item)
@@ -310,7 +278,7 @@ class RankChannel(Channel):
         payload (and the weights it announces) received from the peer."""
         buf = self._recv_buf
         code, length, value, broadcasts, inline = self._in_head.tolist()
-        kind = _KINDS[code]
+        kind = KINDS[code]
         if broadcasts > self._broadcasts_in:  # sent after a weight broadcast: hand that over first
             with self._weights_arrived:
                 if not self._weights_arrived.wait_for(
@@ -327,20 +295,20 @@ class RankChannel(Channel):
         if kind is Command.UPDATE_WEIGHTS:
             self._receive_weights()
             return kind, None
-        payload = _decode(kind, value, blob)
+        payload = decode(kind, value, blob)
         if kind is Reply.LAYOUT:
             payload = self._adopt(payload)
         return kind, payload
 
-    def _adopt(self, wire: _WireLayout) -> Layout:
+    def _adopt(self, wire: WireLayout) -> Layout:
         """The peer's batches arrive in a buffer laid out as it announced; the views into that
         buffer are the batch the collector reads."""
-        size = max(wire.batch.nbytes, HEADER + _CONTROL)
+        size = max(wire.batch.nbytes, HEADER + CONTROL)
         flat = torch.zeros(size, dtype=torch.uint8, device=self.device)
         self.peer_weights_nbytes = wire.weights_nbytes
         self.host, self.pid = wire.host, wire.pid
         batch = wire.batch.views(flat)
-        self._recv_buf, self._in_head = flat, self._header(flat)
+        self._recv_buf, self._in_head = flat, header(flat)
         return Layout(batch, wire.host, wire.pid)
 
     def _receive_weights(self) -> None:
@@ -481,7 +449,7 @@ class RankChannel(Channel):
 
     def _closed_by(self, err: BaseException) -> str:
         """The peer is gone or the groups were closed: every later receive fails alike."""
-        self._failure = self._failure or f"closed the connection ({_first_line(err)})"
+        self._failure = self._failure or f"closed the connection ({first_line(err)})"
         self._inbox.append(_Closed(self._failure))
         return "took"
 
@@ -536,28 +504,3 @@ class RankChannel(Channel):
             self._close_fds()
         if self.process is not None:
             self.process.close()
-
-
-def _encode(kind: Command | Reply, payload: Any) -> tuple[int, bytes]:
-    """The header's int value and the pickled payload (empty for None, ints and bools)."""
-    if payload is None:
-        return 0, b""
-    if isinstance(payload, int) and kind.payload in (int, bool):
-        return int(payload), b""
-    return 0, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _decode(kind: Command | Reply, value: int, blob: bytes) -> Any:
-    if kind.payload is bool:
-        return bool(value)
-    if kind.payload is int:
-        return value
-    if not blob:
-        return None
-    payload = pickle.loads(blob)
-    return payload if isinstance(payload, _WireLayout) else message(kind, payload)[1]
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0][:200] if text else type(err).__name__

@@ -86,7 +86,7 @@ def quiesce(timeout: float = 2.0) -> None:
     for group in groups:
         group.abort()
     deadline = time.monotonic() + timeout
-    while any(g._busy for g in groups) and time.monotonic() < deadline:
+    while any(g.inside.depth for g in groups) and time.monotonic() < deadline:
         time.sleep(1e-3)
 
 
@@ -284,10 +284,8 @@ class MPIGroup:
         self._gone: dict[int, str] = {}  # peers that said goodbye
         self._lock = threading.Lock()  # one thread at a time looks for goodbyes
         self._notices: list[Any] = []
-        self._busy = 0  # threads inside an MPI call or wait of this group
-        self._busy_lock = threading.Lock()
         #: ``with group.inside:`` counts this thread as using MPI through the group (``quiesce``)
-        self.inside = _Inside(self)
+        self.inside = _Inside()
         self._arrays: dict[int, tuple[torch.Tensor, Any]] = {}  # see ``_buffer``
         _GROUPS.add(self)
 
@@ -442,17 +440,23 @@ def _spin(request: Any, buffer: Any) -> bool:
 
 
 class _Inside:
-    """The context that counts a thread inside one group (a class: this is on every call)."""
+    """The context that counts the threads inside one group: ``depth`` maps each such thread
+    to how deep it is. Each thread writes only its own key, so no lock is needed (this is on
+    every call)."""
 
-    __slots__ = ("group",)
+    __slots__ = ("depth",)
 
-    def __init__(self, group: MPIGroup) -> None:
-        self.group = group
+    def __init__(self) -> None:
+        self.depth: dict[int, int] = {}
 
     def __enter__(self) -> None:
-        with self.group._busy_lock:
-            self.group._busy += 1
+        depth, thread = self.depth, threading.get_ident()
+        depth[thread] = depth.get(thread, 0) + 1
 
     def __exit__(self, *_: object) -> None:
-        with self.group._busy_lock:
-            self.group._busy -= 1
+        depth, thread = self.depth, threading.get_ident()
+        left = depth[thread] - 1
+        if left:
+            depth[thread] = left
+        else:
+            del depth[thread]
