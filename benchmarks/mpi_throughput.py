@@ -99,10 +99,12 @@ def _send_kind(channels: dict, raw: Any, store: Any, kind: str, count: int, args
     flat, views = FlatLayout.of(made).allocate()
     views.update_(made)
     raw_bytes = flat.numpy()
+    batch = message(Reply.BATCH, made.numel())  # made once, as the raw loop's arguments are
+    mpi, gloo = channels["mpi"], channels["gloo"]
     steps = {
         "raw": lambda: raw.Send(raw_bytes, 0, RAW_TAG),
-        "mpi": lambda: channels["mpi"].send(message(Reply.BATCH, made.numel())),
-        "gloo": lambda: channels["gloo"].send(message(Reply.BATCH, made.numel())),
+        "mpi": lambda: mpi.send(batch),
+        "gloo": lambda: gloo.send(batch),
     }
     for repeat in range(args.repeats):
         for name in turn(KINDS, repeat):
@@ -120,10 +122,11 @@ def _receive_kind(channels: dict, raw: Any, store: Any, kind: str, count: int, a
     nbytes = FlatLayout.of(layouts["mpi"].batch).nbytes
     raw_bytes = torch.empty(nbytes, dtype=torch.uint8).numpy()
     rates: dict[str, float] = {"bytes": nbytes}
+    mpi, gloo, kind_, timeout = channels["mpi"], channels["gloo"], Reply.BATCH, args.timeout
     steps = {
         "raw": lambda: raw.Recv(raw_bytes, 1, RAW_TAG),
-        "mpi": lambda: expect(channels["mpi"], Reply.BATCH, args.timeout),
-        "gloo": lambda: expect(channels["gloo"], Reply.BATCH, args.timeout),
+        "mpi": lambda: expect(mpi, kind_, timeout),
+        "gloo": lambda: expect(gloo, kind_, timeout),
     }
     for repeat in range(args.repeats):
         for name in turn(KINDS, repeat):

@@ -53,6 +53,9 @@ _SHUTDOWN_TIMEOUT = datetime.timedelta(seconds=5)  # SHUTDOWN is best effort: ki
 _MESSAGES, _WEIGHTS = 0, 1  # point-to-point tags
 
 
+_BATCH_REPLY = Reply.BATCH
+_BATCH = CODE[_BATCH_REPLY]
+
 #: the message a collector rank's broadcast thread queues (its acknowledgement is not sent)
 _BROADCAST_UPDATE = (Command.UPDATE_WEIGHTS, None)
 
@@ -118,6 +121,11 @@ class RankChannel(Channel):
         self._closed = False
         self._thread: threading.Thread | None = None
         self.polled = bool(getattr(groups.messages, "can_poll", False))
+        # a polled channel sends and receives batches on the group itself, through arrays of
+        # its wire buffers made once (the hot path)
+        self._mpi = groups.messages if self.polled else None
+        self._in_wire = self._wire(self._recv_buf)
+        self._out_wire = None
         if self.polled:
             self._writers = 0
         else:
@@ -131,18 +139,20 @@ class RankChannel(Channel):
         kind, payload = message_
         if self._failure is not None:
             raise ConnectionError(self._failure)
-        if kind is Reply.ACK and self._silent_acks:
-            self._silent_acks -= 1  # a broadcast update's: rank 0 does not wait for it
-            return
-        if kind is Reply.BATCH:
+        if kind is _BATCH_REPLY:
             flat, dst, src = self._batch_out
             if dst:
                 torch._foreach_copy_(dst, src)
-            self._out_head[0], self._out_head[2] = CODE[kind], payload
-            if self.polled:  # the batch's hot path: no work object
-                self._send_now(flat)
+            head = self._out_head
+            head[0] = _BATCH
+            head[2] = payload
+            if self._out_wire is not None:  # the batch's hot path: no work object
+                self._send_now()
             else:
                 self._wait(self._post(flat, _MESSAGES))
+            return
+        if kind is Reply.ACK and self._silent_acks:
+            self._silent_acks -= 1  # a broadcast update's: rank 0 does not wait for it
             return
         if kind is Reply.LAYOUT:
             payload = self._announce(payload)
@@ -181,7 +191,7 @@ class RankChannel(Channel):
             flat_layout = FlatLayout.of(layout.batch)
             flat, views = flat_layout.allocate(self.device)
             self._batch_out = (flat, flat_layout.leaves(views), flat_layout.leaves(layout.batch))
-        self._out_head = header(flat)
+        self._out_head, self._out_wire = header(flat), self._wire(flat)
         weights = 0 if self._weights is None else self._weights.numel()
         return WireLayout(flat_layout, layout.host, layout.pid, weights)
 
@@ -208,11 +218,11 @@ class RankChannel(Channel):
             self._failure = self._failure or f"closed the connection ({first_line(err)})"
             raise ConnectionError(self._failure) from err
 
-    def _send_now(self, flat: torch.Tensor) -> None:
-        """Send ``flat`` and see it through over a group that polls (``_post`` and ``_wait``
-        in one call, failing the same ways)."""
+    def _send_now(self) -> None:
+        """Send the batch buffer and see it through over a group that polls (``_post`` and
+        ``_wait`` in one call, failing the same ways)."""
         try:
-            self._group().send_now([flat], self.peer, _MESSAGES, self._send_seconds)
+            self._mpi.send_now(self._out_wire, self.peer, _MESSAGES, self._send_seconds)
         except RuntimeError as err:  # the group was closed or the peer said goodbye
             self._failure = self._failure or f"closed the connection ({first_line(err)})"
             raise ConnectionError(self._failure) from err
@@ -232,6 +242,10 @@ class RankChannel(Channel):
         if group is None:
             raise ConnectionError("the channel is closed")
         return group
+
+    def _wire(self, buf: torch.Tensor) -> Any:
+        """``buf`` as the polled group moves it (None when the channel does not poll)."""
+        return None if self._mpi is None else self._mpi.wire(buf)
 
     # ------------------------------------------------------------------ receiving
     def _receive_loop(self) -> None:
@@ -276,18 +290,17 @@ class RankChannel(Channel):
     def _read_message(self) -> Message:
         """The message whose header was just received into ``_recv_buf``, with the rest of its
         payload (and the weights it announces) received from the peer."""
-        buf = self._recv_buf
         code, length, value, broadcasts, inline = self._in_head.tolist()
-        kind = KINDS[code]
         if broadcasts > self._broadcasts_in:  # sent after a weight broadcast: hand that over first
             with self._weights_arrived:
                 if not self._weights_arrived.wait_for(
                     lambda: self._broadcasts_in >= broadcasts, self._send_timeout.total_seconds()
                 ):
                     raise ConnectionError("a weight broadcast announced by rank 0 never came")
-        if kind is Reply.BATCH:
-            return kind, value
-        blob = buf[HEADER : HEADER + inline].cpu().numpy().tobytes()
+        if code == _BATCH:
+            return _BATCH_REPLY, value
+        kind = KINDS[code]
+        blob = self._recv_buf[HEADER : HEADER + inline].cpu().numpy().tobytes()
         if length > len(blob):
             rest = torch.empty(length - len(blob), dtype=torch.uint8, device=self.device)
             self._group().recv([rest], self.peer, _MESSAGES).wait()
@@ -308,7 +321,7 @@ class RankChannel(Channel):
         self.peer_weights_nbytes = wire.weights_nbytes
         self.host, self.pid = wire.host, wire.pid
         batch = wire.batch.views(flat)
-        self._recv_buf, self._in_head = flat, header(flat)
+        self._recv_buf, self._in_head, self._in_wire = flat, header(flat), self._wire(flat)
         return Layout(batch, wire.host, wire.pid)
 
     def _receive_weights(self) -> None:
@@ -362,7 +375,8 @@ class RankChannel(Channel):
         return [fd for fd, _ in self._poller.poll(max(0, int(timeout * 1000)))]
 
     def recv(self) -> Message:
-        while not self._inbox:
+        inbox = self._inbox
+        while not inbox:
             if self._closed:
                 raise ConnectionError("the channel is closed")
             if self._thread is None:
@@ -373,29 +387,36 @@ class RankChannel(Channel):
             if ready and self._rfd not in ready and not self._inbox:
                 # the process ended: its connection's end is reported within moments
                 wait([self._rfd], 2.0)
-                if not self._inbox:
+                if not inbox:
                     raise ConnectionError(self.death() or "the rank ended")
         if self._thread is not None:
             with contextlib.suppress(OSError):
                 os.read(self._rfd, 1)
         if self._broadcaster is None:  # no broadcast updates (rank 0's end)
-            item = self._inbox.popleft()
+            item = inbox.popleft()
         else:
             with self._weights_arrived:  # taking a broadcast update and its flag is one step
-                item = self._inbox.popleft()
+                item = inbox.popleft()
                 if item is _BROADCAST_UPDATE:
                     self._broadcast_queued = False
                     self._silent_acks += 1
-        if isinstance(item, _Closed):
-            self._inbox.appendleft(item)  # every later recv fails the same way
+        if item.__class__ is _Closed:
+            inbox.appendleft(item)  # every later recv fails the same way
             raise ConnectionError(item.why)
         return item
 
     def poll(self, timeout: float) -> bool:
+        if self._inbox:
+            return True
         if self._thread is not None:
-            return bool(self._inbox) or bool(self._ready(timeout))
-        if self._inbox or self._take(timeout) == "took":
-            return bool(self._inbox)
+            return bool(self._ready(timeout))
+        try:  # the hot path: the next message is here, or comes within a spin
+            if self._mpi.try_recv(self._in_wire, self.peer, _MESSAGES, min(timeout, SPIN)):
+                self._received()
+                return True
+        except Exception as err:
+            self._closed_by(err)
+            return True
         deadline = time.monotonic() + timeout
         while not self._inbox and not self._closed:
             took = self._take(deadline - time.monotonic())
@@ -410,17 +431,17 @@ class RankChannel(Channel):
         inbox. "took", "woken" (the broadcast thread queued an update), "ended" (the peer's
         process ended with nothing to receive) or "timeout"."""
         why = "timeout"
-        timeout = max(0.0, timeout)
+        group = self._mpi
         try:
-            group = self._group()
             # the hot path: a message that is here or comes within moments (a look, 0 s, does
             # not spin)
-            if group.try_recv([self._recv_buf], self.peer, _MESSAGES, min(timeout, SPIN)):
+            if group.try_recv(self._in_wire, self.peer, _MESSAGES, min(timeout, SPIN)):
                 return self._took()
+            timeout = max(0.0, timeout)
 
             def come() -> bool:
                 nonlocal why
-                if group.try_recv([self._recv_buf], self.peer, _MESSAGES):
+                if group.try_recv(self._in_wire, self.peer, _MESSAGES):
                     why = "took"
                     return True
                 for fd, _ in self._poller.poll(0):
@@ -442,10 +463,19 @@ class RankChannel(Channel):
     def _took(self) -> str:
         """Read the message just received into ``_recv_buf`` into the inbox: "took"."""
         try:
-            self._inbox.append(self._read_message())
+            self._received()
         except Exception as err:
             return self._closed_by(err)
         return "took"
+
+    def _received(self) -> None:
+        """Put the message just received into ``_recv_buf`` into the inbox (a batch's header
+        is read inline: the hot path)."""
+        head = self._in_head
+        if head[0] == _BATCH and head[3] <= self._broadcasts_in:
+            self._inbox.append((_BATCH_REPLY, head[2]))
+        else:
+            self._inbox.append(self._read_message())
 
     def _closed_by(self, err: BaseException) -> str:
         """The peer is gone or the groups were closed: every later receive fails alike."""

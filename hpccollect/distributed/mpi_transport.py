@@ -86,7 +86,7 @@ def quiesce(timeout: float = 2.0) -> None:
     for group in groups:
         group.abort()
     deadline = time.monotonic() + timeout
-    while any(g.inside.depth for g in groups) and time.monotonic() < deadline:
+    while any(g.calls for g in groups) and time.monotonic() < deadline:
         time.sleep(1e-3)
 
 
@@ -284,8 +284,12 @@ class MPIGroup:
         self._gone: dict[int, str] = {}  # peers that said goodbye
         self._lock = threading.Lock()  # one thread at a time looks for goodbyes
         self._notices: list[Any] = []
-        #: ``with group.inside:`` counts this thread as using MPI through the group (``quiesce``)
-        self.inside = _Inside()
+        #: one entry per call inside the group, of any thread (``list.append`` and ``pop`` are
+        #: atomic: a counter with no lock, cheap enough for the hot path); ``quiesce`` waits
+        #: for it to empty
+        self.calls: list[None] = []
+        #: ``with group.inside:`` counts this thread as using MPI through the group
+        self.inside = _Inside(self.calls)
         self._arrays: dict[int, tuple[torch.Tensor, Any]] = {}  # see ``_buffer``
         _GROUPS.add(self)
 
@@ -298,43 +302,55 @@ class MPIGroup:
         self._check_open(peer)
         return _Receive(self, self._buffer(tensors), peer, tag)
 
-    def send_now(
-        self, tensors: Sequence[torch.Tensor], peer: int, tag: int, timeout: float | None
-    ) -> None:
-        """``send(...).wait(timeout)`` in one call, making no work object when the send
-        completes within a first test (the sending half of ``try_recv``'s hot path)."""
-        with self.inside:
-            self._check_open(peer)
-            buffer = self._buffer(tensors)
-            request = self.comm.Isend(buffer, peer, tag)
-            if not _spin(request, buffer):
+    def wire(self, tensor: torch.Tensor) -> Any:
+        """The array through which MPI reads or writes ``tensor``'s memory in place, for
+        ``send_now`` and ``try_recv`` (a channel makes it once per buffer)."""
+        return self._buffer(tensor)
+
+    def send_now(self, array: Any, peer: int, tag: int, timeout: float | None) -> None:
+        """``send(...).wait(timeout)`` of a ``wire`` array in one call, making no work object
+        when the send completes within a first spin (the sending half of the hot path)."""
+        calls = self.calls
+        calls.append(None)
+        try:
+            why = self._closed or self._gone.get(peer)
+            if why is not None:
+                raise RuntimeError(why)
+            request = self.comm.Isend(array, peer, tag)
+            if not request.Test() and not _spin(request, array):
                 work = _Send.__new__(_Send)
-                _Work.__init__(work, self, peer, buffer)
+                _Work.__init__(work, self, peer, array)
                 work.request = request
                 work._wait(timeout)
+        finally:
+            calls.pop()
 
-    def try_recv(
-        self, tensors: Sequence[torch.Tensor], peer: int, tag: int, spin: float = 0.0
-    ) -> bool:
-        """Receive the next message from ``peer`` into ``tensors`` if it is here or comes
-        within ``spin`` s, seeing its transfer through; whether one came. A channel that polls
-        calls this on every look, so the usual case makes no work object."""
-        comm = self.comm
-        with self.inside:
-            self._check_open(peer)
-            found = comm.Improbe(peer, tag)
-            if found is None and spin > 0:
-                end = time.monotonic() + spin
-                while found is None and time.monotonic() < end:
-                    found = comm.Improbe(peer, tag)
+    def try_recv(self, array: Any, peer: int, tag: int, spin: float = 0.0) -> bool:
+        """Receive the next message from ``peer`` into a ``wire`` array if it is here or
+        comes within ``spin`` s, seeing its transfer through; whether one came. A channel that
+        polls calls this on every look, so the usual case makes no work object."""
+        calls = self.calls
+        calls.append(None)
+        try:
+            why = self._closed or self._gone.get(peer)
+            if why is not None:
+                raise RuntimeError(why)
+            found = self.comm.Improbe(peer, tag)
             if found is None:
-                return False
-            buffer = self._buffer(tensors)
-            request = found.Irecv(buffer)
-            if not _spin(request, buffer):  # a long transfer: seen through, bounded
-                work = _Receive(self, buffer, peer, tag)
+                if spin <= 0:
+                    return False
+                improbe, end = self.comm.Improbe, time.monotonic() + spin
+                while found is None and time.monotonic() < end:
+                    found = improbe(peer, tag)
+                if found is None:
+                    return False
+            request = found.Irecv(array)
+            if not request.Test() and not _spin(request, array):  # a long transfer: seen
+                work = _Receive(self, array, peer, tag)  # through, bounded
                 work.request = request
                 work._wait(None)
+        finally:
+            calls.pop()
         return True
 
     def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
@@ -428,35 +444,26 @@ def _abort(comm: Any) -> None:
 
 
 def _spin(request: Any, buffer: Any) -> bool:
-    """Test ``request`` without sleeping for as long as a ``_Work`` would; whether it
-    completed (the hot path's version of that wait, inline)."""
-    if request.Test():
-        return True
-    end = time.monotonic() + SPIN + buffer.nbytes * _SPIN_PER_BYTE
-    while time.monotonic() < end:
-        if request.Test():
+    """Go on testing ``request``, whose first test failed, without sleeping for as long as a
+    ``_Work`` would; whether it completed (the hot path's version of that wait, inline)."""
+    test, clock = request.Test, time.monotonic
+    end = clock() + SPIN + buffer.nbytes * _SPIN_PER_BYTE
+    while clock() < end:
+        if test():
             return True
     return False
 
 
 class _Inside:
-    """The context that counts the threads inside one group: ``depth`` maps each such thread
-    to how deep it is. Each thread writes only its own key, so no lock is needed (this is on
-    every call)."""
+    """The context that counts a thread inside one group, in its ``calls``."""
 
-    __slots__ = ("depth",)
+    __slots__ = ("calls",)
 
-    def __init__(self) -> None:
-        self.depth: dict[int, int] = {}
+    def __init__(self, calls: list[None]) -> None:
+        self.calls = calls
 
     def __enter__(self) -> None:
-        depth, thread = self.depth, threading.get_ident()
-        depth[thread] = depth.get(thread, 0) + 1
+        self.calls.append(None)
 
     def __exit__(self, *_: object) -> None:
-        depth, thread = self.depth, threading.get_ident()
-        left = depth[thread] - 1
-        if left:
-            depth[thread] = left
-        else:
-            del depth[thread]
+        self.calls.pop()

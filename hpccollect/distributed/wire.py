@@ -58,10 +58,10 @@ def put_header(
 
 
 def header(buf: torch.Tensor) -> Any:
-    """The header of wire buffer ``buf`` as five int64s, read or written in place (a numpy view
-    on CPU: a batch's header costs no tensor operation)."""
+    """The header of wire buffer ``buf`` as five int64s, read or written in place (on CPU a
+    memoryview, whose items are plain ints: a batch's header costs no tensor operation)."""
     head = buf[:40].view(torch.int64)
-    return head.numpy() if head.device.type == "cpu" else head
+    return memoryview(head.numpy()) if head.device.type == "cpu" else head
 
 
 def encode(kind: Command | Reply, payload: Any) -> tuple[int, bytes]:
