@@ -25,9 +25,10 @@ if MPIEXEC is None and not os.environ.get("CI"):
     pytestmark.append(pytest.mark.skip(reason="no mpiexec next to this Python (pip install mpich)"))
 
 
-def run_job(out: Path, *args: str, ranks: int = 3, timeout: float = 90) -> tuple:
-    """Run mpi_job.py (under mpiexec unless ``ranks`` is 0); (returncode, output, seconds)."""
-    cmd = [sys.executable, str(JOB), str(out), *args]
+def run_job(out: Path, *args: str, ranks: int = 3, timeout: float = 90, job: Path = JOB) -> tuple:
+    """Run ``job`` (mpi_job.py; under mpiexec unless ``ranks`` is 0); (returncode, output,
+    seconds)."""
+    cmd = [sys.executable, str(job), str(out), *args]
     if ranks:
         cmd = [MPIEXEC, "-n", str(ranks), *cmd]
     start = time.monotonic()
