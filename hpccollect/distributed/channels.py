@@ -411,7 +411,9 @@ class RankChannel(Channel):
         if self._thread is not None:
             return bool(self._ready(timeout))
         try:  # the hot path: the next message is here, or comes within a spin
-            if self._mpi.try_recv(self._in_wire, self.peer, _MESSAGES, min(timeout, SPIN)):
+            if self._mpi.try_recv(
+                self._in_wire, self.peer, _MESSAGES, SPIN if timeout > SPIN else timeout
+            ):
                 self._received()
                 return True
         except Exception as err:
