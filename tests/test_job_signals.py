@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,9 +73,25 @@ def wait_for(proc: subprocess.Popen, condition, timeout: float, what: str) -> No
     deadline = time.monotonic() + timeout
     while not condition():
         if proc.poll() is not None:
-            pytest.fail(f"the job ended ({proc.returncode}) before {what}: {proc.stderr.read()}")
+            said = proc.stderr.read() if proc.stderr else ""
+            pytest.fail(f"the job ended ({proc.returncode}) before {what}: {said}")
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+def committed(partial: Path, steps: int) -> Callable[[], bool]:
+    """A condition: a run's unfinished file ``partial`` has committed ``steps`` frames."""
+
+    def condition() -> bool:
+        if not partial.exists():
+            return False
+        try:
+            with open_dataset(partial) as ds:
+                return ds.committed_steps >= steps
+        except Exception:  # created but not readable yet
+            return False
+
+    return condition
 
 
 def assert_none_survive(pids: list[int]) -> None:
@@ -120,8 +137,7 @@ def test_signal_to_the_process_group_is_a_clean_stop(tmp_path, collector, sig):
         "long.h5",
     )
     try:
-        wait_for(proc, (tmp_path / "long.h5.partial").exists, 150, "collection to start")
-        time.sleep(3)  # a few batches
+        wait_for(proc, committed(tmp_path / "long.h5.partial", 1500), 150, "a few batches")
         processes = descendants(proc.pid)
         if collector != "sync":
             assert len(workers_of(proc)) == 2

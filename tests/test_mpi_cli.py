@@ -212,7 +212,7 @@ def test_distributed_options_without_a_launcher_are_refused(tmp_path, capsys):
 
 @pytest.mark.timeout(360)
 def test_a_run_stopped_under_mpiexec_resumes_with_new_shards(tmp_path, capsys):
-    total = 40_000
+    total = 16_000
     args = ["--env", "CartPole-v1", "--collector", "sync", "--frames-per-batch", "200"]
     job = Job(tmp_path, *args, "--total-frames", str(total), "--out", "run.h5", "--shards")
     collecting = re.compile(rf"\] [1-9]\d*/{total} frames")

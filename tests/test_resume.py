@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_job_signals import start, wait_for
+from test_job_signals import committed, start, wait_for
 
 from hpccollect.cli import main
 from hpccollect.resume import SEED_STRIDE
@@ -36,19 +36,8 @@ def resume(cwd: Path, *args) -> subprocess.CompletedProcess:
 def stop_midway(tmp_path: Path, sig: signal.Signals, *args) -> subprocess.Popen:
     """A run into run/data.h5, signalled (the whole process group) once it has committed."""
     proc = start(tmp_path, *map(str, args), "--out", "run/data.h5")
-    partial = tmp_path / "run" / "data.h5.partial"
-
-    def committed() -> bool:
-        if not partial.exists():
-            return False
-        try:
-            with open_dataset(partial) as ds:
-                return ds.committed_steps >= 1000
-        except Exception:  # created but not readable yet
-            return False
-
     try:
-        wait_for(proc, committed, 150, "the first batches")
+        wait_for(proc, committed(tmp_path / "run" / "data.h5.partial", 1000), 150, "batches")
         os.killpg(proc.pid, sig)
         proc.communicate(timeout=60)
     finally:
@@ -75,7 +64,7 @@ def attempt_attrs(path: Path) -> tuple[int, dict | None, int]:
 
 @pytest.mark.timeout(420)
 def test_a_run_stopped_by_sigterm_resumes_to_exactly_its_total(tmp_path):
-    total = 40_000
+    total = 12_000
     proc = stop_midway(
         tmp_path, signal.SIGTERM, "--total-frames", total, "--frames-per-batch", 500, "--seed", 7
     )

@@ -94,6 +94,9 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
         HPCCOLLECT_SLURM_DIR=str(state),
         HPCCOLLECT_SLURM_CTLD_PORT=str(_free_port()),
         HPCCOLLECT_SLURM_SLURMD_PORT=str(_free_port()),
+        # a requeued job is held this long (+1 s) before it starts again: the requeue test
+        # waits it out (SLURM refuses values under 5)
+        HPCCOLLECT_SLURM_CRED_EXPIRE="10",
     )
     try:
         up = subprocess.run(

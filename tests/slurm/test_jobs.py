@@ -150,7 +150,7 @@ def test_the_warning_signal_requeues_the_job_and_it_resumes(
     """SLURM's warning before the time limit (``--signal=B:TERM``, sent here with ``scancel
     --batch``): the run stops after its batch, the job requeues itself, and the requeued job
     resumes the run to exactly its total, with its own shards and no episode twice."""
-    total = 60_000
+    total = 20_000
     job, log = _submit(
         slurm_cluster, tmp_path, "t-requeue", str(JOB), *SMALL, "--total-frames", str(total),
         "--shards",
@@ -162,7 +162,8 @@ def test_the_warning_signal_requeues_the_job_and_it_resumes(
             assert time.monotonic() < deadline, f"not requeued:\n{log.read_text()}"
             time.sleep(0.5)
         # the requeued job starts again on its own once the killed attempt's credential expires
-        # (slurm/up.sh sets cred_expire=20; forcing StartTime=now earlier makes slurmd refuse it)
+        # (the cluster fixture sets cred_expire=10; forcing StartTime=now earlier makes slurmd
+        # refuse it)
         slurm_cluster.wait_gone(job, timeout=240)
     finally:
         slurm_cluster.run("scancel", job, check=False)
