@@ -23,6 +23,7 @@ import select
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -32,7 +33,7 @@ from torch import nn
 
 from hpccollect.collectors.channels import Channel
 from hpccollect.distributed.batches import HEADER, FlatLayout
-from hpccollect.distributed.mpi_transport import SPIN, wait_request
+from hpccollect.distributed.mpi_transport import BUSY_SLEEP, IDLE_SLEEP, SPIN, wait_request
 from hpccollect.distributed.wire import (
     CODE,
     CONTROL,
@@ -109,6 +110,8 @@ class RankChannel(Channel):
         self._silent_acks = 0  # acknowledgements of broadcast updates, not sent
         self._inbox: deque = deque()
         self._broadcaster: threading.Thread | None = None
+        self._pace: Any = None  # how often a polled broadcaster looks (see ``_waiting``)
+        self._idle = False
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._rfd, False)  # a byte may be gone with a message put back
         # the pipe is closed once nothing can write to it: after close() and the writer threads
@@ -292,7 +295,7 @@ class RankChannel(Channel):
         payload (and the weights it announces) received from the peer."""
         code, length, value, broadcasts, inline = self._in_head.tolist()
         if broadcasts > self._broadcasts_in:  # sent after a weight broadcast: hand that over first
-            with self._weights_arrived:
+            with self._waiting(), self._weights_arrived:
                 if not self._weights_arrived.wait_for(
                     lambda: self._broadcasts_in >= broadcasts, self._send_timeout.total_seconds()
                 ):
@@ -363,6 +366,9 @@ class RankChannel(Channel):
         self._weights, views = layout.allocate(self.device)
         with self._fds:
             self._writers += 1
+        self._pace = getattr(self.groups.broadcast, "pace", None)
+        if self._pace is not None:
+            self._pace.set(BUSY_SLEEP)
         self._broadcaster = threading.Thread(
             target=self._broadcast_loop, name=f"hpccollect-rank{self.peer}-weights", daemon=True
         )
@@ -434,33 +440,50 @@ class RankChannel(Channel):
         process ended with nothing to receive) or "timeout"."""
         why = "timeout"
         group = self._mpi
+        with self._waiting():
+            try:
+                # a message that is here or comes within moments (a look, 0 s, does not spin)
+                if group.try_recv(self._in_wire, self.peer, _MESSAGES, min(timeout, SPIN)):
+                    return self._took()
+                timeout = max(0.0, timeout)
+
+                def come() -> bool:
+                    nonlocal why
+                    if group.try_recv(self._in_wire, self.peer, _MESSAGES):
+                        why = "took"
+                        return True
+                    for fd, _ in self._poller.poll(0):
+                        if fd == self._rfd:
+                            with contextlib.suppress(OSError):
+                                os.read(self._rfd, 4096)
+                            why = "woken"
+                        else:
+                            why = "ended"
+                    return why != "timeout"
+
+                wait_request(come, timeout, "a message", lambda: group.stopped(self.peer), spin=0.0)
+            except CollectorTimeoutError:
+                return why
+            except Exception as err:
+                return self._closed_by(err)
+            return self._took() if why == "took" else why
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        """This collector rank waits for rank 0 instead of collecting: meanwhile its weight
+        thread looks for a broadcast every ``IDLE_SLEEP``, otherwise every ``BUSY_SLEEP`` (each
+        look takes the GIL from the collection). No-op where that thread blocks instead."""
+        pace = self._pace
+        if pace is None or self._idle:
+            yield
+            return
+        self._idle = True
+        pace.set(IDLE_SLEEP)
         try:
-            # the hot path: a message that is here or comes within moments (a look, 0 s, does
-            # not spin)
-            if group.try_recv(self._in_wire, self.peer, _MESSAGES, min(timeout, SPIN)):
-                return self._took()
-            timeout = max(0.0, timeout)
-
-            def come() -> bool:
-                nonlocal why
-                if group.try_recv(self._in_wire, self.peer, _MESSAGES):
-                    why = "took"
-                    return True
-                for fd, _ in self._poller.poll(0):
-                    if fd == self._rfd:
-                        with contextlib.suppress(OSError):
-                            os.read(self._rfd, 4096)
-                        why = "woken"
-                    else:
-                        why = "ended"
-                return why != "timeout"
-
-            wait_request(come, timeout, "a message", lambda: group.stopped(self.peer), spin=0.0)
-        except CollectorTimeoutError:
-            return why
-        except Exception as err:
-            return self._closed_by(err)
-        return self._took() if why == "took" else why
+            yield
+        finally:
+            self._idle = False
+            pace.set(BUSY_SLEEP)
 
     def _took(self) -> str:
         """Read the message just received into ``_recv_buf`` into the inbox: "took"."""

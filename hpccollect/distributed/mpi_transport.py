@@ -32,8 +32,10 @@ import torch
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 
 __all__ = [
+    "BUSY_SLEEP",
     "IDLE_SLEEP",
     "MPIGroup",
+    "Pace",
     "abort_job",
     "mpi4py_comm",
     "quiesce",
@@ -43,6 +45,10 @@ __all__ = [
 ]
 
 IDLE_SLEEP = 1e-3  # the longest sleep between two tests of a request (the added latency)
+#: ... for a collector rank's weight thread while the rank collects: each wake-up takes the GIL
+#: from the collecting thread, which at 1 kHz cost a CartPole rank 15-20% of its frames; at
+#: 10 ms a weight update waits about 18 ms for the ranks to join its broadcast
+BUSY_SLEEP = 10e-3
 #: seconds a wait tests without sleeping first: a message in flight (a batch streaming in, the
 #: other half of a rendezvous) completes within them, and both ends must be inside MPI for it
 #: to move; an idle wait spins once, then sleeps
@@ -123,18 +129,37 @@ def _loopback_ucx_on_one_node() -> None:
             os.environ["UCX_NET_DEVICES"] = "lo"
 
 
+class Pace:
+    """The longest sleep of a group's idle waits, ``limit``; ``set`` changes it at any time and
+    wakes a wait that sleeps now, so a shorter limit applies at once."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self._wake = threading.Event()
+
+    def set(self, limit: float) -> None:
+        if limit != self.limit:
+            self.limit = limit
+            self._wake.set()
+
+    def sleep(self, seconds: float) -> None:
+        if self._wake.wait(seconds):
+            self._wake.clear()
+
+
 def wait_request(
     test: Callable[[], bool],
     timeout: float | None,
     what: str | Callable[[], str],
     stop: Callable[[], str | None] = lambda: None,
-    max_sleep: float = IDLE_SLEEP,
+    max_sleep: float | Pace = IDLE_SLEEP,
     spin: float = SPIN,
 ) -> None:
     """Wait until ``test()`` is true: tests for ``spin`` s, then sleeps growing up to
-    ``max_sleep`` between tests; ``RuntimeError`` when ``stop()`` gives a reason (asked only
-    once spinning is over), ``CollectorTimeoutError`` after ``timeout`` s (None: no limit).
-    ``what`` names the operation (or makes its name: called only for that error)."""
+    ``max_sleep`` (or a ``Pace``'s limit of the moment) between tests; ``RuntimeError`` when
+    ``stop()`` gives a reason (asked only once spinning is over), ``CollectorTimeoutError``
+    after ``timeout`` s (None: no limit). ``what`` names the operation (or makes its name:
+    called only for that error)."""
     start = time.monotonic()
     spin_end = start + spin
     while not test():
@@ -153,8 +178,12 @@ def wait_request(
         if deadline is not None and time.monotonic() > deadline:
             name = what if isinstance(what, str) else what()
             raise CollectorTimeoutError(f"{name} did not complete within {timeout:g} s")
-        time.sleep(sleep)
-        sleep = min(sleep * 2, max_sleep)
+        if isinstance(max_sleep, Pace):
+            max_sleep.sleep(sleep)
+            sleep = min(sleep * 2, max_sleep.limit)
+        else:
+            time.sleep(sleep)
+            sleep = min(sleep * 2, max_sleep)
 
 
 def send_object(
@@ -202,12 +231,12 @@ class _Work:
         try:
             if self.request is None:
                 if not self._arrived():
-                    wait_request(self._arrived, seconds, self.what, self._stop, group.max_sleep)
+                    wait_request(self._arrived, seconds, self.what, self._stop, group.pace)
                 self.request = self._post()
             request = self.request
             if not request.Test():
                 spin = SPIN + self.buffer.nbytes * _SPIN_PER_BYTE
-                wait_request(request.Test, seconds, self.what, self._stop, group.max_sleep, spin)
+                wait_request(request.Test, seconds, self.what, self._stop, group.pace, spin)
         except BaseException:
             if self.request is not None:
                 group.cancel(self.request)
@@ -279,7 +308,8 @@ class MPIGroup:
         self.comm = comm.Dup()
         self.comm.Set_name(name)
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.max_sleep = max_sleep
+        #: how long its idle waits sleep between tests (``Pace.set`` changes it)
+        self.pace = Pace(max_sleep)
         self._closed: str | None = None
         self._gone: dict[int, str] = {}  # peers that said goodbye
         self._lock = threading.Lock()  # one thread at a time looks for goodbyes

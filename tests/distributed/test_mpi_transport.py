@@ -4,20 +4,30 @@ once, a closed peer's goodbye ends receives from it, and nothing stays inside MP
 
 from __future__ import annotations
 
+import itertools
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from test_mpi import MPIEXEC, assert_gone, job_pids, run_job
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.usefixtures("no_mpich_segments_left")]
-if MPIEXEC is None and not os.environ.get("CI"):  # in CI the test runs, and fails
-    pytestmark.append(pytest.mark.skip(reason="no mpiexec next to this Python (pip install mpich)"))
+from hpccollect.distributed.mpi_transport import Pace, wait_request
+
+needs_mpiexec = pytest.mark.skipif(
+    MPIEXEC is None and not os.environ.get("CI"),  # in CI the test runs, and fails
+    reason="no mpiexec next to this Python (pip install mpich)",
+)
 
 JOB = Path(__file__).with_name("transport_job.py")
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+@needs_mpiexec
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("no_mpich_segments_left")
 def test_the_hot_path_moves_every_size_and_ends_on_goodbye(tmp_path):
     out = tmp_path / "out"
     code, output, seconds = run_job(out, ranks=2, timeout=90, job=JOB)
@@ -27,3 +37,34 @@ def test_the_hot_path_moves_every_size_and_ends_on_goodbye(tmp_path):
     assert len(job_pids(out)) == 2
     assert_gone(job_pids(out))
     assert seconds < 60, f"the job took {seconds:.1f} s"
+
+
+@pytest.mark.timeout(30)
+def test_a_paced_wait_sleeps_up_to_its_limit_and_a_shorter_limit_applies_at_once():
+    """A collector rank's weight thread waits paced by ``BUSY_SLEEP`` while the rank collects
+    (each look takes the GIL from the collection); when the rank turns to wait for rank 0 the
+    limit drops to ``IDLE_SLEEP`` at once, not after the sleep under way."""
+    pace = Pace(0.5)
+    flag = threading.Event()
+    looks = []
+
+    def test() -> bool:
+        looks.append(time.monotonic())
+        return flag.is_set()
+
+    def later() -> None:
+        time.sleep(1.2)
+        pace.set(1e-3)  # the rank waits now: look often
+        time.sleep(0.05)
+        flag.set()
+
+    helper = threading.Thread(target=later)
+    start = time.monotonic()
+    helper.start()
+    wait_request(test, 10.0, "a test", max_sleep=pace, spin=0.0)
+    helper.join()
+    took = time.monotonic() - start
+    assert 1.2 < took < 1.5, f"the wait ended {took:.2f} s after it began"
+    slow = [b - a for a, b in itertools.pairwise(looks) if b < start + 1.2]
+    assert max(slow) > 0.25, "the busy limit was not used"
+    assert len([t for t in looks if t < start + 1.2]) < 20, "the wait looked too often"
