@@ -63,7 +63,8 @@ from hpccollect.distributed import serve
 from hpccollect.distributed.batches import FlatLayout
 from hpccollect.distributed.channels import RankChannel
 from hpccollect.distributed.groups import RankGroups, open_store
-from hpccollect.distributed.mpi_transport import mpi4py_comm, wait_request
+from hpccollect.distributed.mpi_transport import mpi4py_comm
+from hpccollect.distributed.mpi_waits import wait_request
 from hpccollect.distributed.rendezvous import share_from_root
 from hpccollect.protocol import Command, Layout, Reply, message
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hpccollect.distributed.mpi_transport import recv_object, send_object
+from hpccollect.distributed.mpi_waits import recv_object, send_object
 from hpccollect.errors import CollectorTimeoutError
 from hpccollect.job import Stopped
 

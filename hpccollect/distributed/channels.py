@@ -33,7 +33,7 @@ from torch import nn
 
 from hpccollect.collectors.channels import Channel
 from hpccollect.distributed.batches import HEADER, FlatLayout
-from hpccollect.distributed.mpi_transport import BUSY_SLEEP, IDLE_SLEEP, SPIN, wait_request
+from hpccollect.distributed.mpi_waits import BUSY_SLEEP, IDLE_SLEEP, SPIN, wait_request
 from hpccollect.distributed.wire import (
     CODE,
     CONTROL,

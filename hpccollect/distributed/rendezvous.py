@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpccollect.distributed.mpi_transport import wait_request
+from hpccollect.distributed.mpi_waits import wait_request
 from hpccollect.distributed.nodelist import expand_nodelist
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, CollectorTimeoutError
 

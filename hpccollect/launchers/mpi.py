@@ -21,13 +21,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from hpccollect.distributed.mpi_transport import (
-    abort_job,
-    mpi4py_comm,
-    quiesce,
-    recv_object,
-    send_object,
-)
+from hpccollect.distributed.mpi_transport import abort_job, mpi4py_comm, quiesce
+from hpccollect.distributed.mpi_waits import recv_object, send_object
 from hpccollect.distributed.rank import RankArgs, serve_rank
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.launchers.base import Launcher, RankProcess
