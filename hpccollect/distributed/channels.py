@@ -418,7 +418,11 @@ class RankChannel(Channel):
             return bool(self._ready(timeout))
         try:  # the hot path: the next message is here, or comes within a spin
             if self._mpi.try_recv(
-                self._in_wire, self.peer, _MESSAGES, SPIN if timeout > SPIN else timeout
+                self._in_wire,
+                self.peer,
+                _MESSAGES,
+                SPIN if timeout > SPIN else timeout,
+                self._send_seconds,
             ):
                 self._received()
                 return True
@@ -443,13 +447,15 @@ class RankChannel(Channel):
         with self._waiting():
             try:
                 # a message that is here or comes within moments (a look, 0 s, does not spin)
-                if group.try_recv(self._in_wire, self.peer, _MESSAGES, min(timeout, SPIN)):
+                if group.try_recv(
+                    self._in_wire, self.peer, _MESSAGES, min(timeout, SPIN), self._send_seconds
+                ):
                     return self._took()
                 timeout = max(0.0, timeout)
 
                 def come() -> bool:
                     nonlocal why
-                    if group.try_recv(self._in_wire, self.peer, _MESSAGES):
+                    if group.try_recv(self._in_wire, self.peer, _MESSAGES, 0.0, self._send_seconds):
                         why = "took"
                         return True
                     for fd, _ in self._poller.poll(0):

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from hpccollect.distributed.mpi_waits import IDLE_SLEEP, SPIN, Pace, wait_request
-from hpccollect.errors import ArgumentValueError
+from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 
 __all__ = ["MPIGroup", "abort_job", "mpi4py_comm", "quiesce"]
 
@@ -262,10 +262,13 @@ class MPIGroup:
         finally:
             calls.pop()
 
-    def try_recv(self, array: Any, peer: int, tag: int, spin: float = 0.0) -> bool:
+    def try_recv(
+        self, array: Any, peer: int, tag: int, spin: float = 0.0, timeout: float | None = None
+    ) -> bool:
         """Receive the next message from ``peer`` into a ``wire`` array if it is here or
-        comes within ``spin`` s, seeing its transfer through; whether one came. A channel that
-        polls calls this on every look, so the usual case makes no work object."""
+        comes within ``spin`` s, seeing its transfer through (within ``timeout`` s once it has
+        begun); whether one came. A channel that polls calls this on every look, so the usual
+        case makes no work object."""
         calls = self.calls
         calls.append(None)
         try:
@@ -282,10 +285,13 @@ class MPIGroup:
                 if found is None:
                     return False
             request = found.Irecv(array)
-            if not request.Test() and not _spin(request, array):  # a long transfer: seen
-                work = _Receive(self, array, peer, tag)  # through, bounded
+            if not request.Test() and not _spin(request, array):  # a long transfer
+                work = _Receive(self, array, peer, tag)
                 work.request = request
-                work._wait(None)
+                try:
+                    work._wait(timeout)
+                except CollectorTimeoutError as err:  # not the caller's look running out
+                    raise RuntimeError(f"a message stalled mid-transfer ({err})") from err
         finally:
             calls.pop()
         return True
