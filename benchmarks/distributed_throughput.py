@@ -241,7 +241,7 @@ def _transport_sender(
     store = open_store(HOST, port, 2, False, timeout)
     groups = RankGroups.open("gloo", store, 1, 2)
     init_default_group(store, 1, 2, timeout)
-    channel = RankChannel(groups, 0, send_timeout=timeout)
+    channel = groups.channel(0, send_timeout=timeout)
     try:
         for kind, count in plan:
             _send_kind(channel, store, kind, count, (repeats, frames, timeout))
@@ -317,7 +317,7 @@ def transport(args: argparse.Namespace) -> None:
     try:
         groups = RankGroups.open("gloo", store, 0, 2)
         init_default_group(store, 0, 2, args.timeout)
-        channel = RankChannel(groups, 1, send_timeout=args.timeout)
+        channel = groups.channel(1, send_timeout=args.timeout)
         results = {kind: _receive_kind(channel, store, kind, n, args, sender) for kind, n in plan}
         expect(channel, Command.SHUTDOWN, args.timeout, sender)
         channel.send(message(Command.SHUTDOWN, True))

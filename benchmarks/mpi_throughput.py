@@ -176,9 +176,7 @@ def transport(comm: Any, args: argparse.Namespace) -> None:
     try:
         if rank in (0, 1):
             peer = 1 - rank
-            channels = {
-                b: RankChannel(g, peer, send_timeout=args.timeout) for b, g in groups.items()
-            }
+            channels = {b: g.channel(peer, send_timeout=args.timeout) for b, g in groups.items()}
         if rank == 1:
             for kind, count in plan:
                 _send_kind(channels, group, raw, store, kind, count, args)

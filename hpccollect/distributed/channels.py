@@ -1,17 +1,13 @@
 """``RankChannel``: protocol messages between rank 0 and one collector rank over a
 torch.distributed process group, the same ``Channel`` the pool and the worker loop use for local
-processes. What travels, and how it is laid out, is ``wire.py``'s.
+processes. What travels, and how it is laid out, is ``wire.py``'s; how messages are waited for
+is a subclass's: ``ThreadedRankChannel`` (``threaded.py``, torch groups) or
+``PolledRankChannel`` (``polled.py``, the mpi4py transport). ``RankGroups.channel`` picks one.
 
-Over a torch group each end runs one thread that blocks in ``recv`` from its peer and hands
-messages over through a pipe, so ``multiprocessing.connection.wait`` watches ranks like local
-processes (a blocking receive is the only reliable way: gloo cannot poll, and a timed-out receive
-closes the pair for good). A peer that dies closes the connection, which ends that receive at
-once. A group whose receives can be polled (``can_poll``: the mpi4py transport) needs no such
-thread: the caller probes for the next message itself, which saves the hand-over (most of a
-small batch's cost). A collector rank whose policy has weights runs a second thread that waits
-in the weight broadcast; every message rank 0 sends after a broadcast carries the broadcast
-count, so the rank hands the update over first. After a rank has announced its batches, other
-payloads travel in a message of their own, so a reply never lands in a batch buffer.
+A collector rank whose policy has weights runs a thread that waits in the weight broadcast;
+every message rank 0 sends after a broadcast carries the broadcast count, so the rank hands the
+update over first. After a rank has announced its batches, other payloads travel in a message
+of their own, so a reply never lands in a batch buffer.
 """
 
 from __future__ import annotations
@@ -23,8 +19,6 @@ import select
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from multiprocessing.connection import wait
 from typing import Any
 
 import torch
@@ -33,7 +27,6 @@ from torch import nn
 
 from hpccollect.collectors.channels import Channel
 from hpccollect.distributed.batches import HEADER, FlatLayout
-from hpccollect.distributed.mpi_waits import BUSY_SLEEP, IDLE_SLEEP, SPIN, wait_request
 from hpccollect.distributed.wire import (
     CODE,
     CONTROL,
@@ -45,30 +38,29 @@ from hpccollect.distributed.wire import (
     header,
     put_header,
 )
-from hpccollect.errors import CollectorTimeoutError
 from hpccollect.protocol import Command, Layout, Message, Reply
 
-__all__ = ["RankChannel"]
+__all__ = ["BATCH", "BATCH_REPLY", "MESSAGES", "Closed", "RankChannel"]
 
 _SHUTDOWN_TIMEOUT = datetime.timedelta(seconds=5)  # SHUTDOWN is best effort: kill follows
-_MESSAGES, _WEIGHTS = 0, 1  # point-to-point tags
-
-
-_BATCH_REPLY = Reply.BATCH
-_BATCH = CODE[_BATCH_REPLY]
+MESSAGES, _WEIGHTS = 0, 1  # point-to-point tags
+BATCH_REPLY = Reply.BATCH
+BATCH = CODE[BATCH_REPLY]
 
 #: the message a collector rank's broadcast thread queues (its acknowledgement is not sent)
 _BROADCAST_UPDATE = (Command.UPDATE_WEIGHTS, None)
 
 
-class _Closed:
+class Closed:
+    """What the inbox holds once the peer is gone: every later ``recv`` fails with ``why``."""
+
     def __init__(self, why: str) -> None:
         self.why = why
 
 
 class RankChannel(Channel):
     """One end of the link between rank 0 and collector rank ``peer`` (or rank 0 seen from a
-    collector rank).
+    collector rank): the protocol, whatever waits for the messages (a subclass).
 
     Args:
         groups: this process's ``RankGroups``.
@@ -110,49 +102,31 @@ class RankChannel(Channel):
         self._silent_acks = 0  # acknowledgements of broadcast updates, not sent
         self._inbox: deque = deque()
         self._broadcaster: threading.Thread | None = None
-        self._pace: Any = None  # how often a polled broadcaster looks (see ``_waiting``)
-        self._idle = False
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._rfd, False)  # a byte may be gone with a message put back
         # the pipe is closed once nothing can write to it: after close() and the writer threads
         self._fds = threading.Lock()
         self._fds_open = True
-        self._writers = 1  # the receiving thread; the broadcast thread adds one
+        self._writers = 0  # threads that hand messages over (receiving, broadcast)
         self._poller = select.poll()
         for handle in self.handles():
             self._poller.register(handle, select.POLLIN)
         self._closed = False
-        self._thread: threading.Thread | None = None
-        self.polled = bool(getattr(groups.messages, "can_poll", False))
-        # a polled channel sends and receives batches on the group itself, through arrays of
-        # its wire buffers made once (the hot path)
-        self._mpi = groups.messages if self.polled else None
-        self._in_wire = self._wire(self._recv_buf)
-        self._out_wire = None
-        if self.polled:
-            self._writers = 0
-        else:
-            self._thread = threading.Thread(
-                target=self._receive_loop, name=f"hpccollect-rank{peer}-recv", daemon=True
-            )
-            self._thread.start()
+        self._thread: threading.Thread | None = None  # a subclass's receiving thread
 
     # ------------------------------------------------------------------ sending
     def send(self, message_: Message) -> None:
         kind, payload = message_
         if self._failure is not None:
             raise ConnectionError(self._failure)
-        if kind is _BATCH_REPLY:
+        if kind is BATCH_REPLY:
             flat, dst, src = self._batch_out
             if dst:
                 torch._foreach_copy_(dst, src)
             head = self._out_head
-            head[0] = _BATCH
+            head[0] = BATCH
             head[2] = payload
-            if self._out_wire is not None:  # the batch's hot path: no work object
-                self._send_now()
-            else:
-                self._wait(self._post(flat, _MESSAGES))
+            self._send_batch(flat)
             return
         if kind is Reply.ACK and self._silent_acks:
             self._silent_acks -= 1  # a broadcast update's: rank 0 does not wait for it
@@ -194,7 +168,7 @@ class RankChannel(Channel):
             flat_layout = FlatLayout.of(layout.batch)
             flat, views = flat_layout.allocate(self.device)
             self._batch_out = (flat, flat_layout.leaves(views), flat_layout.leaves(layout.batch))
-        self._out_head, self._out_wire = header(flat), self._wire(flat)
+        self._out_head = header(flat)
         weights = 0 if self._weights is None else self._weights.numel()
         return WireLayout(flat_layout, layout.host, layout.pid, weights)
 
@@ -208,10 +182,10 @@ class RankChannel(Channel):
         if inline:
             head[HEADER:] = torch.frombuffer(bytearray(blob[:inline]), dtype=torch.uint8)
         timeout = _SHUTDOWN_TIMEOUT if kind is Command.SHUTDOWN else None
-        self._wait(self._post(head.to(self.device), _MESSAGES), timeout)
+        self._wait(self._post(head.to(self.device), MESSAGES), timeout)
         if len(blob) > inline:
             rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
-            self._wait(self._post(rest.to(self.device), _MESSAGES), timeout)
+            self._wait(self._post(rest.to(self.device), MESSAGES), timeout)
 
     def _post(self, tensor: torch.Tensor, tag: int) -> Any:
         """Start sending ``tensor``; ``ConnectionError`` when the peer is gone."""
@@ -221,17 +195,9 @@ class RankChannel(Channel):
             self._failure = self._failure or f"closed the connection ({first_line(err)})"
             raise ConnectionError(self._failure) from err
 
-    def _send_now(self) -> None:
-        """Send the batch buffer and see it through over a group that polls (``_post`` and
-        ``_wait`` in one call, failing the same ways)."""
-        try:
-            self._mpi.send_now(self._out_wire, self.peer, _MESSAGES, self._send_seconds)
-        except RuntimeError as err:  # the group was closed or the peer said goodbye
-            self._failure = self._failure or f"closed the connection ({first_line(err)})"
-            raise ConnectionError(self._failure) from err
-        except Exception as err:
-            self._failure = self._failure or f"stopped taking messages ({first_line(err)})"
-            raise ConnectionError(self._failure) from err
+    def _send_batch(self, flat: torch.Tensor) -> None:
+        """Send the batch buffer, header filled in, and see it through."""
+        self._wait(self._post(flat, MESSAGES))
 
     def _wait(self, work: Any, timeout: datetime.timedelta | None = None) -> None:
         try:
@@ -246,26 +212,7 @@ class RankChannel(Channel):
             raise ConnectionError("the channel is closed")
         return group
 
-    def _wire(self, buf: torch.Tensor) -> Any:
-        """``buf`` as the polled group moves it (None when the channel does not poll)."""
-        return None if self._mpi is None else self._mpi.wire(buf)
-
     # ------------------------------------------------------------------ receiving
-    def _receive_loop(self) -> None:
-        try:
-            while True:
-                try:
-                    item = self._receive_one()
-                except Exception as err:  # the peer is gone, or the groups were aborted
-                    self._failure = self._failure or f"closed the connection ({first_line(err)})"
-                    self._hand_over(_Closed(self._failure))
-                    return
-                self._hand_over(item)
-                if item[0] is Command.SHUTDOWN:
-                    return
-        finally:
-            self._writer_done()
-
     def _hand_over(self, item: Any) -> None:
         self._inbox.append(item)
         with self._fds:
@@ -286,10 +233,6 @@ class RankChannel(Channel):
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _receive_one(self) -> Message:
-        self._group().recv([self._recv_buf], self.peer, _MESSAGES).wait()
-        return self._read_message()
-
     def _read_message(self) -> Message:
         """The message whose header was just received into ``_recv_buf``, with the rest of its
         payload (and the weights it announces) received from the peer."""
@@ -300,13 +243,13 @@ class RankChannel(Channel):
                     lambda: self._broadcasts_in >= broadcasts, self._send_timeout.total_seconds()
                 ):
                     raise ConnectionError("a weight broadcast announced by rank 0 never came")
-        if code == _BATCH:
-            return _BATCH_REPLY, value
+        if code == BATCH:
+            return BATCH_REPLY, value
         kind = KINDS[code]
         blob = self._recv_buf[HEADER : HEADER + inline].cpu().numpy().tobytes()
         if length > len(blob):
             rest = torch.empty(length - len(blob), dtype=torch.uint8, device=self.device)
-            self._group().recv([rest], self.peer, _MESSAGES).wait()
+            self._group().recv([rest], self.peer, MESSAGES).wait()
             blob += rest.cpu().numpy().tobytes()
         if kind is Command.UPDATE_WEIGHTS:
             self._receive_weights()
@@ -324,7 +267,7 @@ class RankChannel(Channel):
         self.peer_weights_nbytes = wire.weights_nbytes
         self.host, self.pid = wire.host, wire.pid
         batch = wire.batch.views(flat)
-        self._recv_buf, self._in_head, self._in_wire = flat, header(flat), self._wire(flat)
+        self._recv_buf, self._in_head = flat, header(flat)
         return Layout(batch, wire.host, wire.pid)
 
     def _receive_weights(self) -> None:
@@ -366,14 +309,20 @@ class RankChannel(Channel):
         self._weights, views = layout.allocate(self.device)
         with self._fds:
             self._writers += 1
-        self._pace = getattr(self.groups.broadcast, "pace", None)
-        if self._pace is not None:
-            self._pace.set(BUSY_SLEEP)
+        self._weights_thread_starts()
         self._broadcaster = threading.Thread(
             target=self._broadcast_loop, name=f"hpccollect-rank{self.peer}-weights", daemon=True
         )
         self._broadcaster.start()
         return views
+
+    def _weights_thread_starts(self) -> None:
+        """Called as the broadcast thread starts (a subclass paces it)."""
+
+    def _waiting(self) -> contextlib.AbstractContextManager:
+        """The context of this end waiting for the peer rather than working (a subclass paces
+        its broadcast thread by it)."""
+        return contextlib.nullcontext()
 
     def _ready(self, timeout: float) -> list[Any]:
         """The handles ready within ``timeout`` s (a poll object made once: this is the hot
@@ -385,19 +334,8 @@ class RankChannel(Channel):
         while not inbox:
             if self._closed:
                 raise ConnectionError("the channel is closed")
-            if self._thread is None:
-                if self._take(1.0) == "ended":
-                    raise ConnectionError(self.death(2.0) or "the rank ended")
-                continue
-            ready = self._ready(1.0)
-            if ready and self._rfd not in ready and not self._inbox:
-                # the process ended: its connection's end is reported within moments
-                wait([self._rfd], 2.0)
-                if not inbox:
-                    raise ConnectionError(self.death() or "the rank ended")
-        if self._thread is not None:
-            with contextlib.suppress(OSError):
-                os.read(self._rfd, 1)
+            self._await(1.0)
+        self._taking()
         if self._broadcaster is None:  # no broadcast updates (rank 0's end)
             item = inbox.popleft()
         else:
@@ -406,112 +344,23 @@ class RankChannel(Channel):
                 if item is _BROADCAST_UPDATE:
                     self._broadcast_queued = False
                     self._silent_acks += 1
-        if item.__class__ is _Closed:
+        if item.__class__ is Closed:
             inbox.appendleft(item)  # every later recv fails the same way
             raise ConnectionError(item.why)
         return item
 
-    def poll(self, timeout: float) -> bool:
-        if self._inbox:
-            return True
-        if self._thread is not None:
-            return bool(self._ready(timeout))
-        try:  # the hot path: the next message is here, or comes within a spin
-            if self._mpi.try_recv(
-                self._in_wire,
-                self.peer,
-                _MESSAGES,
-                SPIN if timeout > SPIN else timeout,
-                self._send_seconds,
-            ):
-                self._received()
-                return True
-        except Exception as err:
-            self._closed_by(err)
-            return True
-        deadline = time.monotonic() + timeout
-        while not self._inbox and not self._closed:
-            took = self._take(deadline - time.monotonic())
-            if took == "ended":
-                return True
-            if took == "timeout":
-                break
-        return bool(self._inbox)
+    def _await(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for a message to reach the inbox; ``ConnectionError`` when
+        the peer's process ended with none."""
+        raise NotImplementedError
 
-    def _take(self, timeout: float) -> str:
-        """Polled receiving: wait up to ``timeout`` s for the next message and put it in the
-        inbox. "took", "woken" (the broadcast thread queued an update), "ended" (the peer's
-        process ended with nothing to receive) or "timeout"."""
-        why = "timeout"
-        group = self._mpi
-        with self._waiting():
-            try:
-                # a message that is here or comes within moments (a look, 0 s, does not spin)
-                if group.try_recv(
-                    self._in_wire, self.peer, _MESSAGES, min(timeout, SPIN), self._send_seconds
-                ):
-                    return self._took()
-                timeout = max(0.0, timeout)
-
-                def come() -> bool:
-                    nonlocal why
-                    if group.try_recv(self._in_wire, self.peer, _MESSAGES, 0.0, self._send_seconds):
-                        why = "took"
-                        return True
-                    for fd, _ in self._poller.poll(0):
-                        if fd == self._rfd:
-                            with contextlib.suppress(OSError):
-                                os.read(self._rfd, 4096)
-                            why = "woken"
-                        else:
-                            why = "ended"
-                    return why != "timeout"
-
-                wait_request(come, timeout, "a message", lambda: group.stopped(self.peer), spin=0.0)
-            except CollectorTimeoutError:
-                return why
-            except Exception as err:
-                return self._closed_by(err)
-            return self._took() if why == "took" else why
-
-    @contextlib.contextmanager
-    def _waiting(self) -> Iterator[None]:
-        """This collector rank waits for rank 0 instead of collecting: meanwhile its weight
-        thread looks for a broadcast every ``IDLE_SLEEP``, otherwise every ``BUSY_SLEEP`` (each
-        look takes the GIL from the collection). No-op where that thread blocks instead."""
-        pace = self._pace
-        if pace is None or self._idle:
-            yield
-            return
-        self._idle = True
-        pace.set(IDLE_SLEEP)
-        try:
-            yield
-        finally:
-            self._idle = False
-            pace.set(BUSY_SLEEP)
-
-    def _took(self) -> str:
-        """Read the message just received into ``_recv_buf`` into the inbox: "took"."""
-        try:
-            self._received()
-        except Exception as err:
-            return self._closed_by(err)
-        return "took"
-
-    def _received(self) -> None:
-        """Put the message just received into ``_recv_buf`` into the inbox (a batch's header
-        is read inline: the hot path)."""
-        head = self._in_head
-        if head[0] == _BATCH and head[3] <= self._broadcasts_in:
-            self._inbox.append((_BATCH_REPLY, head[2]))
-        else:
-            self._inbox.append(self._read_message())
+    def _taking(self) -> None:
+        """A message is taken from the inbox (a subclass's bookkeeping)."""
 
     def _closed_by(self, err: BaseException) -> str:
         """The peer is gone or the groups were closed: every later receive fails alike."""
         self._failure = self._failure or f"closed the connection ({first_line(err)})"
-        self._inbox.append(_Closed(self._failure))
+        self._inbox.append(Closed(self._failure))
         return "took"
 
     def handles(self) -> list[Any]:
@@ -530,13 +379,11 @@ class RankChannel(Channel):
     def join(self, timeout: float) -> bool:
         if self.process is not None:
             return self.process.join(timeout)
-        if self._thread is not None:
-            self._thread.join(max(0.0, timeout))
-            return not self._thread.is_alive()
-        deadline = time.monotonic() + timeout  # polled: receive until the peer's goodbye
-        while self._failure is None and not self._closed and time.monotonic() < deadline:
-            self._take(deadline - time.monotonic())
-        return self._failure is not None
+        return self._join_peer(timeout)
+
+    def _join_peer(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the peer's end, seen through the connection."""
+        raise NotImplementedError
 
     def kill(self) -> None:
         if self.process is not None:

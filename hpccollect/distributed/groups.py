@@ -18,7 +18,10 @@ from typing import Any
 
 import torch.distributed as dist
 
+from hpccollect.distributed.channels import RankChannel
 from hpccollect.distributed.mpi_transport import MPIGroup, mpi4py_comm
+from hpccollect.distributed.polled import PolledRankChannel
+from hpccollect.distributed.threaded import ThreadedRankChannel
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 
 __all__ = ["BACKENDS", "RankGroups", "available_backends", "check_backend", "open_store"]
@@ -129,6 +132,17 @@ class RankGroups:
             prefixed = dist.PrefixStore(f"hpccollect/{name}", store)
             setattr(groups, name, _group(backend, prefixed, rank, world_size, name))
         return groups
+
+    def channel(
+        self, peer: int, *, process: Any = None, device: Any = "cpu", send_timeout: float = 600.0
+    ) -> RankChannel:
+        """This process's end of the link with rank ``peer`` (see ``RankChannel`` for the
+        arguments): polled where the messages group can be polled (the mpi4py transport),
+        otherwise with a thread that blocks in each receive."""
+        kind = (
+            PolledRankChannel if getattr(self.messages, "can_poll", False) else ThreadedRankChannel
+        )
+        return kind(self, peer, process=process, device=device, send_timeout=send_timeout)
 
     def close(self) -> None:
         """Abort both groups (ends receives still pending on them) and release the store."""

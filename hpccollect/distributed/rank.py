@@ -9,7 +9,6 @@ import socket
 from dataclasses import dataclass
 
 from hpccollect.collectors.worker import serve
-from hpccollect.distributed.channels import RankChannel
 from hpccollect.distributed.groups import RankGroups, open_store
 
 __all__ = ["RankArgs", "ready_key", "serve_rank"]
@@ -48,7 +47,7 @@ def serve_rank(args: RankArgs, stop_on_sigterm: bool = False) -> None:
     store = open_store(args.host, args.port, args.world_size, False, args.start_timeout)
     store.set(ready_key(args.rank), socket.gethostname())
     groups = RankGroups.open(args.backend, store, args.rank, args.world_size)
-    channel = RankChannel(groups, 0, device=args.device, send_timeout=args.send_timeout)
+    channel = groups.channel(0, device=args.device, send_timeout=args.send_timeout)
     try:
         serve(channel, args.payload, None)
     finally:

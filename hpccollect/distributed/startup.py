@@ -58,7 +58,7 @@ def start_ranks(
                 process.close()
         raise
     channels = [
-        RankChannel(groups, i + 1, process=process, device=device, send_timeout=send_timeout)
+        groups.channel(i + 1, process=process, device=device, send_timeout=send_timeout)
         for i, process in enumerate(processes)
     ]
     return groups, channels

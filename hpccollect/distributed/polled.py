@@ -1,0 +1,176 @@
+"""``PolledRankChannel``: a ``RankChannel`` over a group whose receives can be polled
+(``can_poll``: the mpi4py transport). It needs no receiving thread: the caller probes for the
+next message itself, which saves the hand-over (most of a small batch's cost), and a batch is
+sent and received through arrays of the wire buffers made once (the hot path).
+
+A collector rank's weight thread waits in the broadcast by polling too; each look takes the GIL
+from the collecting thread, so it looks seldom while the rank collects and often while the rank
+waits for rank 0 (``_waiting``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from hpccollect.distributed.channels import BATCH, BATCH_REPLY, MESSAGES, RankChannel
+from hpccollect.distributed.mpi_waits import BUSY_SLEEP, IDLE_SLEEP, SPIN, wait_request
+from hpccollect.distributed.wire import WireLayout, first_line
+from hpccollect.errors import CollectorTimeoutError
+from hpccollect.protocol import Layout
+
+__all__ = ["PolledRankChannel"]
+
+
+class PolledRankChannel(RankChannel):
+    """A ``RankChannel`` whose caller receives each message itself (see the module)."""
+
+    polled = True
+
+    def __init__(self, groups: Any, peer: int, **kwargs: Any) -> None:
+        super().__init__(groups, peer, **kwargs)
+        self._mpi = groups.messages
+        self._in_wire = self._mpi.wire(self._recv_buf)
+        self._out_wire: Any = None
+        self._pace: Any = None  # how often the broadcast thread looks (see ``_waiting``)
+        self._idle = False
+
+    # ------------------------------------------------------------------ buffers
+    def _announce(self, layout: Layout) -> WireLayout:
+        wire = super()._announce(layout)
+        self._out_wire = self._mpi.wire(self._batch_out[0])
+        return wire
+
+    def _adopt(self, wire: WireLayout) -> Layout:
+        layout = super()._adopt(wire)
+        self._in_wire = self._mpi.wire(self._recv_buf)
+        return layout
+
+    def _send_batch(self, flat: torch.Tensor) -> None:
+        """Send the batch buffer and see it through in one call, making no work object
+        (failing as ``_post`` and ``_wait`` do)."""
+        try:
+            self._mpi.send_now(self._out_wire, self.peer, MESSAGES, self._send_seconds)
+        except RuntimeError as err:  # the group was closed or the peer said goodbye
+            self._failure = self._failure or f"closed the connection ({first_line(err)})"
+            raise ConnectionError(self._failure) from err
+        except Exception as err:
+            self._failure = self._failure or f"stopped taking messages ({first_line(err)})"
+            raise ConnectionError(self._failure) from err
+
+    # ------------------------------------------------------------------ receiving
+    def poll(self, timeout: float) -> bool:
+        if self._inbox:
+            return True
+        try:  # the hot path: the next message is here, or comes within a spin
+            if self._mpi.try_recv(
+                self._in_wire,
+                self.peer,
+                MESSAGES,
+                SPIN if timeout > SPIN else timeout,
+                self._send_seconds,
+            ):
+                self._received()
+                return True
+        except Exception as err:
+            self._closed_by(err)
+            return True
+        deadline = time.monotonic() + timeout
+        while not self._inbox and not self._closed:
+            took = self._take(deadline - time.monotonic())
+            if took == "ended":
+                return True
+            if took == "timeout":
+                break
+        return bool(self._inbox)
+
+    def _await(self, timeout: float) -> None:
+        if self._take(timeout) == "ended":
+            raise ConnectionError(self.death(2.0) or "the rank ended")
+
+    def _take(self, timeout: float) -> str:
+        """Wait up to ``timeout`` s for the next message and put it in the inbox. "took",
+        "woken" (the broadcast thread queued an update), "ended" (the peer's process ended
+        with nothing to receive) or "timeout"."""
+        why = "timeout"
+        group = self._mpi
+        with self._waiting():
+            try:
+                # a message that is here or comes within moments (a look, 0 s, does not spin)
+                if group.try_recv(
+                    self._in_wire, self.peer, MESSAGES, min(timeout, SPIN), self._send_seconds
+                ):
+                    return self._took()
+                timeout = max(0.0, timeout)
+
+                def come() -> bool:
+                    nonlocal why
+                    if group.try_recv(self._in_wire, self.peer, MESSAGES, 0.0, self._send_seconds):
+                        why = "took"
+                        return True
+                    for fd, _ in self._poller.poll(0):
+                        if fd == self._rfd:
+                            with contextlib.suppress(OSError):
+                                os.read(self._rfd, 4096)
+                            why = "woken"
+                        else:
+                            why = "ended"
+                    return why != "timeout"
+
+                wait_request(come, timeout, "a message", lambda: group.stopped(self.peer), spin=0.0)
+            except CollectorTimeoutError:
+                return why
+            except Exception as err:
+                return self._closed_by(err)
+            return self._took() if why == "took" else why
+
+    def _took(self) -> str:
+        """Read the message just received into ``_recv_buf`` into the inbox: "took"."""
+        try:
+            self._received()
+        except Exception as err:
+            return self._closed_by(err)
+        return "took"
+
+    def _received(self) -> None:
+        """Put the message just received into ``_recv_buf`` into the inbox (a batch's header
+        is read inline: the hot path)."""
+        head = self._in_head
+        if head[0] == BATCH and head[3] <= self._broadcasts_in:
+            self._inbox.append((BATCH_REPLY, head[2]))
+        else:
+            self._inbox.append(self._read_message())
+
+    def _join_peer(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout  # receive until the peer's goodbye
+        while self._failure is None and not self._closed and time.monotonic() < deadline:
+            self._take(deadline - time.monotonic())
+        return self._failure is not None
+
+    # ------------------------------------------------------------------ pacing the weights
+    def _weights_thread_starts(self) -> None:
+        self._pace = getattr(self.groups.broadcast, "pace", None)
+        if self._pace is not None:
+            self._pace.set(BUSY_SLEEP)
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        """This collector rank waits for rank 0 instead of collecting: meanwhile its weight
+        thread looks for a broadcast every ``IDLE_SLEEP``, otherwise every ``BUSY_SLEEP`` (each
+        look takes the GIL from the collection)."""
+        pace = self._pace
+        if pace is None or self._idle:
+            yield
+            return
+        self._idle = True
+        pace.set(IDLE_SLEEP)
+        try:
+            yield
+        finally:
+            self._idle = False
+            pace.set(BUSY_SLEEP)
