@@ -157,17 +157,23 @@ class _Work:
 class _Send(_Work):
     verb = "a send to"
 
-    def __init__(self, group: MPIGroup, buffer: Any, peer: int, tag: int) -> None:
+    def __init__(
+        self, group: MPIGroup, buffer: Any, peer: int, tag: int, request: Any = None
+    ) -> None:
         super().__init__(group, peer, buffer)
-        self.request = group.comm.Isend(buffer, peer, tag)
+        # a send already posted (``send_now``), or posted now
+        self.request = request if request is not None else group.comm.Isend(buffer, peer, tag)
 
 
 class _Receive(_Work):
     verb = "a receive from"
 
-    def __init__(self, group: MPIGroup, buffer: Any, peer: int, tag: int) -> None:
+    def __init__(
+        self, group: MPIGroup, buffer: Any, peer: int, tag: int, request: Any = None
+    ) -> None:
         super().__init__(group, peer, buffer)
         self.tag, self.message = tag, None
+        self.request = request  # a receive already posted, or None: probe first
 
     def _arrived(self) -> bool:
         if self.message is None:  # a second probe would match the message after this one
@@ -255,10 +261,7 @@ class MPIGroup:
                 raise RuntimeError(why)
             request = self.comm.Isend(array, peer, tag)
             if not request.Test() and not _spin(request, array):
-                work = _Send.__new__(_Send)
-                _Work.__init__(work, self, peer, array)
-                work.request = request
-                work._wait(timeout)
+                _Send(self, array, peer, tag, request)._wait(timeout)
         finally:
             calls.pop()
 
@@ -286,10 +289,8 @@ class MPIGroup:
                     return False
             request = found.Irecv(array)
             if not request.Test() and not _spin(request, array):  # a long transfer
-                work = _Receive(self, array, peer, tag)
-                work.request = request
                 try:
-                    work._wait(timeout)
+                    _Receive(self, array, peer, tag, request)._wait(timeout)
                 except CollectorTimeoutError as err:  # not the caller's look running out
                     raise RuntimeError(f"a message stalled mid-transfer ({err})") from err
         finally:
