@@ -7,7 +7,9 @@ code written against TorchRL's exceptions keeps catching them.
 
 from __future__ import annotations
 
-from typing import TypeVar
+import sys
+from collections.abc import Callable
+from typing import Any, TypeAlias, TypeVar
 
 _E = TypeVar("_E", bound="HpcCollectError")
 
@@ -26,7 +28,23 @@ __all__ = [
 
 
 class HpcCollectError(Exception):
-    """Base class of every error hpccollect raises on purpose."""
+    """Base class of every error hpccollect raises on purpose.
+
+    Instances pickle with their class, message and attributes, in any process (see
+    ``__reduce__``), so they can be sent through queues, pools and job results.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuild without ``__init__`` (keyword-only arguments, a message formatted once) and
+        name a ``with_builtin``/``as_worker_error`` variant by its recipe, not by its name, so a
+        process that never made it makes it again.
+
+        ``__cause__``, ``__context__`` and ``__traceback__`` are not kept (as for any exception);
+        attributes are, ``WorkerError.remote_traceback`` among them.
+        """
+        reduced = super().__reduce__()  # (class, args[, state]); OSError's args have filenames
+        state = reduced[2] if len(reduced) > 2 else None
+        return (_rebuild, (_picklable_recipe(type(self)), reduced[1]), state)
 
 
 class ArgumentTypeError(HpcCollectError, TypeError):
@@ -117,6 +135,13 @@ def _builtin_base(original: BaseException | type[BaseException]) -> type[BaseExc
 
 _VARIANTS: dict[tuple[type, type], type] = {}
 
+#: a class as pickle can name it: a class importable by module and name, or a variant's maker
+#: and the recipes of its arguments (``(as_worker_error, (KeyError,))``)
+_Recipe: TypeAlias = "type | tuple[Callable[..., type], tuple[_Recipe, ...]]"
+
+#: how each variant was made: its maker and the classes that maker was called with
+_RECIPES: dict[type, tuple[Callable[..., type], tuple[type, ...]]] = {}
+
 
 def with_builtin(cls: type[_E], original: BaseException | type[BaseException]) -> type[_E]:
     """``cls``, or a subclass of it that is also ``original``'s builtin exception class.
@@ -130,7 +155,8 @@ def with_builtin(cls: type[_E], original: BaseException | type[BaseException]) -
     if base is None or issubclass(cls, base):
         return cls
     name = f"{cls.__name__.removesuffix('Error')}{base.__name__}"
-    return _variant(cls, base, name, f"A {cls.__name__} that is also a builtin {base.__name__}.")
+    doc = f"A {cls.__name__} that is also a builtin {base.__name__}."
+    return _variant(cls, base, name, doc, (with_builtin, (cls, base)))
 
 
 def as_worker_error(original: type[BaseException]) -> type[WorkerError]:
@@ -144,11 +170,19 @@ def as_worker_error(original: type[BaseException]) -> type[WorkerError]:
         original,
         f"Worker{original.__name__}",
         f"A {original.__name__} raised in a collector worker.",
+        (as_worker_error, (original,)),
     )
 
 
-def _variant(cls: type, base: type, name: str, doc: str) -> type:
-    """The class ``name(cls, base)``, made once and kept in this module (so it pickles by name)."""
+def _variant(
+    cls: type,
+    base: type,
+    name: str,
+    doc: str,
+    recipe: tuple[Callable[..., type], tuple[type, ...]],
+) -> type:
+    """The class ``name(cls, base)``, made once; ``recipe`` (maker, arguments) remakes it in
+    another process. It is also kept in this module's namespace, for code that looks it up."""
     key = (cls, base)
     if key not in _VARIANTS:
         try:
@@ -159,5 +193,49 @@ def _variant(cls: type, base: type, name: str, doc: str) -> type:
             variant.__module__ = __name__
             variant.__doc__ = doc
             globals()[name] = variant
+            _RECIPES[variant] = recipe
         _VARIANTS[key] = variant
     return _VARIANTS[key]
+
+
+def _importable(cls: type) -> bool:
+    """Whether pickle can name ``cls`` by module and qualified name (not a class made in a
+    function, nor one its module no longer holds under that name)."""
+    obj: Any = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is cls
+
+
+def _recipe(cls: type) -> _Recipe | None:
+    """``cls`` as pickle can name it, or None when it cannot."""
+    if cls in _RECIPES:
+        maker, parts = _RECIPES[cls]
+        recipes = tuple(_recipe(part) for part in parts)
+        return None if None in recipes else (maker, recipes)
+    return cls if _importable(cls) else None
+
+
+def _picklable_recipe(cls: type) -> _Recipe:
+    """The recipe of ``cls`` or, when it cannot be named, of its nearest base that can: a
+    worker's error of a class made in a function comes back a plain ``WorkerError``."""
+    for base in cls.__mro__:
+        found = _recipe(base)
+        if found is not None:
+            return found
+    raise AssertionError("unreachable: HpcCollectError is importable")
+
+
+def _class(recipe: _Recipe) -> type:
+    """The class ``recipe`` names, remaking the variants it takes."""
+    if isinstance(recipe, type):
+        return recipe
+    maker, parts = recipe
+    return maker(*(_class(part) for part in parts))
+
+
+def _rebuild(recipe: _Recipe, args: tuple[Any, ...]) -> BaseException:
+    """An unpickled hpccollect error: of the class ``recipe`` names, with its ``args`` (the
+    final message) and no ``__init__`` call; pickle then restores its attributes."""
+    cls = _class(recipe)
+    return cls.__new__(cls, *args)
