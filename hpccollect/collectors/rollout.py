@@ -7,6 +7,7 @@ output TensorDict is assembled once per batch, in TorchRL's layout.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from tensordict.nn import TensorDictModuleBase, set_interaction_type
 
 from hpccollect.collectors.options import CollectorArgs, Devices
 from hpccollect.collectors.trajectories import TrajIdPool
-from hpccollect.envs.gym import DONE_KEYS, GymEnv, Leaves
+from hpccollect.envs.gym import DONE_KEYS, GymEnv, Leaves, env_seeds
 from hpccollect.envs.spaces import Key
 from hpccollect.errors import ArgumentValueError, EnvError, PolicyError, with_builtin
 from hpccollect.policy import RandomPolicy, WrappedPolicy
@@ -236,6 +237,29 @@ class StepLoop:
         }
 
     # ------------------------------------------------------------------ resets
+    def reset(self) -> None:
+        """Reset every env before the next step (new trajectories start)."""
+        self.needs_reset = True
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed env ``i`` with ``seed + i`` (all ``seed`` when ``static_seed``) at a reset of
+        every env before the next step; returns the last env's seed."""
+        seeds = env_seeds(seed, self.env.num_envs, static_seed)
+        self.env.schedule_seeds(seeds)
+        self.needs_reset = True
+        return seeds[-1]
+
+    def env_state_dict(self) -> OrderedDict:
+        """A gymnasium env keeps no state a collector saves (as TorchRL's gym wrapper)."""
+        return OrderedDict()
+
+    def load_env_state_dict(self, state: Any) -> None:
+        if state:
+            raise ArgumentValueError(
+                f"state_dict has an env_state_dict with {len(state)} entries, but a gymnasium "
+                "env keeps no state to load it into."
+            )
+
     def full_reset(self) -> None:
         """Reset every env (with seeds scheduled by ``set_seed``) and start new trajectories."""
         self.root = self.env.reset_arrays()

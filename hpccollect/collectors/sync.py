@@ -18,6 +18,7 @@ from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Inte
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.options import CollectorArgs
 from hpccollect.collectors.rollout import StepLoop
+from hpccollect.collectors.td_rollout import TensorDictLoop, wrap_env_policy
 from hpccollect.collectors.trajectories import TrajIdPool, split_trajectories
 from hpccollect.collectors.weights import (
     LocalWeightsUpdaterBase,
@@ -25,7 +26,8 @@ from hpccollect.collectors.weights import (
     RemoteWeightsUpdaterBase,
     WeightUpdaterBase,
 )
-from hpccollect.envs.gym import env_seeds, make_env
+from hpccollect.envs import envbase
+from hpccollect.envs.factory import make_env
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.policy import (
     RandomPolicy,
@@ -127,6 +129,8 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
             categorical_action_encoding=categorical_action_encoding,
         )
         try:
+            if envbase.is_torchrl_env(self.env):
+                self.env = self._prepare_torchrl_env(self.env)
             self._setup(policy, pool, replay_buffer, interruptor)
         except BaseException:
             self.env.close()
@@ -138,9 +142,19 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
         )
         self._closed = False
 
+    def _prepare_torchrl_env(self, env: Any) -> Any:
+        """A TorchRL env as TorchRL's collector prepares it: moved to ``env_device``, and with a
+        ``StepCounter`` appended for ``max_frames_per_traj``."""
+        if self.devices.env is not None:
+            env = env.to(self.devices.env)
+        if self.options.max_frames_per_traj is not None:
+            env = envbase.add_step_counter(env, self.options.max_frames_per_traj)
+        return env
+
     def _setup(self, policy: Any, pool: TrajIdPool, replay_buffer: Any, interruptor: Any) -> None:
         opts = self.options
-        self.n_env = self.env.num_envs
+        torchrl_env = envbase.is_torchrl_env(self.env)
+        self.n_env = envbase.num_envs(self.env) if torchrl_env else self.env.num_envs
         self.storing_device = self.devices.storing
         self.policy_device = self.devices.policy
         self.env_device = self.devices.env or self.env.device
@@ -148,7 +162,8 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
         self._traj_view: TensorDictBase | None = None
         self._wrapped, self._source = self._place_policy(policy)
         self.policy = self._wrapped.module
-        self._loop = StepLoop(self.env, self._wrapped, opts, self.devices, pool)
+        loop = TensorDictLoop if torchrl_env else StepLoop
+        self._loop = loop(self.env, self._wrapped, opts, self.devices, pool)
         self._steps_per_batch = -(-opts.frames_per_batch // self.n_env)
         if opts.frames_per_batch % self.n_env:
             warnings.warn(
@@ -171,16 +186,19 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
 
     def _place_policy(self, policy: Any) -> tuple[WrappedPolicy, nn.Module | None]:
         """Wrap the policy; copy it to ``policy_device`` if it lives elsewhere (TorchRL does too)."""
-        spec = self.env.action_spec
-        keys, trust = self.env.observation_keys, self.trust_policy
-        wrapped = wrap_policy(policy, keys, spec, trust_policy=trust)
+        wrapped = self._wrap(policy)
         target = self.devices.policy
         module = wrapped.weights_module
         current = _module_device(module) if module is not None else None
         if target is None or current is None or current == target:
             return wrapped, None
-        moved = copy.deepcopy(policy).to(target)
-        return wrap_policy(moved, keys, spec, trust_policy=trust), module
+        return self._wrap(copy.deepcopy(policy).to(target)), module
+
+    def _wrap(self, policy: Any) -> WrappedPolicy:
+        if envbase.is_torchrl_env(self.env):
+            return wrap_env_policy(policy, self.env, self.trust_policy)
+        keys, spec = self.env.observation_keys, self.env.action_spec
+        return wrap_policy(policy, keys, spec, trust_policy=self.trust_policy)
 
     # ------------------------------------------------------------------ iteration
     def _should_stop(self) -> bool:
@@ -251,25 +269,23 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
         ``init_random_frames``) draws from a generator seeded with ``seed`` too.
         """
         seed = check_int("seed", seed)
-        seeds = env_seeds(seed, self.n_env, static_seed)
-        self.env.schedule_seeds(seeds)
-        self._loop.needs_reset = True
+        last = self._loop.set_seed(seed, static_seed)
         for module in (self._loop.random_policy, self.policy):
             if isinstance(module, RandomPolicy):
                 module.generator.manual_seed(seed)
-        return seeds[-1]
+        return last
 
     def reset(self) -> None:
-        """Reset every env before the next step (new trajectories start)."""
-        self._loop.needs_reset = True
+        """Reset every env (new trajectories, with new ids, start)."""
+        self._loop.reset()
 
     def state_dict(self) -> OrderedDict:
         """``policy_state_dict`` (when the policy has weights), ``env_state_dict``, progress."""
         state: OrderedDict = OrderedDict()
         module = self._wrapped.weights_module
-        if module is not None and len(module.state_dict()):
+        if module is not None:  # an empty one too, as TorchRL for a module without weights
             state["policy_state_dict"] = module.state_dict()
-        state["env_state_dict"] = OrderedDict()
+        state["env_state_dict"] = self._loop.env_state_dict()
         state.update(frames=self._frames, iter=self._iter, traj_pool=self._loop.pool.state_dict())
         return state
 
@@ -281,6 +297,8 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
                     "state_dict has policy_state_dict but this collector's policy has no weights."
                 )
             load_weights_(self._wrapped.weights_module, state_dict["policy_state_dict"])
+        if state_dict.get("env_state_dict"):
+            self._loop.load_env_state_dict(state_dict["env_state_dict"])
         self._frames = int(state_dict.get("frames", self._frames))
         self._iter = int(state_dict.get("iter", self._iter))
         if "traj_pool" in state_dict:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from hpccollect.errors import ArgumentValueError
 
-__all__ = ["TrajIdPool", "split_trajectories"]
+__all__ = ["TrajIdPool", "split_trajectories", "stack_keeps_names"]
 
 
 class TrajIdPool:
@@ -47,9 +49,10 @@ def split_trajectories(
     ``(prefix, "mask")`` is True on real steps. Frames whose id is -1 (padding of a preempted
     worker) belong to no trajectory and are left out.
 
-    Names and shapes are TorchRL 0.14.1's: a ``[T]`` batch gives ``[None, "time"]``; when every
-    trajectory spans the whole time dim the batch keeps its shape and names (only the mask is
-    added); otherwise the padded result is unnamed (``[None, None]``).
+    Names and shapes are TorchRL 0.14.1's: when every trajectory spans the whole time dim the
+    batch keeps its shape and names (only the mask is added; a ``[T]`` batch becomes
+    ``[1, T]`` named ``[None, "time"]``); otherwise a padded ``[N, T]`` split is unnamed and a
+    padded ``[T]`` split is named as stacking names it (``stack_keeps_names``).
     """
     ids_key = (prefix, traj_key)
     mask_key = (prefix, "mask")
@@ -60,6 +63,9 @@ def split_trajectories(
     names = rollout.names if rollout.ndim else []
     flat = rollout.clone(False)
     flat.names = None
+    for node in flat.values(True):  # tensordict 0.14 leaves names two levels down
+        if isinstance(node, TensorDictBase) and node.names != [None] * node.batch_dims:
+            node.names = None
     flat = flat.reshape(-1)
     ids = flat.get(ids_key)
     valid = ids != -1
@@ -86,6 +92,15 @@ def split_trajectories(
 
     out = out.apply(_pad)
     out.set(mask_key, mask)
-    if rollout.ndim == 1 and names[0] is not None:
+    if rollout.ndim == 1 and names[0] is not None and stack_keeps_names():
         out.names = [None, names[0]]
     return out
+
+
+@functools.cache
+def stack_keeps_names() -> bool:
+    """Whether stacking named TensorDicts keeps their names (tensordict 0.15 does, 0.14 drops
+    them): TorchRL pads and stacks the trajectories of a ``[T]`` batch, so its split is named
+    ``[None, "time"]`` or unnamed depending on the tensordict installed."""
+    one = TensorDict({}, batch_size=[1]).refine_names("time")
+    return torch.stack([one, one], 0).names == [None, "time"]

@@ -1,6 +1,7 @@
 """gymnasium environments as TensorDict-speaking envs with TorchRL's keys, dtypes and specs."""
 
-from hpccollect.envs.gym import GymEnv, make_env
+from hpccollect.envs.factory import make_env
+from hpccollect.envs.gym import GymEnv
 from hpccollect.envs.specs import (
     Binary,
     Bounded,

@@ -11,7 +11,7 @@ DISABLED modes) or picked up from ``info["final_obs"]`` (SAME_STEP mode).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -23,7 +23,7 @@ from hpccollect.envs.spaces import Key, LeafCodec, action_codec, observation_cod
 from hpccollect.envs.specs import Categorical, Composite, TensorSpec, Unbounded
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, EnvError, with_builtin
 
-__all__ = ["DONE_KEYS", "GymEnv", "env_seeds", "make_env"]
+__all__ = ["DONE_KEYS", "GymEnv", "env_seeds"]
 
 DONE_KEYS = ("done", "terminated", "truncated")
 _NEXT_STEP = gym.vector.AutoresetMode.NEXT_STEP
@@ -338,54 +338,3 @@ def _make_from_id(env_id: str, num_envs: int | None, mode: str, kwargs: dict) ->
             f"create_env_fn: cannot make gymnasium env {env_id!r}: {err} "
             "List registered ids with `python -c 'import gymnasium; gymnasium.pprint_registry()'`."
         ) from err
-
-
-def make_env(
-    create_env_fn: Any,
-    create_env_kwargs: dict | None = None,
-    *,
-    categorical_action_encoding: bool = False,
-) -> GymEnv:
-    """Build the collector's env from what TorchRL accepts as ``create_env_fn``.
-
-    Accepts an env id string, a gymnasium env or vector env, a ``GymEnv``, a callable returning
-    any of those, or a list of callables returning gymnasium envs (run as a ``SyncVectorEnv``).
-    """
-    kwargs = dict(create_env_kwargs or {})
-    if isinstance(create_env_fn, GymEnv):
-        return create_env_fn
-    if isinstance(create_env_fn, str):
-        return GymEnv(
-            create_env_fn, categorical_action_encoding=categorical_action_encoding, **kwargs
-        )
-    if isinstance(create_env_fn, (gym.Env, gym.vector.VectorEnv)):
-        return GymEnv(create_env_fn, categorical_action_encoding=categorical_action_encoding)
-    if isinstance(create_env_fn, (list, tuple)):
-        if not create_env_fn or not all(callable(f) for f in create_env_fn):
-            raise ArgumentTypeError(
-                "create_env_fn: a list must hold one or more callables that return gymnasium envs."
-            )
-        fns: list[Callable] = [_bind(f, kwargs) for f in create_env_fn]
-        vec = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-        return GymEnv(vec, categorical_action_encoding=categorical_action_encoding)
-    if callable(create_env_fn):
-        try:
-            made = create_env_fn(**kwargs)
-        except Exception as err:
-            raise with_builtin(EnvError, err)(
-                f"create_env_fn raised {type(err).__name__} while building the env: {err}"
-            ) from err
-        if isinstance(made, (GymEnv, gym.Env, gym.vector.VectorEnv, str)):
-            return make_env(made, categorical_action_encoding=categorical_action_encoding)
-        raise ArgumentTypeError(
-            f"create_env_fn returned {type(made).__name__}; it must return a gymnasium.Env, a "
-            "gymnasium.vector.VectorEnv or an hpccollect.envs.GymEnv."
-        )
-    raise ArgumentTypeError(
-        f"create_env_fn must be an env id string, a gymnasium env, or a callable returning one; "
-        f"got {create_env_fn!r} of type {type(create_env_fn).__name__}."
-    )
-
-
-def _bind(fn: Callable, kwargs: dict) -> Callable:
-    return (lambda: fn(**kwargs)) if kwargs else fn

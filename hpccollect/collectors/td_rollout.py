@@ -1,0 +1,380 @@
+"""The step loop for TorchRL envs: the env's own TensorDicts, stepped as TorchRL's collector does.
+
+Per step the policy writes into the carrier (the env's root TensorDict) and
+``env.step_and_maybe_reset`` returns the step and the next carrier; nothing else runs per step.
+Once per batch the steps are stacked (straight into the output buffers when the collector keeps
+them) and the trajectory ids are computed from the batch's done flags, so a batch costs what the
+env's own ``rollout`` costs. Keys, shapes, dtypes and names are those TorchRL's collector gives:
+what the env's specs declare (transforms included), what the policy writes, and
+``("collector", "traj_ids")``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase, set_interaction_type
+from torch import nn
+
+from hpccollect.collectors.options import CollectorArgs, Devices
+from hpccollect.collectors.trajectories import TrajIdPool
+from hpccollect.envs import envbase
+from hpccollect.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    EnvError,
+    PolicyError,
+    with_builtin,
+)
+from hpccollect.policy import WrappedPolicy, _TensorDictCallable, takes_tensordict
+
+__all__ = ["SpecRandomPolicy", "TensorDictLoop", "wrap_env_policy"]
+
+TRAJ_KEY = ("collector", "traj_ids")
+
+
+class SpecRandomPolicy(TensorDictModuleBase):
+    """``policy=None`` on a TorchRL env: a uniform draw from the env's full action spec, with
+    torch's global generator, as TorchRL's ``RandomPolicy`` does."""
+
+    def __init__(self, action_spec: Any) -> None:
+        super().__init__()
+        self.action_spec = action_spec
+        self.in_keys: list = []
+        self.out_keys = list(action_spec.keys(True, True))
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return tensordict.update(self.action_spec.rand())
+
+
+def wrap_env_policy(policy: Any, env: Any, trust_policy: bool = False) -> WrappedPolicy:
+    """TorchRL's wrapping rules on a TorchRL env: no policy draws random actions; a TensorDict
+    module, a callable taking one TensorDict, or any policy with ``trust_policy`` is called with
+    the TensorDict; another callable is called with the observation entries its parameters are
+    named after, and its output is the env's action (``output1``, ... for a tuple's rest)."""
+    if policy is None:
+        return WrappedPolicy(SpecRandomPolicy(env.full_action_spec), None, None)
+    weights = policy if isinstance(policy, nn.Module) else None
+    if isinstance(policy, TensorDictModuleBase):
+        return WrappedPolicy(policy, policy, None)
+    if not callable(policy):
+        raise ArgumentTypeError(
+            f"policy must be a TensorDictModule, an nn.Module, a callable or None; got "
+            f"{type(policy).__name__}."
+        )
+    if trust_policy or takes_tensordict(policy):
+        return WrappedPolicy(_TensorDictCallable(policy, []), weights, None)
+    module = TensorDictModule(policy, **_keys_by_name(policy, env))
+    return WrappedPolicy(module, weights, None)
+
+
+def _keys_by_name(policy: Any, env: Any) -> dict[str, list]:
+    target = policy.forward if isinstance(policy, nn.Module) else policy
+    params = inspect.signature(target).parameters
+    observations = set(env.observation_spec.keys())
+    required = {n for n, p in params.items() if p.default is inspect.Parameter.empty}
+    if required - observations:
+        raise ArgumentTypeError(
+            f"the policy's parameters {sorted(params)} do not name entries of the env's "
+            f"observation spec {sorted(map(str, observations))}: a plain callable is called with "
+            "the observations its parameters are named after. Rename them, wrap the policy in a "
+            "TensorDictModule with in_keys/out_keys, or pass trust_policy=True if it takes the "
+            "TensorDict."
+        )
+    in_keys = [n for n in params if n in observations]
+    out_keys = list(env.action_keys)
+    sample = env.observation_spec.rand()
+    with torch.no_grad():
+        output = policy(**{k: sample.get(k) for k in in_keys})
+    if isinstance(output, tuple):
+        out_keys += [f"output{i + 1}" for i in range(len(output) - 1)]
+    return {"in_keys": in_keys, "out_keys": out_keys}
+
+
+def _leaf_keys(td: TensorDictBase) -> set:
+    return {k if isinstance(k, tuple) else (k,) for k in td.keys(True, True)}
+
+
+def _private(key: tuple) -> bool:
+    return any(part.startswith("_") for part in key)
+
+
+class TensorDictLoop:
+    """Runs a TorchRL env with a policy, a batch of ``steps`` steps at a time.
+
+    Args:
+        env: the TorchRL env (``EnvBase``).
+        policy: the wrapped policy.
+        options: batch-shaping options.
+        devices: env/policy/storing devices.
+        traj_pool: where new trajectory ids come from.
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        policy: WrappedPolicy,
+        options: CollectorArgs,
+        devices: Devices,
+        traj_pool: TrajIdPool,
+    ) -> None:
+        self.env, self.policy, self.options, self.devices = env, policy, options, devices
+        self.pool = traj_pool
+        self.batch_size = torch.Size(env.batch_size)
+        self.random_policy = SpecRandomPolicy(env.full_action_spec)
+        self.steps_taken = 0
+        self._clear_device = env.device is None or devices.policy not in (None, env.device)
+        self.carrier = self._reset_env()
+        self.traj_ids = self._new_ids()
+        self.policy_keys = self._probe_policy()
+        self.keys = self._output_keys()
+        self._same: TensorDictBase | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def _reset_env(self) -> TensorDictBase:
+        try:
+            with torch.no_grad():
+                carrier = self.env.reset()
+        except Exception as err:
+            raise with_builtin(EnvError, err)(
+                f"env {envbase.env_name(self.env)!r} raised {type(err).__name__} in reset(): {err}",
+                env_name=envbase.env_name(self.env),
+            ) from err
+        return carrier.clear_device_() if self._clear_device else carrier
+
+    def _new_ids(self) -> torch.Tensor:
+        return torch.from_numpy(self.pool.take(self.batch_size.numel())).view(self.batch_size)
+
+    def _probe_policy(self) -> list[tuple]:
+        """Call the policy once on a copy of the first carrier, as TorchRL's collector does:
+        check that it writes the env's actions and learn every key it writes."""
+        given = self.carrier.copy()
+        before = {k: given.get(k) for k in _leaf_keys(given)}
+        try:
+            with torch.no_grad():  # TorchRL probes outside the exploration type too
+                out = self.policy.module(given)
+        except Exception as err:
+            raise with_builtin(PolicyError, err)(
+                f"the policy raised {type(err).__name__} on the env's first TensorDict: {err}. "
+                f"It was called with keys {sorted(map(str, before))} "
+                f"(batch_size={list(self.batch_size)})."
+            ) from err
+        out = given if out is None else out
+        if not isinstance(out, TensorDictBase):
+            raise PolicyError(
+                f"the policy returned {type(out).__name__}; a policy taking a TensorDict must "
+                "return a TensorDict (or None after writing into it)."
+            )
+        written = [k for k in _leaf_keys(out) if before.get(k) is not out.get(k)]
+        self._check_actions(out, written)
+        self._policy_template = out.select(*written).clone().zero_()
+        return written
+
+    def _check_actions(self, out: TensorDictBase, written: list[tuple]) -> None:
+        spec = self.env.full_action_spec
+        for key in _leaf_keys(spec.zero()):
+            if key not in written:
+                raise with_builtin(PolicyError, KeyError)(
+                    f"the policy did not write the env's action {key if len(key) > 1 else key[0]!r}"
+                    f"; it wrote {sorted(map(str, written))}. A TensorDictModule policy must list "
+                    "it in its out_keys."
+                )
+            want, got = spec[key].shape, out.get(key).shape
+            if got != want:
+                raise PolicyError(
+                    f"the policy wrote {key if len(key) > 1 else key[0]!r} with shape "
+                    f"{tuple(got)}, but env {envbase.env_name(self.env)!r} needs shape "
+                    f"{tuple(want)} ({spec[key]!r})."
+                )
+
+    def _output_keys(self) -> list[tuple]:
+        """What a batch holds, as in TorchRL: the env's declared entries, what the policy writes
+        and the trajectory ids; private (``_``-prefixed) entries are left out."""
+        keys = _leaf_keys(self.env.fake_tensordict()) | set(self.policy_keys)
+        return [*sorted((k for k in keys if not _private(k)), key=str), TRAJ_KEY]
+
+    # ------------------------------------------------------------------ resets and seeds
+    def reset(self) -> None:
+        """Reset every env now; new trajectories, with new ids, start."""
+        self.carrier.update(self._reset_env())
+        self.traj_ids = self._new_ids()
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed the env (TorchRL's ``env.set_seed``); returns what it returns."""
+        return self.env.set_seed(seed, static_seed=static_seed)
+
+    def env_state_dict(self) -> OrderedDict:
+        """The env's state as TorchRL's collector saves it (transforms' or batched env's)."""
+        return envbase.env_state_dict(self.env)
+
+    def load_env_state_dict(self, state: Any) -> None:
+        envbase.load_env_state_dict(self.env, state)
+
+    # ------------------------------------------------------------------ the loop
+    def collect(
+        self, steps: int, *, random: bool = False, should_stop: Callable[[], bool] | None = None
+    ) -> TensorDictBase:
+        """Run ``steps`` steps; return the batch (``[*env.batch_size, T]``, last dim "time").
+
+        ``random`` draws actions from the env's action spec instead of the policy;
+        ``should_stop`` is polled after each step and cuts the batch when it returns True.
+        """
+        if self.options.reset_at_each_iter:
+            self.reset()
+        tds = self._run(steps, random, should_stop)
+        batch = self._stack(tds, steps)
+        self._write_traj_ids(batch)
+        if self.options.set_truncated:
+            self._set_truncated(batch)
+        storing = self.devices.storing
+        if storing is not None and batch.device != storing:
+            batch = batch.to(storing)
+        return batch
+
+    def _run(self, steps: int, random: bool, should_stop: Callable | None) -> list:
+        env, carrier, tds = self.env, self.carrier, []
+        act = self.random_policy if random else self.policy.module
+        step = env.step_and_maybe_reset if self.options.reset_when_done else self._step
+        keys = self.policy_keys
+        with torch.no_grad(), set_interaction_type(self.options.exploration_type):
+            for t in range(steps):
+                try:
+                    out = act(carrier)
+                except Exception as err:
+                    raise with_builtin(PolicyError, err)(
+                        f"the policy raised {type(err).__name__} at step {self.steps_taken} "
+                        f"(step {t} of this batch): {err}"
+                    ) from err
+                if out is not None and out is not carrier:
+                    carrier.update(out, keys_to_update=keys)
+                try:
+                    td, carrier = step(carrier)
+                except Exception as err:
+                    name = envbase.env_name(env)
+                    raise with_builtin(EnvError, err)(
+                        f"env {name!r} raised {type(err).__name__} in step() at step "
+                        f"{self.steps_taken} (step {t} of this batch): {err}",
+                        env_name=name,
+                        step=self.steps_taken,
+                    ) from err
+                if self._clear_device:
+                    carrier.clear_device_()
+                tds.append(td)
+                self.steps_taken += 1
+                if should_stop is not None and should_stop():
+                    break
+        self.carrier = carrier
+        return tds
+
+    def _step(self, carrier: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        """``reset_when_done=False``: step without resetting ended envs."""
+        td = self.env.step(carrier)
+        return td, self.env.step_mdp(td)
+
+    def _stack(self, tds: list, steps: int) -> TensorDictBase:
+        dim = len(self.batch_size)
+        out = self._same
+        if out is None and self.options.return_same_td:
+            out = self._same = self._layout(steps)
+        if out is None:
+            batch = torch.stack(tds, dim)
+            if _leaf_keys(batch) != set(self.keys[:-1]):
+                batch = batch.select(*self.keys[:-1])
+            batch.set(TRAJ_KEY, torch.empty(batch.shape, dtype=torch.int64))
+            return batch.refine_names(*([None] * dim), "time")
+        view = out if len(tds) == steps else out[..., : len(tds)]
+        body = view.exclude(TRAJ_KEY)
+        try:
+            torch.stack(tds, dim, out=body)
+        except (RuntimeError, KeyError, ValueError):  # the steps hold entries beyond the specs
+            body.update_(torch.stack(tds, dim).select(*self.keys[:-1]))
+        return view
+
+    def _layout(self, steps: int) -> TensorDictBase:
+        """Zeroed buffers for a ``steps``-long batch, laid out as ``collect`` returns it."""
+        one = self.env.fake_tensordict()
+        one.update(self._policy_template)
+        one = one.select(*self.keys[:-1]).clear_device_()
+        batch = one.unsqueeze(-1).expand(*self.batch_size, steps).clone().zero_()
+        batch.set(TRAJ_KEY, torch.zeros(batch.shape, dtype=torch.int64))
+        return batch.refine_names(*([None] * len(self.batch_size)), "time")
+
+    def _write_traj_ids(self, batch: TensorDictBase) -> None:
+        """Each step's trajectory id, from the batch's done flags: an env whose step ends its
+        trajectory starts a new one at the next step, with the next id from the pool (ids in the
+        order trajectories start, env by env within a step, as TorchRL hands them out)."""
+        n, taken = self.batch_size.numel(), batch.shape[-1]
+        ended = self._ended(batch).reshape(n, taken).T  # [T, n]
+        ids = self.traj_ids.reshape(n)
+        count = int(ended.sum())
+        if not count:
+            batch.get(TRAJ_KEY).copy_(ids.view(*self.batch_size, 1).expand(batch.shape))
+            return
+        event_ids = torch.zeros(taken, n, dtype=torch.int64)
+        event_ids[ended] = torch.from_numpy(self.pool.take(count))
+        times = torch.arange(taken).unsqueeze(1).expand(taken, n)
+        last = torch.where(ended, times, torch.full_like(times, -1)).cummax(0).values
+        before = torch.cat([torch.full((1, n), -1, dtype=torch.int64), last[:-1]])
+        picked = event_ids.gather(0, before.clamp(min=0))
+        per_step = torch.where(before >= 0, picked, ids.unsqueeze(0))  # [T, n]
+        batch.get(TRAJ_KEY).copy_(per_step.T.reshape(batch.shape))
+        final = last[-1]
+        self.traj_ids = torch.where(final >= 0, event_ids[final.clamp(min=0), torch.arange(n)], ids)
+        self.traj_ids = self.traj_ids.view(self.batch_size)
+
+    def _ended(self, batch: TensorDictBase) -> torch.Tensor:
+        """Whether each step ended its trajectory: any done flag of the step, as TorchRL reads it."""
+        nxt = batch.get("next")
+        dims = batch.ndim
+        ended = torch.zeros(batch.shape, dtype=torch.bool)
+        for key in self.env.done_keys:
+            flag = nxt.get(key, None)
+            if flag is None:
+                continue
+            if flag.ndim > dims:
+                flag = flag.flatten(dims, flag.ndim - 1).any(-1)
+            ended |= flag.cpu()
+        return ended
+
+    def _set_truncated(self, batch: TensorDictBase) -> None:
+        """``set_truncated``: the last step of the batch is marked truncated, and so done."""
+        keys = [
+            k for k in self.env.done_keys if (k if isinstance(k, str) else k[-1]) == "truncated"
+        ]
+        if not keys:
+            raise ArgumentValueError(
+                "set_truncated=True, but the env has no truncated flag; add one with "
+                "env.add_truncated_keys() before giving the env to the collector."
+            )
+        for key in keys:
+            key = key if isinstance(key, tuple) else (key,)
+            done_key = ("next", *key[:-1], "done")
+            batch.get(("next", *key))[..., -1, :] = True
+            if done_key in _leaf_keys(batch):
+                batch.get(done_key)[..., -1, :] = True
+
+    # ------------------------------------------------------------------ worker buffers
+    def shared_batch(self, steps: int) -> TensorDictBase:
+        """The output buffers, in shared memory, allocated once; later batches are written there
+        (``return_same_td``), so another process holding this TensorDict sees each batch."""
+        if not self.options.return_same_td:
+            raise RuntimeError("shared_batch() needs a loop built with return_same_td=True")
+        self._same = self._layout(steps).share_memory_()
+        return self._same
+
+    def use_buffers(self, batch: TensorDictBase, steps: int) -> TensorDictBase:
+        """Write later batches into ``batch`` (laid out as ``shared_batch(steps)``)."""
+        layout = self._layout(steps)
+        if _leaf_keys(batch) != _leaf_keys(layout) or batch.shape != layout.shape:
+            raise ArgumentValueError(
+                f"use_buffers: the batch has keys {sorted(map(str, _leaf_keys(batch)))} and shape "
+                f"{tuple(batch.shape)}; this loop writes {sorted(map(str, _leaf_keys(layout)))} "
+                f"with shape {tuple(layout.shape)}."
+            )
+        self._same = batch
+        return batch

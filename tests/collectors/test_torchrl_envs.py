@@ -1,0 +1,326 @@
+"""TorchRL envs in hpccollect's collectors, checked against torchrl's own collectors.
+
+These run in the second test environment (torchrl 0.14.1 installed next to hpccollect); without
+torchrl they skip, unless HPCCOLLECT_REQUIRE_TORCHRL=1 (CI's torchrl run), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+if os.environ.get("HPCCOLLECT_REQUIRE_TORCHRL") != "1":
+    pytest.importorskip("torchrl")
+
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+from torchrl.collectors import Collector as TorchRLCollector
+from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync
+from torchrl.data import Bounded, Composite, Unbounded
+from torchrl.envs import (
+    CatFrames,
+    Compose,
+    DoubleToFloat,
+    EnvBase,
+    EnvCreator,
+    GymEnv,
+    InitTracker,
+    ObservationNorm,
+    RewardSum,
+    SerialEnv,
+    StepCounter,
+    TransformedEnv,
+)
+from torchrl.modules import MLP, OneHotCategorical, ProbabilisticActor
+
+import hpccollect
+from hpccollect.errors import ArgumentValueError, PolicyError
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+
+
+class StepCountingEnv(EnvBase):
+    """Counts its steps: ``count`` (int64) and ``nested/x`` (its float copy) at the root,
+    reward ``action + 1``, done after ``length`` steps. Deterministic, any batch size."""
+
+    def __init__(self, length: int = 7, batch_size: tuple = ()) -> None:
+        super().__init__(batch_size=batch_size)
+        self.length = length
+        shape = (*batch_size, 1)
+        self.observation_spec = Composite(
+            count=Unbounded(shape, dtype=torch.int64),
+            nested=Composite(x=Unbounded((*batch_size, 2)), shape=batch_size),
+            shape=batch_size,
+        )
+        self.action_spec = Bounded(-1, 1, shape)
+        self.reward_spec = Unbounded(shape)
+        self.count = torch.zeros(shape, dtype=torch.int64)
+
+    def _observe(self, **extra: torch.Tensor) -> TensorDict:
+        x = self.count.float().expand(*self.batch_size, 2).clone()
+        return TensorDict(
+            count=self.count.clone(), nested={"x": x}, batch_size=self.batch_size, **extra
+        )
+
+    def _reset(self, tensordict: TensorDict | None) -> TensorDict:
+        if tensordict is not None and "_reset" in tensordict.keys():
+            self.count[tensordict["_reset"]] = 0
+        else:
+            self.count.zero_()
+        done = torch.zeros_like(self.count, dtype=torch.bool)
+        return self._observe(done=done, terminated=done.clone())
+
+    def _step(self, tensordict: TensorDict) -> TensorDict:
+        self.count += 1
+        done = self.count >= self.length
+        reward = tensordict["action"].float() + 1
+        return self._observe(reward=reward, done=done, terminated=done.clone())
+
+    def _set_seed(self, seed: int | None) -> None:
+        pass
+
+
+def cartpole() -> TransformedEnv:
+    """The env of TorchRL's tutorials: CartPole with a step counter, as float32."""
+    return TransformedEnv(GymEnv("CartPole-v1"), Compose(StepCounter(), DoubleToFloat()))
+
+
+def cartpole_transformed() -> TransformedEnv:
+    transforms = Compose(
+        InitTracker(),
+        StepCounter(40),
+        ObservationNorm(in_keys=["observation"], loc=0.5, scale=2.0),
+        CatFrames(3, dim=-1, in_keys=["observation"]),
+        DoubleToFloat(),
+        RewardSum(),
+    )
+    return TransformedEnv(GymEnv("CartPole-v1"), transforms)
+
+
+def serial_cartpoles() -> SerialEnv:
+    return SerialEnv(3, cartpole)
+
+
+def counting() -> StepCountingEnv:
+    return StepCountingEnv()
+
+
+def counting_batched() -> StepCountingEnv:
+    return StepCountingEnv(5, (4,))
+
+
+def stochastic_actor(env: EnvBase) -> ProbabilisticActor:
+    torch.manual_seed(1)
+    n_obs = env.observation_spec["observation"].shape[-1]
+    net = MLP(in_features=n_obs, out_features=2, num_cells=[64, 64])
+    logits = TensorDictModule(net, in_keys=["observation"], out_keys=["logits"])
+    return ProbabilisticActor(
+        logits,
+        in_keys=["logits"],
+        out_keys=["action"],
+        distribution_class=OneHotCategorical,
+        spec=env.action_spec,
+        return_log_prob=True,
+    )
+
+
+def greedy_actor(env: EnvBase) -> TensorDictModule:
+    """Deterministic: one-hot argmax of a fixed linear map."""
+    torch.manual_seed(0)
+    n_obs = env.observation_spec["observation"].shape[-1]
+    linear = torch.nn.Linear(n_obs, 2)
+
+    def act(observation: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(linear(observation).argmax(-1), 2)
+
+    return TensorDictModule(act, in_keys=["observation"], out_keys=["action"])
+
+
+def counting_policy(env: EnvBase) -> TensorDictModule:
+    return TensorDictModule(
+        lambda c: (c.float() * 0.1).clamp(max=1.0), in_keys=["count"], out_keys=["action"]
+    )
+
+
+def _collect(collector_class: type, make, policy_fn, **kwargs) -> tuple[list, dict]:
+    env = make()
+    env.set_seed(0)
+    torch.manual_seed(0)
+    policy = None if policy_fn is None else policy_fn(env)
+    torch.manual_seed(0)
+    kwargs = {"frames_per_batch": 30, "total_frames": 90, **kwargs}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        collector = collector_class(env, policy, **kwargs)
+        collector.set_seed(0)
+        batches = [b.clone() for b in collector]
+        state = collector.state_dict()
+        collector.shutdown()
+    return batches, state
+
+
+def assert_same_batches(ours: list, theirs: list) -> None:
+    """Key by key: keys, shapes, dtypes, names and values."""
+    assert len(ours) == len(theirs)
+    for mine, ref in zip(ours, theirs):
+        assert set(mine.keys(True, True)) == set(ref.keys(True, True))
+        assert mine.batch_size == ref.batch_size and mine.names == ref.names
+        for key in ref.keys(True, True):
+            a, b = mine.get(key), ref.get(key)
+            assert a.dtype == b.dtype and a.shape == b.shape, key
+            assert torch.equal(a, b), key
+
+
+CASES = {
+    "tutorial cartpole, greedy": (cartpole, greedy_actor, {}),
+    "tutorial cartpole, stochastic actor": (cartpole, stochastic_actor, {}),
+    "transforms: init, step count, norm, frame stack, reward sum": (
+        cartpole_transformed,
+        stochastic_actor,
+        {},
+    ),
+    "SerialEnv of 3": (serial_cartpoles, greedy_actor, {}),
+    "EnvBase subclass, nested keys": (counting, counting_policy, {}),
+    "EnvBase subclass, batch [4]": (counting_batched, counting_policy, {}),
+    "max_frames_per_traj adds a StepCounter": (
+        counting,
+        counting_policy,
+        {"max_frames_per_traj": 3},
+    ),
+    "split_trajs": (counting, counting_policy, {"split_trajs": True}),
+    "split_trajs, batch [4]": (counting_batched, counting_policy, {"split_trajs": True}),
+    "reset_at_each_iter": (counting, counting_policy, {"reset_at_each_iter": True}),
+    "set_truncated": (counting, None, {"set_truncated": True, "max_frames_per_traj": 4}),
+    "return_same_td": (counting, counting_policy, {"return_same_td": True}),
+    "random policy": (cartpole, None, {}),
+    "init_random_frames": (counting, counting_policy, {"init_random_frames": 30}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sync_collector_gives_torchrl_batches(case: str) -> None:
+    make, policy_fn, kwargs = CASES[case]
+    ours, our_state = _collect(hpccollect.Collector, make, policy_fn, **kwargs)
+    theirs, their_state = _collect(TorchRLCollector, make, policy_fn, **kwargs)
+    assert_same_batches(ours, theirs)
+    assert set(our_state) == set(their_state)
+    assert our_state["traj_pool"]["count"] > 0
+
+
+def test_env_state_dict_holds_the_transforms_state() -> None:
+    env = TransformedEnv(GymEnv("CartPole-v1"), ObservationNorm(in_keys=["observation"]))
+    env.transform.init_stats(20)
+    collector = hpccollect.Collector(env, None, frames_per_batch=10, total_frames=10)
+    state = collector.state_dict()["env_state_dict"]
+    assert {"loc", "scale"} <= set(state)
+    loc = state["loc"].clone()
+    env.transform.loc.add_(1.0)
+    collector.load_state_dict({"env_state_dict": state | {"loc": loc}, "frames": 0, "iter": 0})
+    assert torch.equal(env.transform.loc, loc)
+    collector.shutdown()
+
+
+@pytest.mark.parametrize(
+    "create_env_fn",
+    [cartpole, EnvCreator(cartpole), [cartpole]],
+    ids=["callable", "EnvCreator", "list of one"],
+)
+def test_every_form_of_create_env_fn(create_env_fn) -> None:
+    collector = hpccollect.SyncDataCollector(
+        create_env_fn, None, frames_per_batch=10, total_frames=10
+    )
+    (batch,) = list(collector)
+    collector.shutdown()
+    assert batch["step_count"].shape == (10, 1) and batch.names == ["time"]
+
+
+def test_create_env_kwargs_on_an_instance_need_a_batched_env() -> None:
+    with pytest.raises(ArgumentValueError, match="create_env_kwargs"):
+        hpccollect.SyncDataCollector(
+            counting(), None, frames_per_batch=10, create_env_kwargs={"length": 3}
+        )
+
+
+def test_max_frames_per_traj_on_an_env_that_counts_steps_is_refused() -> None:
+    with pytest.raises(ArgumentValueError, match="step_count"):
+        hpccollect.SyncDataCollector(cartpole(), None, frames_per_batch=10, max_frames_per_traj=5)
+
+
+def test_a_policy_that_writes_no_action_is_named() -> None:
+    wrong = TensorDictModule(lambda c: c.float(), in_keys=["count"], out_keys=["other"])
+    with pytest.raises(PolicyError, match="action"):
+        hpccollect.SyncDataCollector(counting(), wrong, frames_per_batch=10)
+
+
+def test_plain_module_named_after_the_observation() -> None:
+    class Policy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 2)
+
+        def forward(self, observation: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.one_hot(self.linear(observation).argmax(-1), 2)
+
+    def make_policy(env: EnvBase) -> Policy:
+        torch.manual_seed(3)
+        return Policy()
+
+    def make_env() -> TransformedEnv:  # torchrl passes every observation to such a policy
+        return TransformedEnv(GymEnv("CartPole-v1"), DoubleToFloat())
+
+    ours, _ = _collect(hpccollect.Collector, make_env, make_policy)
+    theirs, _ = _collect(TorchRLCollector, make_env, make_policy)
+    assert_same_batches(ours, theirs)
+
+
+def test_plain_module_with_unknown_parameter_names_is_refused() -> None:
+    with pytest.raises(TypeError, match="observation spec"):
+        hpccollect.Collector(cartpole(), torch.nn.Linear(4, 2), frames_per_batch=10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "collector_class",
+    [hpccollect.MultiSyncDataCollector, hpccollect.MultiaSyncDataCollector],
+)
+@pytest.mark.parametrize("make", [cartpole_transformed, serial_cartpoles, counting_batched])
+def test_multi_collectors_layout_matches_torchrl(collector_class, make) -> None:
+    """Worker processes build the TorchRL env; batches have torchrl's keys, dtypes and shapes
+    (MultiSync's against torchrl's MultiSyncCollector; MultiaSync's are one worker's batch)."""
+    kwargs = {"frames_per_batch": 60, "total_frames": 120}
+    collector = collector_class([make, EnvCreator(make)], None, **kwargs)
+    collector.set_seed(0)
+    ours = list(collector)
+    collector.shutdown()
+    assert len(ours) == 2
+    single = TorchRLCollector(make(), None, frames_per_batch=60, total_frames=60)
+    one = next(iter(single))
+    single.shutdown()
+    if collector_class is hpccollect.MultiSyncDataCollector:
+        reference = TorchRLMultiSync([make, make], None, **kwargs)
+        ref = next(iter(reference))
+        reference.shutdown()
+    else:
+        ref = one
+    for batch in ours:
+        assert set(batch.keys(True, True)) == set(ref.keys(True, True))
+        assert batch.batch_size == ref.batch_size and batch.names == ref.names
+        for key in ref.keys(True, True):
+            assert batch.get(key).dtype == ref.get(key).dtype, key
+    ids = torch.cat([b["collector", "traj_ids"].reshape(-1) for b in ours])
+    assert ids.min() >= 0
+
+
+def test_import_does_not_load_torchrl_for_a_gymnasium_user() -> None:
+    import subprocess
+    import sys
+
+    code = "import hpccollect, sys; c = hpccollect.Collector('CartPole-v1', None, "
+    code += "frames_per_batch=8, total_frames=8); list(c); print('torchrl' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
