@@ -5,15 +5,23 @@ Switch from TorchRL by changing the import::
     from hpccollect import SyncDataCollector
 
 TorchRL 0.14.1 renamed its collectors (``Collector``, ``AsyncCollector``, ``MultiSyncCollector``,
-``MultiAsyncCollector``, ``BaseCollector``); those names are aliases of the same classes here.
+``MultiAsyncCollector``, ``MultiCollector``, ``BaseCollector``, ``DistributedCollector``,
+``DistributedSyncCollector``); those names are the same classes here, importable from
+``hpccollect``, ``hpccollect.collectors`` and ``hpccollect.collectors.distributed``.
 """
 
 from hpccollect._version import __version__
 from hpccollect.collectors import (
+    AsyncCollector,
+    BaseCollector,
+    Collector,
     DataCollectorBase,
     Interruptor,
     LocalWeightsUpdaterBase,
+    MultiAsyncCollector,
     MultiaSyncDataCollector,
+    MultiCollector,
+    MultiSyncCollector,
     MultiSyncDataCollector,
     RemoteWeightsUpdaterBase,
     SyncDataCollector,
@@ -21,7 +29,11 @@ from hpccollect.collectors import (
     aSyncDataCollector,
     split_trajectories,
 )
-from hpccollect.distributed import DistributedDataCollector
+from hpccollect.distributed import (
+    DistributedCollector,
+    DistributedDataCollector,
+    DistributedSyncCollector,
+)
 from hpccollect.envs import GymEnv
 from hpccollect.launchers.mpi import abort_on_uncaught_under_mpiexec
 from hpccollect.policy import ExplorationType, RandomPolicy
@@ -30,24 +42,20 @@ from hpccollect.storage import ReplayBuffer
 # under mpiexec, an uncaught exception on one rank would leave the others waiting forever
 abort_on_uncaught_under_mpiexec()
 
-# TorchRL 0.14.1's names for the same collectors
-BaseCollector = DataCollectorBase
-Collector = SyncDataCollector
-AsyncCollector = aSyncDataCollector
-MultiSyncCollector = MultiSyncDataCollector
-MultiAsyncCollector = MultiaSyncDataCollector
-
 __all__ = [
     "AsyncCollector",
     "BaseCollector",
     "Collector",
     "DataCollectorBase",
+    "DistributedCollector",
     "DistributedDataCollector",
+    "DistributedSyncCollector",
     "ExplorationType",
     "GymEnv",
     "Interruptor",
     "LocalWeightsUpdaterBase",
     "MultiAsyncCollector",
+    "MultiCollector",
     "MultiSyncCollector",
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",

@@ -1,8 +1,12 @@
-"""Data collectors with TorchRL's API."""
+"""Data collectors with TorchRL's API, under TorchRL 0.14.1's names too (``Collector``,
+``AsyncCollector``, ``MultiSyncCollector``, ``MultiAsyncCollector``, ``MultiCollector``,
+``BaseCollector``): ``from torchrl.collectors import X`` becomes ``from hpccollect.collectors
+import X``. The distributed ones are in ``hpccollect.collectors.distributed``, as in TorchRL."""
 
 from hpccollect.collectors.base import DataCollectorBase, Interruptor
 from hpccollect.collectors.multi import (
     MultiaSyncDataCollector,
+    MultiCollector,
     MultiSyncDataCollector,
     aSyncDataCollector,
 )
@@ -15,10 +19,23 @@ from hpccollect.collectors.weights import (
     WeightUpdaterBase,
 )
 
+# TorchRL 0.14.1's names for the same classes
+BaseCollector = DataCollectorBase
+Collector = SyncDataCollector
+AsyncCollector = aSyncDataCollector
+MultiSyncCollector = MultiSyncDataCollector
+MultiAsyncCollector = MultiaSyncDataCollector
+
 __all__ = [
+    "AsyncCollector",
+    "BaseCollector",
+    "Collector",
     "DataCollectorBase",
     "Interruptor",
     "LocalWeightsUpdaterBase",
+    "MultiAsyncCollector",
+    "MultiCollector",
+    "MultiSyncCollector",
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
     "PolicyWeightsCopier",

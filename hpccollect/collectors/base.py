@@ -116,6 +116,8 @@ class DataCollectorBase(abc.ABC):
         remote: RemoteWeightsUpdaterBase | None,
         any_updater: WeightUpdaterBase | None = None,
     ) -> None:
+        if callable(any_updater) and not isinstance(any_updater, WeightUpdaterBase):
+            any_updater = any_updater()  # TorchRL also takes the updater's constructor
         if any_updater is not None:
             if isinstance(any_updater, RemoteWeightsUpdaterBase):
                 remote = remote or any_updater

@@ -5,6 +5,7 @@ each gathers the workers' batches.
 
 from __future__ import annotations
 
+import abc
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -14,9 +15,14 @@ from tensordict import TensorDict, TensorDictBase
 
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.rollout import TRAJ_KEY
-from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+from hpccollect.errors import ArgumentValueError
 
-__all__ = ["MultiSyncDataCollector", "MultiaSyncDataCollector", "aSyncDataCollector"]
+__all__ = [
+    "MultiCollector",
+    "MultiSyncDataCollector",
+    "MultiaSyncDataCollector",
+    "aSyncDataCollector",
+]
 
 
 class MultiSyncDataCollector(MultiCollectorBase):
@@ -198,6 +204,33 @@ class aSyncDataCollector(MultiaSyncDataCollector):
     """
 
     def __init__(self, create_env_fn: Any, policy: Any = None, **kwargs: Any) -> None:
-        if "num_workers" in kwargs:
-            raise ArgumentTypeError("aSyncDataCollector runs exactly one worker; drop num_workers.")
+        if kwargs.pop("num_workers", None) not in (None, 1):
+            raise ArgumentValueError(
+                "aSyncDataCollector runs exactly one worker; drop num_workers (TorchRL's "
+                "AsyncCollector ignores it), or use MultiaSyncDataCollector for several."
+            )
         super().__init__([create_env_fn], policy, **kwargs)
+
+
+class _BySync(abc.ABCMeta):
+    """``MultiCollector(..., sync=...)`` builds the collector ``sync`` names."""
+
+    def __call__(cls, *args: Any, sync: Any = None, **kwargs: Any) -> Any:
+        if not isinstance(sync, bool):
+            raise ArgumentValueError(
+                f"MultiCollector needs sync=True (MultiSyncDataCollector: one batch from every "
+                f"worker) or sync=False (MultiaSyncDataCollector: first ready, first served); "
+                f"got sync={sync!r}."
+            )
+        target = MultiSyncDataCollector if sync else MultiaSyncDataCollector
+        return target(*args, **kwargs)
+
+
+class MultiCollector(metaclass=_BySync):
+    """TorchRL's ``MultiCollector``: ``MultiCollector(create_env_fn, policy, sync=True, ...)``
+    is a ``MultiSyncDataCollector``, ``sync=False`` a ``MultiaSyncDataCollector`` (both are
+    instances of this class)."""
+
+
+MultiCollector.register(MultiSyncDataCollector)
+MultiCollector.register(MultiaSyncDataCollector)

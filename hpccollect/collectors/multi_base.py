@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 from torch import nn
 
-from hpccollect._checks import check_int
+from hpccollect._checks import check_callable, check_int
 from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
 from hpccollect.collectors.channels import Channel
 from hpccollect.collectors.filling import WorkerFilling
@@ -29,16 +29,45 @@ from hpccollect.collectors.options import (
     env_fns,
     per_worker,
 )
+from hpccollect.collectors.policy_options import factories
 from hpccollect.collectors.pool import WorkerPool
 from hpccollect.collectors.processes import start_local_workers
+from hpccollect.collectors.sync import SyncDataCollector
+from hpccollect.collectors.torchrl_keywords import refuse_unoffered
 from hpccollect.collectors.trajectories import split_trajectories
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec, worker_main
 from hpccollect.collectors.worker_weights import SharedWeightsSender, worker_indices
-from hpccollect.errors import ArgumentValueError, WorkerError
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError, WorkerError
 from hpccollect.protocol import Command, Reply, Seed
 
 __all__ = ["MultiCollectorBase"]
+
+#: TorchRL's keywords whose features hpccollect does not offer (see ``torchrl_keywords``)
+_UNOFFERED_HERE = (
+    "extend_buffer",
+    "weight_sync_schemes",
+    "weight_recv_schemes",
+    "track_policy_version",
+    "trajs_per_batch",
+    "trajs_per_write",
+    "traj_format",
+    "auto_register_policy_transforms",
+    "compact_obs",
+)
+
+
+def _worker_class(value: Any) -> type:
+    """TorchRL's ``collector_class`` of a multi-process collector: what each worker runs (None:
+    ``SyncDataCollector``, or a subclass of it)."""
+    if value is None:
+        return SyncDataCollector
+    if isinstance(value, type) and issubclass(value, SyncDataCollector):
+        return value
+    raise ArgumentTypeError(
+        f"collector_class must be None or a SyncDataCollector (TorchRL's Collector) subclass, "
+        f"each worker running one; got {value!r}."
+    )
 
 
 class MultiCollectorBase(WorkerFilling, DataCollectorBase):
@@ -74,6 +103,7 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         policy: Any = None,
         *,
         num_workers: int | None = None,
+        policy_factory: Any = None,
         frames_per_batch: int,
         total_frames: int = -1,
         device: Any = None,
@@ -107,13 +137,35 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         weight_updater: Any = None,
         traj_id_offset: int = 0,
         traj_id_stride: int = 1,
+        collector_class: type | None = None,
+        init_fn: Callable[[], None] | None = None,
+        extend_buffer: bool = True,
+        compile_policy: bool | dict | None = None,
+        cudagraph_policy: bool | dict | None = None,
+        no_cuda_sync: bool = False,
+        weight_sync_schemes: dict | None = None,
+        weight_recv_schemes: dict | None = None,
+        track_policy_version: bool = False,
+        worker_idx: int | None = None,
+        trajs_per_batch: int | None = None,
+        trajs_per_write: int | None = None,
+        traj_format: str | None = None,
+        auto_register_policy_transforms: bool | None = None,
+        pre_collect_hook: Callable[[], None] | None = None,
+        post_collect_hook: Callable[[TensorDictBase], None] | None = None,
+        compact_obs: bool = False,
     ) -> None:
         arguments = locals()
         self._closed = True
         self._pool: WorkerPool | None = None
         self._threads_set: tuple[int, int] | None = None
+        refuse_unoffered(type(self).__name__, {k: arguments[k] for k in _UNOFFERED_HERE})
         fns = env_fns(create_env_fn, num_workers)
         self.num_workers = n = len(fns)
+        self._factories = factories(policy, policy_factory, n)
+        self._worker_class = _worker_class(collector_class)
+        self._init_fn = check_callable("init_fn", init_fn)
+        self.worker_idx = None if worker_idx is None else check_int("worker_idx", worker_idx)
         self.cat_results = check_cat_results(cat_results, type(self).__name__, self._concatenates)
         self.preemptive_threshold = check_preemptive_threshold(preemptive_threshold)
         self.interruptor = (
@@ -142,16 +194,22 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         self._in_flight: set[int] = set()
         self._shared: TensorDictBase | None = None
         self._filling = False
-        weights_module = policy if isinstance(policy, nn.Module) else None
-        if weights_module is not None and TensorDict.from_module(weights_module).is_empty():
-            weights_module = None
-        self._weights = self._weight_buffers(weights_module)
+        # the weights' layout: the policy's, or with policy_factory that of a policy made here
+        # once (as TorchRL's distributed collector does), whose own weights are never sent
+        layout = self._factories[0]() if self._factories else policy
+        if not isinstance(layout, nn.Module) or TensorDict.from_module(layout).is_empty():
+            layout = None
+        self._weights = self._weight_buffers(layout)
         threads = check_int("num_sub_threads", num_sub_threads, minimum=1)
         fpb = self._worker_frames_per_batch()
         args = []
         for i in range(n):
             kwargs = self._worker_kwargs(i, fpb, devices[i], env_kwargs[i])
+            if self._factories is not None:
+                kwargs["policy_factory"] = self._factories[i]
             spec = self._worker_spec(i, fns[i], policy, kwargs, threads)
+            spec.init_fn = self._init_fn
+            spec.weights_template = layout if self._factories is not None else None
             args.append((spec.dumps(), self._weights[i], self.interruptor))
         #: workers still collecting (all of them unless some were lost, see ``_lose``)
         self._active = list(range(n))
@@ -175,7 +233,7 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
             raise
         self._set_weight_updaters(
             local_weight_updater,
-            remote_weight_updater or self._weights_sender(weights_module),
+            remote_weight_updater or self._weights_sender(layout),
             weight_updater,
         )
 
@@ -194,7 +252,7 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         self, index: int, create_env_fn: Any, policy: Any, kwargs: dict, threads: int
     ) -> WorkerSpec:
         """What worker ``index`` builds."""
-        return WorkerSpec(create_env_fn, policy, kwargs, threads)
+        return WorkerSpec(create_env_fn, policy, kwargs, threads, self._worker_class)
 
     def _worker_kwargs(
         self, index: int, frames_per_batch: int, devices: Devices, env_kwargs: Any
@@ -352,6 +410,12 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         ``worker_ids``: an index, a list of indices, or devices (the workers whose policy runs
         on that device). Blocks until every named worker has loaded the weights.
         """
+        if policy_or_weights is None and self._factories is not None and not kwargs:
+            raise ArgumentValueError(
+                "update_policy_weights_() has no weights to send: the workers built their policy "
+                "with policy_factory. Pass the weights: update_policy_weights_(module or "
+                "TensorDict.from_module(module))."
+            )
         super().update_policy_weights_(
             policy_or_weights,
             worker_ids=worker_indices(worker_ids, self._policy_devices),

@@ -18,6 +18,7 @@ import torch
 from tensordict.nn import InteractionType
 
 from hpccollect._checks import check_bool, check_callable, check_int
+from hpccollect.collectors.policy_options import check_compile
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.policy import resolve_exploration_type, resolve_trust_policy
 
@@ -70,6 +71,11 @@ class CollectorArgs:
     weight_updater: Any = None
     traj_id_offset: int = 0
     traj_id_stride: int = 1
+    compile_policy: Any = None
+    cudagraph_policy: Any = None
+    no_cuda_sync: bool = False
+    pre_collect_hook: Callable[[], None] | None = None
+    post_collect_hook: Callable[[Any], None] | None = None
 
     @classmethod
     def check(cls, arguments: Mapping[str, Any], policy: Any = None) -> CollectorArgs:
@@ -157,6 +163,11 @@ def _checked_rest(raw: CollectorArgs, policy: Any) -> dict[str, Any]:
         trust_policy=resolve_trust_policy(raw.trust_policy, policy),
         traj_id_offset=check_int("traj_id_offset", raw.traj_id_offset, minimum=0),
         traj_id_stride=check_int("traj_id_stride", raw.traj_id_stride, minimum=1),
+        compile_policy=check_compile("compile_policy", raw.compile_policy),
+        cudagraph_policy=check_compile("cudagraph_policy", raw.cudagraph_policy),
+        no_cuda_sync=check_bool("no_cuda_sync", raw.no_cuda_sync),
+        pre_collect_hook=check_callable("pre_collect_hook", raw.pre_collect_hook),
+        post_collect_hook=check_callable("post_collect_hook", raw.post_collect_hook),
     )
 
 

@@ -17,8 +17,10 @@ from hpccollect._checks import check_bool, check_int
 from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.options import CollectorArgs
+from hpccollect.collectors.policy_options import factories, wrap_for_speed
 from hpccollect.collectors.rollout import StepLoop
 from hpccollect.collectors.td_rollout import TensorDictLoop, wrap_env_policy
+from hpccollect.collectors.torchrl_keywords import refuse_unoffered
 from hpccollect.collectors.trajectories import TrajIdPool, split_trajectories
 from hpccollect.collectors.weights import (
     LocalWeightsUpdaterBase,
@@ -37,6 +39,23 @@ from hpccollect.policy import (
 )
 
 __all__ = ["SyncDataCollector"]
+
+#: TorchRL's keywords whose features hpccollect does not offer (see ``torchrl_keywords``)
+_UNOFFERED_HERE = (
+    "backend",
+    "backend_options",
+    "num_collectors",
+    "sync",
+    "extend_buffer",
+    "weight_sync_schemes",
+    "weight_recv_schemes",
+    "track_policy_version",
+    "trajs_per_batch",
+    "trajs_per_write",
+    "traj_format",
+    "auto_register_policy_transforms",
+    "compact_obs",
+)
 
 
 class SyncDataCollector(ThreadFilling, DataCollectorBase):
@@ -71,6 +90,11 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
         create_env_fn: Any,
         policy: Any = None,
         *,
+        policy_factory: Callable[[], Any] | None = None,
+        backend: str | None = None,
+        backend_options: dict | None = None,
+        num_collectors: int | None = None,
+        sync: bool | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
         device: Any = None,
@@ -99,10 +123,28 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
         categorical_action_encoding: bool = False,
         traj_id_offset: int = 0,
         traj_id_stride: int = 1,
+        extend_buffer: bool = True,
+        compile_policy: bool | dict | None = None,
+        cudagraph_policy: bool | dict | None = None,
+        no_cuda_sync: bool = False,
+        weight_sync_schemes: dict | None = None,
+        weight_recv_schemes: dict | None = None,
+        track_policy_version: bool = False,
+        worker_idx: int | None = None,
+        trajs_per_batch: int | None = None,
+        trajs_per_write: int | None = None,
+        traj_format: str | None = None,
+        auto_register_policy_transforms: bool | None = None,
+        pre_collect_hook: Callable[[], None] | None = None,
+        post_collect_hook: Callable[[TensorDictBase], None] | None = None,
+        compact_obs: bool = False,
     ) -> None:
         arguments = locals()
         self._closed = True  # until construction succeeds, shutdown() has nothing to do
         self._background: BackgroundThread | None = None
+        refuse_unoffered(type(self).__name__, {k: arguments[k] for k in _UNOFFERED_HERE})
+        factory = factories(policy, policy_factory, 1)
+        self.worker_idx = None if worker_idx is None else check_int("worker_idx", worker_idx)
         self.options = opts = CollectorArgs.check(arguments, policy)
         self.devices = opts.devices()
         self.track_traj_ids = check_bool("track_traj_ids", track_traj_ids)
@@ -131,6 +173,8 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
         try:
             if envbase.is_torchrl_env(self.env):
                 self.env = self._prepare_torchrl_env(self.env)
+            if factory is not None:
+                policy = factory[0]()  # built here, once the env exists (as in TorchRL)
             self._setup(policy, pool, replay_buffer, interruptor)
         except BaseException:
             self.env.close()
@@ -162,6 +206,14 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
         self._traj_view: TensorDictBase | None = None
         self._wrapped, self._source = self._place_policy(policy)
         self.policy = self._wrapped.module
+        if opts.compile_policy is not None or opts.cudagraph_policy is not None:
+            fast = wrap_for_speed(
+                self._wrapped.module,
+                opts.compile_policy,
+                opts.cudagraph_policy,
+                self.devices.policy,
+            )
+            self._wrapped = WrappedPolicy(fast, self._wrapped.weights_module, None)
         loop = TensorDictLoop if torchrl_env else StepLoop
         self._loop = loop(self.env, self._wrapped, opts, self.devices, pool)
         self._steps_per_batch = -(-opts.frames_per_batch // self.n_env)
@@ -209,6 +261,8 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
 
     def rollout(self) -> TensorDictBase:
         """Collect one batch (no ``split_trajs``/``postproc``); frames are not counted."""
+        if self.options.pre_collect_hook is not None:
+            self.options.pre_collect_hook()
         random = self._frames < self.init_random_frames
         batch = self._loop.collect(
             self._steps_per_batch, random=random, should_stop=self._should_stop
@@ -230,6 +284,8 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
         batch = self.rollout()
         self._frames += batch.numel()
         self._iter += 1
+        if self.options.post_collect_hook is not None:
+            self.options.post_collect_hook(batch)
         return batch
 
     def _shared_batch(self) -> TensorDictBase:
@@ -253,6 +309,8 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
                 batch = split_trajectories(batch)
             if self.postproc is not None:
                 batch = self.postproc(batch)
+            if self.options.post_collect_hook is not None:
+                self.options.post_collect_hook(batch)
             if self.replay_buffer is not None:
                 self.replay_buffer.extend(batch)
                 yield None

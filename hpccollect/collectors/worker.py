@@ -44,7 +44,10 @@ class WorkerSpec:
 
     ``sink``: None, or a callable the worker calls once to get an object whose ``extend(batch)``
     takes every batch it collects before announcing it (a per-rank dataset shard, written where
-    the batch was collected) and whose ``close()`` is called when the worker ends."""
+    the batch was collected) and whose ``close()`` is called when the worker ends.
+    ``init_fn``: called first, before anything is built (TorchRL's ``init_fn``).
+    ``weights_template``: with a policy built by ``policy_factory`` in the worker, a module laid
+    out as that policy, for the weights buffer a transport allocates before the policy exists."""
 
     create_env_fn: Any
     policy: Any
@@ -52,6 +55,8 @@ class WorkerSpec:
     num_threads: int = 1
     collector_class: type = SyncDataCollector
     sink: Any = None
+    init_fn: Any = None
+    weights_template: Any = None
 
     def dumps(self) -> bytes:
         return cloudpickle.dumps(self)
@@ -91,11 +96,14 @@ def serve(
     close_env = True
     try:
         spec: WorkerSpec = cloudpickle.loads(payload)
+        if spec.init_fn is not None:
+            spec.init_fn()
         sink = spec.sink() if spec.sink is not None else None
         torch.set_num_threads(spec.num_threads)
         extra = {} if interruptor is None else {"interruptor": interruptor}
         if weights is None:
-            weights = channel.weights_buffer(spec.policy)
+            template = spec.policy if spec.policy is not None else spec.weights_template
+            weights = channel.weights_buffer(template)
         collector = spec.collector_class(spec.create_env_fn, spec.policy, **spec.kwargs, **extra)
         batch = collector._shared_batch()
         placed = channel.batch_buffers(batch)

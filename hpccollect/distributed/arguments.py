@@ -11,7 +11,7 @@ from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
-__all__ = ["accepted_kwargs", "check_collector_class", "check_collector_kwargs"]
+__all__ = ["accepted_kwargs", "check_collector_class", "check_collector_kwargs", "check_port"]
 
 _CLASSES = {
     "single": SyncDataCollector,
@@ -88,3 +88,23 @@ def accepted_kwargs(cls: type) -> set[str] | None:
             if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
                 return set(params)
     return None
+
+
+def check_port(value: Any) -> int | None:
+    """``tcp_port``: None (the launcher's default), or a TCP port as an int or a string of
+    digits (TorchRL's documentation and tests pass ``"12345"``)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not value.strip().isdigit():
+            raise ArgumentValueError(
+                f"tcp_port must be a TCP port number (0-65535), got {value!r}."
+            )
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(
+            f"tcp_port must be an int or a string of digits, got {type(value).__name__}."
+        )
+    if not 0 <= value <= 65535:
+        raise ArgumentValueError(f"tcp_port must be a TCP port (0-65535), got {value}.")
+    return value

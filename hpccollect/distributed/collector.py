@@ -27,12 +27,14 @@ from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.multi import MultiaSyncDataCollector, MultiSyncDataCollector
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
+from hpccollect.collectors.torchrl_keywords import refuse_unoffered
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec
 from hpccollect.distributed.arguments import (
     accepted_kwargs,
     check_collector_class,
     check_collector_kwargs,
+    check_port,
 )
 from hpccollect.distributed.groups import RankGroups, check_backend
 from hpccollect.distributed.startup import start_ranks
@@ -44,7 +46,7 @@ from hpccollect.errors import (
 )
 from hpccollect.launchers import get_launcher
 
-__all__ = ["DistributedDataCollector"]
+__all__ = ["DistributedDataCollector", "DistributedSyncCollector"]
 
 POLICY_VERSION_KEY = "policy_version"
 
@@ -107,6 +109,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         create_env_fn: Any,
         policy: Any = None,
         *,
+        policy_factory: Any = None,
         frames_per_batch: int,
         total_frames: int = -1,
         device: Any = None,
@@ -128,8 +131,12 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         backend: str = "gloo",
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
+        update_interval: int | None = None,
         launcher: Any = "submitit",
-        tcp_port: int | None = None,
+        tcp_port: int | str | None = None,
+        weight_updater: Any = None,
+        weight_sync_schemes: dict | None = None,
+        weight_recv_schemes: dict | None = None,
         replay_buffer: Any = None,
         track_policy_version: bool = False,
         on_worker_failure: str = "raise",
@@ -166,17 +173,31 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         self.max_weight_update_interval = check_int(
             "max_weight_update_interval", max_weight_update_interval
         )
+        refuse_unoffered(
+            type(self).__name__,
+            {
+                "weight_sync_schemes": weight_sync_schemes,
+                "weight_recv_schemes": weight_recv_schemes,
+            },
+        )
+        if update_interval is not None:
+            # TorchRL: weights pushed after every update_interval-th batch; here each rank gets
+            # them before its next batch once it has collected update_interval batches
+            update_interval = check_int("update_interval", update_interval, minimum=1)
+            if self.max_weight_update_interval > 0:
+                raise ArgumentValueError(
+                    "update_interval and max_weight_update_interval both set when weights are "
+                    "sent; give one."
+                )
+            self.max_weight_update_interval = update_interval
+        self.update_interval = update_interval
         self.track_policy_version = check_bool("track_policy_version", track_policy_version)
         if on_worker_failure not in ("raise", "continue"):
             raise ArgumentValueError(
                 f"on_worker_failure must be 'raise' or 'continue', got {on_worker_failure!r}."
             )
         self.on_worker_failure = on_worker_failure
-        if tcp_port is not None:
-            check_int("tcp_port", tcp_port, minimum=0)
-            if tcp_port > 65535:
-                raise ArgumentValueError(f"tcp_port must be a TCP port (0-65535), got {tcp_port}.")
-        self.tcp_port = tcp_port
+        self.tcp_port = check_port(tcp_port)
         if slurm_kwargs is not None and not isinstance(slurm_kwargs, dict):
             raise ArgumentTypeError(
                 f"slurm_kwargs must be a dict of submitit executor parameters, got "
@@ -225,6 +246,8 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             replay_buffer=replay_buffer,
             worker_timeout=worker_timeout,
             start_timeout=start_timeout,
+            policy_factory=policy_factory,
+            weight_updater=weight_updater,
         )
 
     # ------------------------------------------------------------------ the ranks
@@ -287,6 +310,8 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     # ------------------------------------------------------------------ weights and versions
     def _collect_from(self, index: int) -> None:
         interval = self.max_weight_update_interval
+        if self._factories is not None:
+            interval = -1  # the ranks built their policy: no weights here to push
         try:
             if interval > 0 and self._since_update[index] >= interval:
                 self.update_policy_weights_(worker_ids=[index])
@@ -395,3 +420,17 @@ class _AsyncDistributed(DistributedDataCollector, MultiaSyncDataCollector):
     def _next_ready(self) -> tuple[int, TensorDictBase]:
         index, batch = super()._next_ready()
         return index, self._versioned(batch, [self._batch_versions[index]])
+
+
+class DistributedSyncCollector(_SyncDistributed):
+    """TorchRL's ``DistributedSyncCollector``: ``DistributedDataCollector`` with ``sync=True``
+    fixed, and weights sent to every rank before each batch (``update_interval=1``) when the
+    policy has weights. Takes ``DistributedDataCollector``'s keywords but ``sync``."""
+
+    def __init__(self, *args: Any, update_interval: int | None = 1, **kwargs: Any) -> None:
+        if "sync" in kwargs:
+            raise ArgumentValueError(
+                "DistributedSyncCollector is always synchronous: drop sync, or use "
+                "DistributedDataCollector(sync=...)."
+            )
+        super().__init__(*args, sync=True, update_interval=update_interval, **kwargs)

@@ -1,0 +1,87 @@
+"""TorchRL's policy keywords: ``policy_factory`` (the policy built where it runs) and
+``compile_policy``/``cudagraph_policy`` (the policy wrapped for speed), checked once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from tensordict.nn import CudaGraphModule, TensorDictModuleBase
+
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+
+__all__ = ["check_compile", "factories", "wrap_for_speed"]
+
+
+def factories(policy: Any, policy_factory: Any, num_workers: int) -> list[Callable] | None:
+    """One policy constructor per worker (a callable given once is used by every worker), or
+    None without ``policy_factory``. A policy and a factory together are refused, as in TorchRL
+    (the factory builds the policy where it runs; weights then travel as a TensorDict)."""
+    if policy_factory is None:
+        return None
+    if policy is not None:
+        raise ArgumentTypeError(
+            "policy_factory cannot be used with policy: pass the policy, or a factory that "
+            "builds it in each worker (and send weights with update_policy_weights_(weights))."
+        )
+    items = list(policy_factory) if isinstance(policy_factory, (list, tuple)) else None
+    if items is None:
+        items = [policy_factory] * num_workers
+    elif len(items) != num_workers:
+        raise ArgumentValueError(
+            f"policy_factory lists {len(items)} constructors for {num_workers} workers; give one "
+            "per worker, or one callable for all."
+        )
+    for item in items:
+        if not callable(item):
+            raise ArgumentTypeError(
+                f"policy_factory must be a callable taking no argument that returns the policy "
+                f"(or a list of them), got {type(item).__name__}."
+            )
+    return items
+
+
+def check_compile(name: str, value: Any) -> dict[str, Any] | None:
+    """``compile_policy``/``cudagraph_policy``: None or False (off), True (on, default options),
+    or a mapping of options for ``torch.compile``/``CudaGraphModule``."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {}
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise ArgumentTypeError(
+        f"{name} must be True, False, None or a dict of options, got {type(value).__name__}."
+    )
+
+
+def wrap_for_speed(
+    module: TensorDictModuleBase,
+    compile_options: dict[str, Any] | None,
+    cudagraph_options: dict[str, Any] | None,
+    device: torch.device | None,
+) -> Callable:
+    """The policy as the step loop calls it: compiled with ``torch.compile`` after ``warmup``
+    eager calls (default 1), then captured in a ``CudaGraphModule`` (on a machine without CUDA
+    it calls the module as is), as TorchRL's collector wraps it."""
+    call: Callable = module
+    if compile_options is not None:
+        call = _Warmed(module, **compile_options)
+    if cudagraph_options is not None:
+        call = CudaGraphModule(call, in_keys=[], out_keys=[], device=device, **cudagraph_options)
+    return call
+
+
+class _Warmed:
+    """``torch.compile(module)`` used after the first ``warmup`` calls ran eagerly."""
+
+    def __init__(self, module: Callable, warmup: int = 1, **options: Any) -> None:
+        self.module, self.warmup, self.calls = module, int(warmup), 0
+        self.compiled = torch.compile(module, **options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.calls < self.warmup:
+            self.calls += 1
+            return self.module(*args, **kwargs)
+        return self.compiled(*args, **kwargs)

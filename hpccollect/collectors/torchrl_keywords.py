@@ -1,0 +1,76 @@
+"""TorchRL 0.14.1 keywords that hpccollect takes by name but whose feature it does not offer.
+
+A TorchRL script passes them with their defaults (so they are accepted); any other value is
+refused at construction with what the keyword does in TorchRL and what to use here instead, never
+with Python's "unexpected keyword argument".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpccollect.errors import ArgumentValueError
+
+__all__ = ["refuse_unoffered"]
+
+#: keyword -> (values that ask for nothing, what TorchRL would do and the way here)
+_UNOFFERED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "backend": (
+        (None, "direct"),
+        "selects TorchRL's execution backend; here build the collector you want directly: "
+        "MultiSyncCollector/MultiAsyncCollector (backend='process') or DistributedCollector "
+        "(backend='distributed'/'submitit'). 'ray' and 'rpc' need TorchRL's Ray and RPC "
+        "collectors, which hpccollect does not have",
+    ),
+    "backend_options": ((None,), "go with backend=...; pass them to the collector you build"),
+    "num_collectors": (
+        (None, 1),
+        "starts several collectors; use MultiSyncCollector(create_env_fn, num_workers=...)",
+    ),
+    "sync": ((None,), "goes with backend=...; use MultiSyncCollector or MultiAsyncCollector"),
+    "extend_buffer": (
+        (True,),
+        "False writes each step with replay_buffer.add(); hpccollect extends the buffer with "
+        "whole batches",
+    ),
+    "weight_sync_schemes": (
+        (None,),
+        "TorchRL's weight transports; hpccollect sends weights over its own channels "
+        "(update_policy_weights_(weights, worker_ids=...))",
+    ),
+    "weight_recv_schemes": (
+        (None,),
+        "TorchRL's weight transports; hpccollect's workers receive weights from their collector",
+    ),
+    "trajs_per_batch": (
+        (None,),
+        "yields whole trajectories; collect batches and use split_trajs=True or "
+        "hpccollect.split_trajectories",
+    ),
+    "trajs_per_write": ((None,), "goes with trajs_per_batch"),
+    "traj_format": ((None, "padded"), "goes with trajs_per_batch"),
+    "auto_register_policy_transforms": (
+        (None, False),
+        "appends the transforms a recurrent policy needs; add them to the env yourself "
+        "(InitTracker, the policy's TensorDictPrimer)",
+    ),
+    "compact_obs": ((False,), "drops ('next', observation) from stored frames"),
+    "track_policy_version": (
+        (False,),
+        "adds a per-frame policy_version entry; DistributedCollector(track_policy_version=True) "
+        "records the version of every rank's batch",
+    ),
+}
+
+
+def refuse_unoffered(owner: str, given: dict[str, Any]) -> None:
+    """Raise for the first of ``given`` (keyword -> value) that asks for a feature not offered."""
+    for name, value in given.items():
+        defaults, why = _UNOFFERED[name]
+        if not any(value is d or (type(value) is type(d) and value == d) for d in defaults):
+            if name == "backend_options" and value == {}:
+                continue
+            raise ArgumentValueError(
+                f"{owner}: {name}={value!r} is TorchRL's, and hpccollect does not offer it: it "
+                f"{why}. Leave {name} at its default ({defaults[0]!r})."
+            )
