@@ -324,3 +324,95 @@ def test_import_does_not_load_torchrl_for_a_gymnasium_user() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+KEYWORD_PAIRS = [
+    ("Collector", "SyncDataCollector"),
+    ("MultiSyncCollector", "MultiSyncDataCollector"),
+    ("MultiAsyncCollector", "MultiaSyncDataCollector"),
+    ("AsyncCollector", "aSyncDataCollector"),
+]
+
+
+def _keywords(cls: type) -> set[str]:
+    from hpccollect.distributed.arguments import accepted_kwargs
+
+    return set(accepted_kwargs(cls) or ()) - {"self", "args", "kwargs"}
+
+
+@pytest.mark.parametrize(("theirs", "ours"), KEYWORD_PAIRS)
+def test_every_torchrl_keyword_is_accepted(theirs: str, ours: str) -> None:
+    import torchrl.collectors
+
+    mine = _keywords(getattr(hpccollect, ours))
+    if ours == "aSyncDataCollector":
+        mine |= {"num_workers", "policy_factory", "track_policy_version"}
+    missing = _keywords(getattr(torchrl.collectors, theirs)) - mine
+    assert not missing, f"{ours} lacks TorchRL's {sorted(missing)}"
+
+
+@pytest.mark.parametrize("theirs", ["DistributedCollector", "DistributedSyncCollector"])
+def test_every_distributed_keyword_is_accepted(theirs: str) -> None:
+    import torchrl.collectors.distributed
+
+    from hpccollect.collectors import distributed
+
+    cls = getattr(torchrl.collectors.distributed, theirs)
+    missing = _keywords(cls) - _keywords(hpccollect.DistributedDataCollector)
+    assert not missing, f"DistributedDataCollector lacks TorchRL's {sorted(missing)}"
+    assert getattr(distributed, theirs) is not None
+
+
+def _rank_job(launcher: str, backend: str, tmp_path) -> dict:
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    job = Path(__file__).with_name("torchrl_rank_job.py")
+    out = tmp_path / "out.pt"
+    cmd = [sys.executable, str(job), str(out), launcher, backend]
+    if launcher == "mpi":
+        mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+        if mpiexec is None and not os.environ.get("CI"):
+            pytest.skip("no mpiexec next to this Python (pip install mpich)")
+        cmd = [mpiexec, "-n", "3", *cmd]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    ("launcher", "backend"),
+    [
+        ("mp", "gloo"),
+        pytest.param("mpi", "gloo", marks=pytest.mark.mpi),
+        pytest.param("mpi", "mpi", marks=pytest.mark.mpi),
+    ],
+)
+def test_distributed_collector_on_a_torchrl_env_with_policy_factory(launcher, backend, tmp_path):
+    """Every rank builds the TorchRL env and its policy; the batch is laid out as torchrl's
+    Collector lays out one rank's, stacked over the 2 ranks; weights sent reach both ranks."""
+    saved = _rank_job(launcher, backend, tmp_path)
+    reference = TorchRLCollector(cartpole(), None, frames_per_batch=10, total_frames=10)
+    one = next(iter(reference))
+    reference.shutdown()
+    expected = {
+        str(k): ((2, *one.get(k).shape), str(one.get(k).dtype)) for k in one.keys(True, True)
+    }
+    assert saved["layout"] == expected
+    assert saved["names"] == [None, "time"]
+    acts = saved["actions"]
+    assert (acts[0] == 0).all() and (acts[1] == 0).all()
+    assert (acts[-1] == 1).all()  # both ranks act on the weights sent after the second batch

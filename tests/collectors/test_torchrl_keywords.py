@@ -1,0 +1,220 @@
+"""TorchRL 0.14.1's keywords and names, with TorchRL's meaning (gymnasium envs: no torchrl here)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+from conftest import BiasPolicy, CounterEnv
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+
+import hpccollect
+from hpccollect import (
+    Collector,
+    DistributedCollector,
+    DistributedSyncCollector,
+    MultiCollector,
+    MultiSyncCollector,
+)
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+
+
+def bias_policy() -> TensorDictModule:
+    """Takes action 0 until weights with a larger second bias arrive."""
+    return TensorDictModule(BiasPolicy(), ["observation"], ["action"])
+
+
+def flipped() -> TensorDict:
+    return TensorDict({"module": {"bias": torch.tensor([0.0, 1.0])}}, [])
+
+
+def counter() -> CounterEnv:
+    return CounterEnv(4)
+
+
+def actions(batch: TensorDict) -> torch.Tensor:
+    return batch["action"].argmax(-1)
+
+
+def test_policy_factory_builds_the_policy() -> None:
+    collector = Collector(counter, policy_factory=bias_policy, frames_per_batch=8, total_frames=16)
+    first = next(iter(collector))
+    collector.update_policy_weights_(
+        TensorDict.from_module(BiasPolicy()).apply(lambda b: b.flip(0))
+    )
+    second = next(iter(collector))
+    collector.shutdown()
+    assert (actions(first) == 0).all() and (actions(second) == 1).all()
+
+
+def test_policy_and_policy_factory_together_are_refused() -> None:
+    with pytest.raises(TypeError, match="policy_factory"):
+        Collector(counter, bias_policy(), policy_factory=bias_policy, frames_per_batch=8)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sync", [True, False])
+def test_policy_factory_in_workers_takes_weights_sent_to_every_worker(sync: bool) -> None:
+    collector = MultiCollector(
+        [counter, counter], policy_factory=bias_policy, sync=sync, frames_per_batch=16
+    )
+    try:
+        assert isinstance(collector, MultiCollector)
+        before = next(iter(collector))
+        with pytest.raises(ArgumentValueError, match="policy_factory"):
+            collector.update_policy_weights_()  # no weights here to send
+        collector.update_policy_weights_(flipped())
+        states = collector.state_dict()
+        after = [next(iter(collector)) for _ in range(4)]
+    finally:
+        collector.shutdown()
+    assert (actions(before) == 0).all()
+    for i in range(2):
+        assert states[f"worker{i}"]["policy_state_dict"]["module.bias"].tolist() == [0.0, 1.0]
+    # async workers may each have delivered one batch collected before the update
+    assert all((actions(b) == 1).all() for b in after[2:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("cls", [DistributedCollector, DistributedSyncCollector])
+def test_policy_factory_on_ranks_with_a_string_tcp_port(cls: type) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])  # as TorchRL's docs and tests pass it
+    collector = cls(
+        [counter, counter],
+        policy_factory=bias_policy,
+        frames_per_batch=16,
+        total_frames=-1,
+        launcher="mp",
+        tcp_port=port,
+    )
+    try:
+        assert collector.tcp_port == int(port)
+        before = next(iter(collector))
+        collector.update_policy_weights_(flipped())
+        after = [next(iter(collector)) for _ in range(3)]
+    finally:
+        collector.shutdown()
+    assert (actions(before) == 0).all()
+    if cls is DistributedSyncCollector:
+        assert before.batch_size == (2, 8)
+    assert (actions(after[-1]) == 1).all()
+
+
+@pytest.mark.parametrize("port", ["abc", "70000", -1, 3.5])
+def test_a_bad_tcp_port_is_named(port) -> None:
+    with pytest.raises((ArgumentValueError, ArgumentTypeError), match="tcp_port"):
+        DistributedCollector([counter], None, frames_per_batch=8, launcher="mp", tcp_port=port)
+
+
+def test_distributed_sync_collector_is_always_sync() -> None:
+    with pytest.raises(ArgumentValueError, match="always synchronous"):
+        DistributedSyncCollector([counter], None, frames_per_batch=8, launcher="mp", sync=False)
+
+
+def test_compile_policy_gives_the_same_batches() -> None:
+    def run(**kwargs) -> TensorDict:
+        collector = Collector(
+            counter, bias_policy(), frames_per_batch=12, total_frames=24, **kwargs
+        )
+        out = torch.cat([b["action"] for b in collector])
+        collector.shutdown()
+        return out
+
+    assert torch.equal(run(), run(compile_policy={"backend": "eager", "warmup": 2}))
+    assert torch.equal(run(), run(cudagraph_policy=True))  # no CUDA here: calls pass through
+
+
+def test_collect_hooks_are_called_around_each_batch() -> None:
+    seen: list = []
+    collector = Collector(
+        counter,
+        None,
+        frames_per_batch=6,
+        total_frames=12,
+        pre_collect_hook=lambda: seen.append("pre"),
+        post_collect_hook=lambda batch: seen.append(batch.numel()),
+        worker_idx=3,
+    )
+    list(collector)
+    collector.shutdown()
+    assert seen == ["pre", 6, "pre", 6] and collector.worker_idx == 3
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value"),
+    [
+        ("backend", "ray"),
+        ("num_collectors", 4),
+        ("extend_buffer", False),
+        ("trajs_per_batch", 3),
+        ("compact_obs", True),
+        ("weight_sync_schemes", {"policy": object()}),
+        ("track_policy_version", True),
+    ],
+)
+def test_a_feature_not_offered_is_named_with_the_way_here(keyword: str, value) -> None:
+    with pytest.raises(ArgumentValueError, match=keyword) as info:
+        Collector(counter, None, frames_per_batch=8, **{keyword: value})
+    assert "TorchRL" in str(info.value) and not isinstance(info.value, TypeError)
+
+
+def test_torchrl_defaults_of_those_keywords_are_accepted() -> None:
+    collector = Collector(
+        counter,
+        None,
+        frames_per_batch=8,
+        total_frames=8,
+        backend="direct",
+        backend_options=None,
+        num_collectors=None,
+        sync=None,
+        extend_buffer=True,
+        weight_sync_schemes=None,
+        weight_recv_schemes=None,
+        trajs_per_batch=None,
+        traj_format=None,
+        auto_register_policy_transforms=None,
+        compact_obs=False,
+        no_cuda_sync=True,
+    )
+    assert len(list(collector)) == 1
+    collector.shutdown()
+
+
+def test_multi_collector_needs_sync() -> None:
+    with pytest.raises(ArgumentValueError, match="sync=True"):
+        MultiCollector([counter], None, frames_per_batch=8)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_async_collector_takes_num_workers_one_and_init_fn() -> None:
+    collector = hpccollect.AsyncCollector(
+        counter, None, frames_per_batch=8, total_frames=8, num_workers=1, init_fn=_init
+    )
+    (batch,) = list(collector)
+    collector.shutdown()
+    assert batch.numel() == 8
+    with pytest.raises(ArgumentValueError, match="exactly one worker"):
+        hpccollect.AsyncCollector(counter, None, frames_per_batch=8, num_workers=2)
+
+
+def _init() -> None:
+    torch.manual_seed(0)
+
+
+def test_torchrl_module_paths() -> None:
+    from hpccollect.collectors import AsyncCollector, BaseCollector, MultiAsyncCollector
+    from hpccollect.collectors.distributed import DistributedCollector as Dist
+
+    assert Dist is hpccollect.DistributedDataCollector
+    assert MultiSyncCollector is hpccollect.MultiSyncDataCollector
+    assert AsyncCollector is hpccollect.aSyncDataCollector
+    assert MultiAsyncCollector is hpccollect.MultiaSyncDataCollector
+    assert BaseCollector is hpccollect.DataCollectorBase
