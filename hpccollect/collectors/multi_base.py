@@ -38,6 +38,7 @@ from hpccollect.collectors.trajectories import split_trajectories
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec, worker_main
 from hpccollect.collectors.worker_weights import SharedWeightsSender, worker_indices
+from hpccollect.envs import envbase
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, WorkerError
 from hpccollect.protocol import Command, Reply, Seed
 
@@ -55,6 +56,12 @@ _UNOFFERED_HERE = (
     "auto_register_policy_transforms",
     "compact_obs",
 )
+
+
+def _shares_state(create_env_fn: Any) -> bool:
+    """A TorchRL env or ``EnvCreator``: what may hold shared memory and locks that only a
+    process argument passes on (a cloudpickled copy would lose them, or fail on a lock)."""
+    return envbase.is_torchrl_env(create_env_fn) or envbase.from_torchrl(create_env_fn)
 
 
 def _worker_class(value: Any) -> type:
@@ -96,6 +103,9 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
     _preempts = False
     #: what a failed worker does to collection: "raise", or "continue" without it
     on_worker_failure = "raise"
+    #: whether workers are local processes, which a TorchRL env or EnvCreator reaches as a
+    #: process argument (its shared-memory state and locks stay shared, as in TorchRL)
+    _env_by_inheritance = True
 
     def __init__(
         self,
@@ -210,7 +220,10 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
             spec = self._worker_spec(i, fns[i], policy, kwargs, threads)
             spec.init_fn = self._init_fn
             spec.weights_template = layout if self._factories is not None else None
-            args.append((spec.dumps(), self._weights[i], self.interruptor))
+            env = None
+            if self._env_by_inheritance and _shares_state(spec.create_env_fn):
+                env, spec.create_env_fn = spec.create_env_fn, None
+            args.append((spec.dumps(), self._weights[i], self.interruptor, env))
         #: workers still collecting (all of them unless some were lost, see ``_lose``)
         self._active = list(range(n))
         self.lost_workers: list[int] = []

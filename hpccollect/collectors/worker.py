@@ -73,17 +73,23 @@ def worker_main(
     payload: bytes,
     weights: TensorDictBase | None,
     interruptor: Any = None,
+    env: Any = None,
 ) -> None:
-    """Entry point of local worker process ``index`` (see ``processes.start_local_workers``)."""
+    """Entry point of local worker process ``index`` (see ``processes.start_local_workers``);
+    ``env``: the ``create_env_fn`` passed as a process argument instead of in ``payload``."""
     # A scheduler (SLURM, timeout) or Ctrl-C signals the whole process group: the collector
     # decides when to stop and sends SHUTDOWN; if it is gone, recv() ends with EOF.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    serve(PipeChannel(conn), payload, weights, interruptor)
+    serve(PipeChannel(conn), payload, weights, interruptor, env)
 
 
 def serve(
-    channel: Channel, payload: bytes, weights: TensorDictBase | None, interruptor: Any = None
+    channel: Channel,
+    payload: bytes,
+    weights: TensorDictBase | None,
+    interruptor: Any = None,
+    env: Any = None,
 ) -> None:
     """Build the collector ``payload`` (a pickled ``WorkerSpec``) describes and answer
     ``channel``'s commands until ``SHUTDOWN`` or the collector's end closes.
@@ -96,6 +102,8 @@ def serve(
     close_env = True
     try:
         spec: WorkerSpec = cloudpickle.loads(payload)
+        if env is not None:
+            spec.create_env_fn = env
         if spec.init_fn is not None:
             spec.init_fn()
         sink = spec.sink() if spec.sink is not None else None

@@ -261,6 +261,8 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         """Ranks lost during collection (``on_worker_failure="continue"``)."""
         return [i + 1 for i in self.lost_workers]
 
+    _env_by_inheritance = False  # ranks get everything in their payload
+
     def _worker_spec(
         self, index: int, create_env_fn: Any, policy: Any, kwargs: dict, threads: int
     ) -> WorkerSpec:

@@ -19,6 +19,7 @@ from hpccollect.errors import ArgumentValueError
 __all__ = [
     "add_step_counter",
     "env_state_dict",
+    "from_torchrl",
     "is_torchrl_env",
     "load_env_state_dict",
     "num_envs",
@@ -38,6 +39,11 @@ def is_torchrl_env(obj: Any) -> bool:
     return all(callable(getattr(cls, name, None)) for name in _METHODS) and all(
         hasattr(obj, name) for name in _ATTRIBUTES
     )
+
+
+def from_torchrl(obj: Any) -> bool:
+    """Whether ``obj``'s class comes from torchrl (an ``EnvCreator``, say), by its module."""
+    return any(c.__module__.split(".")[0] == "torchrl" for c in type(obj).__mro__)
 
 
 def num_envs(env: Any) -> int:
@@ -119,10 +125,8 @@ def add_step_counter(env: Any, max_steps: int) -> Any:
 
 def _torchrl_module(env: Any, name: str) -> Any:
     """``torchrl.<name>``, from the package the env's class comes from."""
-    for cls in type(env).__mro__:
-        root = cls.__module__.split(".")[0]
-        if root == "torchrl":
-            return importlib.import_module(f"torchrl.{name}")
+    if from_torchrl(env):
+        return importlib.import_module(f"torchrl.{name}")
     raise ArgumentValueError(
         f"max_frames_per_traj needs torchrl's StepCounter, but env {type(env).__name__} does not "
         "come from torchrl; count steps in the env instead."

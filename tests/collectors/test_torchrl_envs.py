@@ -39,7 +39,10 @@ from torchrl.modules import MLP, OneHotCategorical, ProbabilisticActor
 import hpccollect
 from hpccollect.errors import ArgumentValueError, PolicyError
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+pytestmark = [
+    pytest.mark.torchrl,
+    pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning"),
+]
 
 
 class StepCountingEnv(EnvBase):
@@ -416,3 +419,26 @@ def test_distributed_collector_on_a_torchrl_env_with_policy_factory(launcher, ba
     acts = saved["actions"]
     assert (acts[0] == 0).all() and (acts[1] == 0).all()
     assert (acts[-1] == 1).all()  # both ranks act on the weights sent after the second batch
+
+
+def pendulum_vecnorm() -> TransformedEnv:
+    from torchrl.envs import VecNorm
+
+    norm = VecNorm(in_keys=["observation"], decay=0.99)
+    return TransformedEnv(GymEnv("Pendulum-v1"), Compose(DoubleToFloat(), norm))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_env_creator_shares_its_state_with_every_worker() -> None:
+    """As in TorchRL, an EnvCreator's shared state (VecNorm's running statistics) is one for
+    the caller and every worker: the workers' steps move the caller's counts."""
+    creator = EnvCreator(pendulum_vecnorm)
+    count = next(v for v in creator.state_dict().values())["observation_count"]
+    before = float(count)
+    collector = hpccollect.MultiSyncDataCollector(
+        [creator, creator], None, frames_per_batch=200, total_frames=400
+    )
+    list(collector)
+    collector.shutdown()
+    assert float(count) > before + 50
