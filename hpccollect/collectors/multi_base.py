@@ -28,6 +28,7 @@ from hpccollect.collectors.options import (
     check_preemptive_threshold,
     env_fns,
     per_worker,
+    store,
 )
 from hpccollect.collectors.policy_options import factories
 from hpccollect.collectors.pool import WorkerPool
@@ -46,7 +47,6 @@ __all__ = ["MultiCollectorBase"]
 
 #: TorchRL's keywords whose features hpccollect does not offer (see ``torchrl_keywords``)
 _UNOFFERED_HERE = (
-    "extend_buffer",
     "weight_sync_schemes",
     "weight_recv_schemes",
     "track_policy_version",
@@ -54,7 +54,6 @@ _UNOFFERED_HERE = (
     "trajs_per_write",
     "traj_format",
     "auto_register_policy_transforms",
-    "compact_obs",
 )
 
 
@@ -336,7 +335,7 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         if self.postproc is not None:
             batch = self.postproc(batch)
         if self.replay_buffer is not None:
-            self.replay_buffer.extend(batch)
+            store(self.replay_buffer, batch, self.options.extend_buffer)
             return None
         return batch
 

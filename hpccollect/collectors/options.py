@@ -30,6 +30,7 @@ __all__ = [
     "env_fns",
     "per_worker",
     "resolve_devices",
+    "store",
     "to_device",
 ]
 
@@ -76,6 +77,8 @@ class CollectorArgs:
     no_cuda_sync: bool = False
     pre_collect_hook: Callable[[], None] | None = None
     post_collect_hook: Callable[[Any], None] | None = None
+    compact_obs: bool = False
+    extend_buffer: bool = True
 
     @classmethod
     def check(cls, arguments: Mapping[str, Any], policy: Any = None) -> CollectorArgs:
@@ -168,7 +171,37 @@ def _checked_rest(raw: CollectorArgs, policy: Any) -> dict[str, Any]:
         no_cuda_sync=check_bool("no_cuda_sync", raw.no_cuda_sync),
         pre_collect_hook=check_callable("pre_collect_hook", raw.pre_collect_hook),
         post_collect_hook=check_callable("post_collect_hook", raw.post_collect_hook),
+        compact_obs=check_bool("compact_obs", raw.compact_obs),
+        extend_buffer=_checked_extend(raw),
     )
+
+
+def _checked_extend(raw: CollectorArgs) -> bool:
+    """``extend_buffer=False`` (a ``replay_buffer.add`` per step) with TorchRL's refusals."""
+    extend = check_bool("extend_buffer", raw.extend_buffer)
+    if raw.replay_buffer is not None and not extend:
+        if not callable(getattr(raw.replay_buffer, "add", None)):
+            raise ArgumentTypeError(
+                "extend_buffer=False writes each step with replay_buffer.add(), which "
+                f"{type(raw.replay_buffer).__name__} does not have."
+            )
+        for name in ("postproc", "split_trajs"):
+            if getattr(raw, name):
+                raise ArgumentValueError(
+                    f"{name} needs whole batches: with a replay_buffer, leave extend_buffer=True "
+                    "(TorchRL refuses this combination too)."
+                )
+    return extend
+
+
+def store(buffer: Any, batch: Any, extend: bool) -> None:
+    """Write a batch into a replay buffer: at once (``extend``), or a step at a time, each
+    ``[*env batch]`` step in time order (TorchRL's ``extend_buffer=False``)."""
+    if extend:
+        buffer.extend(batch)
+        return
+    for t in range(batch.shape[-1]):
+        buffer.add(batch[..., t])
 
 
 @dataclass(frozen=True)

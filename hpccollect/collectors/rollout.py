@@ -414,6 +414,14 @@ class StepLoop:
             self._same_bufs, self._same_td = self._buffers(steps), None
         return self._same_bufs
 
+    @property
+    def _compacted(self) -> frozenset:
+        """``compact_obs``: what the next step's root repeats is left out of ``next`` (the
+        observations and the step count), as TorchRL does."""
+        if not self.options.compact_obs:
+            return frozenset()
+        return frozenset([*((_NEXT, *k) for k in self.env.obs_codecs), (_NEXT, "step_count")])
+
     def _assemble(self, bufs: dict[Key, torch.Tensor], taken: int) -> TensorDictBase:
         single = not self.env.is_vector
         full = taken == next(iter(bufs.values())).shape[1]
@@ -424,7 +432,10 @@ class StepLoop:
             td = self._same_td  # wraps the very buffers the loop just wrote
         else:
             td = TensorDict({}, batch_size=[taken] if single else [self.env.num_envs, taken])
+            dropped = self._compacted
             for key, buf in bufs.items():
+                if key in dropped:
+                    continue
                 value = buf[0] if single else buf
                 td.set(key, value if full else value.narrow(0 if single else 1, 0, taken))
             td.names = ["time"] if single else [None, "time"]

@@ -16,7 +16,7 @@ from torch import nn
 from hpccollect._checks import check_bool, check_int
 from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
 from hpccollect.collectors.filling import ThreadFilling
-from hpccollect.collectors.options import CollectorArgs
+from hpccollect.collectors.options import CollectorArgs, store
 from hpccollect.collectors.policy_options import factories, wrap_for_speed
 from hpccollect.collectors.rollout import StepLoop
 from hpccollect.collectors.td_rollout import TensorDictLoop, wrap_env_policy
@@ -46,7 +46,6 @@ _UNOFFERED_HERE = (
     "backend_options",
     "num_collectors",
     "sync",
-    "extend_buffer",
     "weight_sync_schemes",
     "weight_recv_schemes",
     "track_policy_version",
@@ -54,7 +53,6 @@ _UNOFFERED_HERE = (
     "trajs_per_write",
     "traj_format",
     "auto_register_policy_transforms",
-    "compact_obs",
 )
 
 
@@ -312,7 +310,7 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
             if self.options.post_collect_hook is not None:
                 self.options.post_collect_hook(batch)
             if self.replay_buffer is not None:
-                self.replay_buffer.extend(batch)
+                store(self.replay_buffer, batch, self.options.extend_buffer)
                 yield None
             else:
                 yield batch

@@ -196,6 +196,10 @@ class TensorDictLoop:
         """What a batch holds, as in TorchRL: the env's declared entries, what the policy writes
         and the trajectory ids; private (``_``-prefixed) entries are left out."""
         keys = _leaf_keys(self.env.fake_tensordict()) | set(self.policy_keys)
+        if self.options.compact_obs:  # what the next step's root repeats leaves "next"
+            spec = self.env.output_spec
+            keys -= {("next", *k) for k in _leaf_keys(spec["full_observation_spec"].zero())}
+            keys -= {("next", *k) for k in _leaf_keys(self.env.full_state_spec.zero())}
         return [*sorted((k for k in keys if not _private(k)), key=str), TRAJ_KEY]
 
     # ------------------------------------------------------------------ resets and seeds

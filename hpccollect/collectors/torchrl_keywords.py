@@ -28,11 +28,6 @@ _UNOFFERED: dict[str, tuple[tuple[Any, ...], str]] = {
         "starts several collectors; use MultiSyncCollector(create_env_fn, num_workers=...)",
     ),
     "sync": ((None,), "goes with backend=...; use MultiSyncCollector or MultiAsyncCollector"),
-    "extend_buffer": (
-        (True,),
-        "False writes each step with replay_buffer.add(); hpccollect extends the buffer with "
-        "whole batches",
-    ),
     "weight_sync_schemes": (
         (None,),
         "TorchRL's weight transports; hpccollect sends weights over its own channels "
@@ -54,7 +49,6 @@ _UNOFFERED: dict[str, tuple[tuple[Any, ...], str]] = {
         "appends the transforms a recurrent policy needs; add them to the env yourself "
         "(InitTracker, the policy's TensorDictPrimer)",
     ),
-    "compact_obs": ((False,), "drops ('next', observation) from stored frames"),
     "track_policy_version": (
         (False,),
         "adds a per-frame policy_version entry; DistributedCollector(track_policy_version=True) "

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
+from hpccollect._compat import pad_keeps_names
 from hpccollect.errors import ArgumentValueError
 
-__all__ = ["TrajIdPool", "split_trajectories", "stack_keeps_names"]
+__all__ = ["TrajIdPool", "split_trajectories"]
 
 
 class TrajIdPool:
@@ -52,7 +51,7 @@ def split_trajectories(
     Names and shapes are TorchRL 0.14.1's: when every trajectory spans the whole time dim the
     batch keeps its shape and names (only the mask is added; a ``[T]`` batch becomes
     ``[1, T]`` named ``[None, "time"]``); otherwise a padded ``[N, T]`` split is unnamed and a
-    padded ``[T]`` split is named as stacking names it (``stack_keeps_names``).
+    padded ``[T]`` split is named as TorchRL's padding names it (``pad_keeps_names``).
     """
     ids_key = (prefix, traj_key)
     mask_key = (prefix, "mask")
@@ -92,15 +91,6 @@ def split_trajectories(
 
     out = out.apply(_pad)
     out.set(mask_key, mask)
-    if rollout.ndim == 1 and names[0] is not None and stack_keeps_names():
+    if rollout.ndim == 1 and names[0] is not None and pad_keeps_names():
         out.names = [None, names[0]]
     return out
-
-
-@functools.cache
-def stack_keeps_names() -> bool:
-    """Whether stacking named TensorDicts keeps their names (tensordict 0.15 does, 0.14 drops
-    them): TorchRL pads and stacks the trajectories of a ``[T]`` batch, so its split is named
-    ``[None, "time"]`` or unnamed depending on the tensordict installed."""
-    one = TensorDict({}, batch_size=[1]).refine_names("time")
-    return torch.stack([one, one], 0).names == [None, "time"]

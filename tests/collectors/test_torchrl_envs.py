@@ -200,6 +200,8 @@ CASES = {
     "return_same_td": (counting, counting_policy, {"return_same_td": True}),
     "random policy": (cartpole, None, {}),
     "init_random_frames": (counting, counting_policy, {"init_random_frames": 30}),
+    "compact_obs": (cartpole, greedy_actor, {"compact_obs": True}),
+    "compact_obs, nested keys": (counting, counting_policy, {"compact_obs": True}),
 }
 
 

@@ -151,9 +151,7 @@ def test_collect_hooks_are_called_around_each_batch() -> None:
     [
         ("backend", "ray"),
         ("num_collectors", 4),
-        ("extend_buffer", False),
         ("trajs_per_batch", 3),
-        ("compact_obs", True),
         ("weight_sync_schemes", {"policy": object()}),
         ("track_policy_version", True),
     ],
@@ -185,6 +183,55 @@ def test_torchrl_defaults_of_those_keywords_are_accepted() -> None:
     )
     assert len(list(collector)) == 1
     collector.shutdown()
+
+
+def test_compact_obs_leaves_the_next_observation_out() -> None:
+    collector = Collector(counter, None, frames_per_batch=8, total_frames=8, compact_obs=True)
+    (batch,) = list(collector)
+    collector.shutdown()
+    assert "observation" in batch.keys()
+    assert set(batch["next"].keys()) == {"reward", "done", "terminated", "truncated"}
+
+
+@pytest.mark.parametrize("collector_class", [Collector, MultiSyncCollector])
+def test_extend_buffer_false_adds_each_step(collector_class) -> None:
+    def fill(extend: bool) -> tuple:
+        rb = hpccollect.ReplayBuffer(100)
+        adds: list = []
+        original = rb.add
+        rb.add = lambda step: adds.append(step.batch_size) or original(step)
+        kwargs = {"num_workers": 1} if collector_class is MultiSyncCollector else {}
+        collector = collector_class(
+            counter,
+            None,
+            frames_per_batch=8,
+            total_frames=16,
+            replay_buffer=rb,
+            extend_buffer=extend,
+            **kwargs,
+        )
+        collector.set_seed(0)
+        assert list(collector) == [None, None]
+        collector.shutdown()
+        return rb[:16], adds
+
+    per_step, adds = fill(False)
+    whole, _ = fill(True)
+    assert len(adds) == 16
+    assert torch.equal(per_step["next", "observation"], whole["next", "observation"])
+
+
+def test_extend_buffer_false_refuses_postproc() -> None:
+    rb = hpccollect.ReplayBuffer(10)
+    with pytest.raises(ArgumentValueError, match="extend_buffer"):
+        Collector(
+            counter,
+            None,
+            frames_per_batch=8,
+            replay_buffer=rb,
+            extend_buffer=False,
+            postproc=lambda b: b,
+        )
 
 
 def test_multi_collector_needs_sync() -> None:
