@@ -21,13 +21,10 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import (
-    CudaGraphModule,
-    InteractionType,
-    TensorDictModule,
-    TensorDictModuleBase,
-    interaction_type,
-)
+from tensordict.nn import CudaGraphModule, InteractionType, TensorDictModule, TensorDictModuleBase
+
+# tensordict.nn exports interaction_type only from 0.15; probabilistic defines it in every version.
+from tensordict.nn.probabilistic import interaction_type
 from torch import nn
 
 from hpccollect.envs.specs import TensorSpec

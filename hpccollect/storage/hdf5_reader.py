@@ -21,11 +21,16 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from hpccollect._compat import register_tensordict_collate
 from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.layout import EPISODE, Key, keymap_from_json
 from hpccollect.storage.spaces_json import space_from_json
 
 __all__ = ["H5Dataset", "TransitionDataset", "open_dataset"]
+
+# TransitionDataset's minibatches go through DataLoader's default collate_fn, in every worker
+# process too (a spawned worker imports this module to unpickle the dataset)
+register_tensordict_collate()
 
 
 def _open(path: Path) -> h5py.File:

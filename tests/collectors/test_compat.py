@@ -23,7 +23,7 @@ from hpccollect import (
     MultiSyncDataCollector,
     SyncDataCollector,
 )
-from hpccollect.collectors.trajectories import stack_keeps_names
+from hpccollect._compat import pad_keeps_names
 from hpccollect.errors import EnvError, HpcCollectError, PolicyError
 from hpccollect.storage import HDF5Writer, export_d4rl, export_minari, open_dataset
 
@@ -73,8 +73,8 @@ def counter_vec(n: int, length: int):
 @pytest.mark.parametrize(
     ("make", "shape", "names"),
     [
-        # one env: [T] -> [None, "time"] (unnamed on tensordict 0.14, where a stack drops names)
-        (lambda: CounterEnv(3), (4, 3), [None, "time" if stack_keeps_names() else None]),
+        # one env: [T] -> [None, "time"] (unnamed on tensordict 0.14, whose pad drops names)
+        (lambda: CounterEnv(3), (4, 3), [None, "time" if pad_keeps_names() else None]),
         (counter_vec(2, 3), (4, 3), [None, None]),  # padded split of [N, T]: unnamed
         (counter_vec(2, 50), (2, 6), [None, "time"]),  # every trajectory spans T: kept as is
     ],

@@ -22,8 +22,8 @@ from tensordict.nn import (
     ProbabilisticTensorDictModule,
     ProbabilisticTensorDictSequential,
     TensorDictModule,
-    interaction_type,
 )
+from tensordict.nn.probabilistic import interaction_type  # tensordict.nn has it from 0.15 only
 from torch import nn
 from torch.distributions import OneHotCategorical
 
