@@ -45,17 +45,6 @@ from hpccollect.protocol import Command, Reply, Seed
 
 __all__ = ["MultiCollectorBase"]
 
-#: TorchRL's keywords whose features hpccollect does not offer (see ``torchrl_keywords``)
-_UNOFFERED_HERE = (
-    "weight_sync_schemes",
-    "weight_recv_schemes",
-    "track_policy_version",
-    "trajs_per_batch",
-    "trajs_per_write",
-    "traj_format",
-    "auto_register_policy_transforms",
-)
-
 
 def _shares_state(create_env_fn: Any) -> bool:
     """A TorchRL env or ``EnvCreator``: what may hold shared memory and locks that only a
@@ -168,7 +157,7 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         self._closed = True
         self._pool: WorkerPool | None = None
         self._threads_set: tuple[int, int] | None = None
-        refuse_unoffered(type(self).__name__, {k: arguments[k] for k in _UNOFFERED_HERE})
+        refuse_unoffered(type(self).__name__, arguments)
         fns = env_fns(create_env_fn, num_workers)
         self.num_workers = n = len(fns)
         self._factories = factories(policy, policy_factory, n)

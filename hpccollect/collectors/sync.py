@@ -40,21 +40,6 @@ from hpccollect.policy import (
 
 __all__ = ["SyncDataCollector"]
 
-#: TorchRL's keywords whose features hpccollect does not offer (see ``torchrl_keywords``)
-_UNOFFERED_HERE = (
-    "backend",
-    "backend_options",
-    "num_collectors",
-    "sync",
-    "weight_sync_schemes",
-    "weight_recv_schemes",
-    "track_policy_version",
-    "trajs_per_batch",
-    "trajs_per_write",
-    "traj_format",
-    "auto_register_policy_transforms",
-)
-
 
 class SyncDataCollector(ThreadFilling, DataCollectorBase):
     """Generic data collector: steps an env (or vector env) with a policy in this process.
@@ -140,7 +125,7 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
         arguments = locals()
         self._closed = True  # until construction succeeds, shutdown() has nothing to do
         self._background: BackgroundThread | None = None
-        refuse_unoffered(type(self).__name__, {k: arguments[k] for k in _UNOFFERED_HERE})
+        refuse_unoffered(type(self).__name__, arguments)
         factory = factories(policy, policy_factory, 1)
         self.worker_idx = None if worker_idx is None else check_int("worker_idx", worker_idx)
         self.options = opts = CollectorArgs.check(arguments, policy)

@@ -57,14 +57,18 @@ _UNOFFERED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
-def refuse_unoffered(owner: str, given: dict[str, Any]) -> None:
-    """Raise for the first of ``given`` (keyword -> value) that asks for a feature not offered."""
-    for name, value in given.items():
-        defaults, why = _UNOFFERED[name]
-        if not any(value is d or (type(value) is type(d) and value == d) for d in defaults):
-            if name == "backend_options" and value == {}:
-                continue
-            raise ArgumentValueError(
-                f"{owner}: {name}={value!r} is TorchRL's, and hpccollect does not offer it: it "
-                f"{why}. Leave {name} at its default ({defaults[0]!r})."
-            )
+def refuse_unoffered(owner: str, arguments: dict[str, Any]) -> None:
+    """Raise for the first keyword of ``arguments`` (a constructor's ``locals()``) that asks for a
+    feature not offered: one of those above, given a value other than TorchRL's default."""
+    for name, (defaults, why) in _UNOFFERED.items():
+        if name not in arguments:
+            continue
+        value = arguments[name]
+        if any(value is d or (type(value) is type(d) and value == d) for d in defaults):
+            continue
+        if name == "backend_options" and value == {}:
+            continue
+        raise ArgumentValueError(
+            f"{owner}: {name}={value!r} is TorchRL's, and hpccollect does not offer it: it "
+            f"{why}. Leave {name} at its default ({defaults[0]!r})."
+        )
