@@ -46,7 +46,11 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
 
     Takes TorchRL's arguments (see the README and ``../shared/seeds/SyncDataCollector.txt``);
     batches are ``[T]`` named ``["time"]`` for one env and ``[N, T]`` named ``[None, "time"]``
-    for N envs, with ``frames_per_batch`` frames in all (rounded up to a multiple of N).
+    for N envs, with ``frames_per_batch`` frames in all (rounded up to a multiple of N). The env
+    is a gymnasium one (through ``GymEnv``) or a TorchRL env (``EnvBase``), stepped as TorchRL's
+    ``Collector`` steps it (``td_rollout``). Every keyword of TorchRL 0.14.1's ``Collector`` is
+    taken: see the README's "Coming from TorchRL" (``policy_factory``, ``compile_policy``,
+    hooks, ``compact_obs``, ``extend_buffer``, ...; ``torchrl_keywords`` for those not offered).
 
     TorchRL keywords with their TorchRL meaning:
 
@@ -321,7 +325,8 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
         self._loop.reset()
 
     def state_dict(self) -> OrderedDict:
-        """``policy_state_dict`` (when the policy has weights), ``env_state_dict``, progress."""
+        """``policy_state_dict`` (when the policy is a module), ``env_state_dict`` (a TorchRL env's
+        transforms' or batched env's state), progress."""
         state: OrderedDict = OrderedDict()
         module = self._wrapped.weights_module
         if module is not None:  # an empty one too, as TorchRL for a module without weights
