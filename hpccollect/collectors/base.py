@@ -16,11 +16,13 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from hpccollect.collectors.options import store
 from hpccollect.collectors.weights import (
     LocalWeightsUpdaterBase,
     RemoteWeightsUpdaterBase,
     WeightUpdaterBase,
 )
+from hpccollect.collectors.whole_trajs import TrajectoryAssembler
 from hpccollect.errors import ArgumentTypeError, CollectorTimeoutError
 
 __all__ = ["DataCollectorBase", "Interruptor", "SharedInterruptor"]
@@ -82,6 +84,9 @@ class DataCollectorBase(abc.ABC):
     total_frames: int = -1
     frames_per_batch: int = 0
     _iterator: Iterator | None = None
+    _assembler: TrajectoryAssembler | None = None
+    replay_buffer: Any = None
+    options: Any = None
 
     # ------------------------------------------------------------------ iteration
     @abc.abstractmethod
@@ -92,12 +97,43 @@ class DataCollectorBase(abc.ABC):
         """
 
     def __iter__(self) -> Iterator[TensorDictBase | None]:
-        return self.iterator()
+        """``iterator()``'s batches, or whole trajectories out of them (``trajs_per_batch``)."""
+        opts = getattr(self, "options", None)
+        if opts is None or opts.trajs_per_batch is None:
+            return self.iterator()
+        self._assembler = TrajectoryAssembler(
+            opts.trajs_per_batch, opts.traj_format, opts.trajs_per_write
+        )
+        return self._assembler.run(
+            self.iterator(),
+            self.replay_buffer,
+            drop_in_flight_each_batch=opts.reset_at_each_iter,
+        )
+
+    def _sink(self, batch: TensorDictBase) -> TensorDictBase | None:
+        """What ``iterator()`` yields for a finished batch: the batch, or None once it is in
+        the ``replay_buffer`` (with ``trajs_per_batch`` whole trajectories go there instead)."""
+        opts = self.options
+        if self.replay_buffer is None or opts.trajs_per_batch is not None:
+            return batch
+        store(self.replay_buffer, batch, opts.extend_buffer)
+        return None
+
+    def _forget_trajectories(self, traj_ids: Any = None) -> None:
+        """After a reset, drop the pieces of the trajectories it ended (all when None); with all
+        envs reset, the queued complete ones too (they were collected before the reset)."""
+        assembler = self._assembler
+        if assembler is None:
+            return
+        if traj_ids is None:
+            assembler.clear()
+        else:
+            assembler.drop_in_flight(traj_ids)
 
     def next(self) -> TensorDictBase | None:
         """The next batch, from an iterator kept across calls; None once exhausted."""
         if self._iterator is None:
-            self._iterator = self.iterator()
+            self._iterator = iter(self)
         try:
             return next(self._iterator)
         except StopIteration:

@@ -28,7 +28,7 @@ class ThreadFilling:
             )
         if self._background is not None and self._background.alive:
             raise RuntimeError("start() was already called; call async_shutdown() first.")
-        self._background = BackgroundThread(self.iterator, f"{type(self).__name__}-collect")
+        self._background = BackgroundThread(self.__iter__, f"{type(self).__name__}-collect")
         self._background.start()
 
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:

@@ -28,7 +28,6 @@ from hpccollect.collectors.options import (
     check_preemptive_threshold,
     env_fns,
     per_worker,
-    store,
 )
 from hpccollect.collectors.policy_options import factories
 from hpccollect.collectors.pool import WorkerPool
@@ -323,10 +322,7 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
                 batch.names = [None] * (batch.ndim - 1) + ["time"]
         if self.postproc is not None:
             batch = self.postproc(batch)
-        if self.replay_buffer is not None:
-            store(self.replay_buffer, batch, self.options.extend_buffer)
-            return None
-        return batch
+        return self._sink(batch)
 
     def _time_named_split(self) -> bool:
         """Whether a split batch names its last dim "time" (TorchRL: MultiSync stacking or
@@ -462,6 +458,14 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
             self._pool.send(i, Command.RESET)
         for i in chosen:
             self._pool.recv(i, Reply.ACK, self.worker_timeout)
+        if len(chosen) == self.num_workers:
+            self._forget_trajectories()
+        elif self._assembler is not None:
+            stride = self.options.traj_id_stride * self.num_workers
+            shares = {self.options.traj_id_offset + i * self.options.traj_id_stride for i in chosen}
+            self._forget_trajectories(
+                [t for t in self._assembler.in_flight() if t % stride in shares]
+            )
 
     def state_dict(self) -> OrderedDict:
         """``worker{i}``: each worker's collector state, plus ``frames`` and ``iter``."""

@@ -19,6 +19,7 @@ from tensordict.nn import InteractionType
 
 from hpccollect._checks import check_bool, check_callable, check_int
 from hpccollect.collectors.policy_options import check_compile
+from hpccollect.collectors.whole_trajs import check_traj_options
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.policy import resolve_exploration_type, resolve_trust_policy
 
@@ -79,6 +80,9 @@ class CollectorArgs:
     post_collect_hook: Callable[[Any], None] | None = None
     compact_obs: bool = False
     extend_buffer: bool = True
+    trajs_per_batch: int | None = None
+    trajs_per_write: int | None = None
+    traj_format: str | None = None
 
     @classmethod
     def check(cls, arguments: Mapping[str, Any], policy: Any = None) -> CollectorArgs:
@@ -162,7 +166,18 @@ def _checked_rest(raw: CollectorArgs, policy: Any) -> dict[str, Any]:
             f"replay_buffer must have an extend() method (e.g. hpccollect.storage.ReplayBuffer "
             f"or an HDF5 writer), got {type(buffer).__name__}."
         )
+    per_batch, per_write, traj_format = check_traj_options(
+        raw.trajs_per_batch, raw.trajs_per_write, raw.traj_format, buffer is not None
+    )
+    if per_batch is not None and raw.split_trajs:
+        raise ArgumentValueError(
+            "trajs_per_batch already yields whole trajectories; drop split_trajs=True "
+            "(TorchRL cannot combine them either)."
+        )
     return dict(
+        trajs_per_batch=per_batch,
+        trajs_per_write=per_write,
+        traj_format=traj_format,
         trust_policy=resolve_trust_policy(raw.trust_policy, policy),
         traj_id_offset=check_int("traj_id_offset", raw.traj_id_offset, minimum=0),
         traj_id_stride=check_int("traj_id_stride", raw.traj_id_stride, minimum=1),

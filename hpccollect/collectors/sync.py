@@ -16,7 +16,7 @@ from torch import nn
 from hpccollect._checks import check_bool, check_int
 from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
 from hpccollect.collectors.filling import ThreadFilling
-from hpccollect.collectors.options import CollectorArgs, store
+from hpccollect.collectors.options import CollectorArgs
 from hpccollect.collectors.policy_options import factories, wrap_for_speed
 from hpccollect.collectors.rollout import StepLoop
 from hpccollect.collectors.td_rollout import TensorDictLoop, wrap_env_policy
@@ -135,11 +135,12 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
         self.options = opts = CollectorArgs.check(arguments, policy)
         self.devices = opts.devices()
         self.track_traj_ids = check_bool("track_traj_ids", track_traj_ids)
-        if opts.split_trajs and not self.track_traj_ids:
-            raise ArgumentValueError(
-                "split_trajs=True needs the trajectory ids: drop track_traj_ids=False "
-                "(TorchRL refuses this combination too)."
-            )
+        for name in ("split_trajs", "trajs_per_batch"):
+            if getattr(opts, name) and not self.track_traj_ids:
+                raise ArgumentValueError(
+                    f"{name}={getattr(opts, name)!r} needs the trajectory ids: drop "
+                    "track_traj_ids=False (TorchRL refuses this combination too)."
+                )
         self._use_buffers = use_buffers
         self.trust_policy = opts.trust_policy
         self.max_frames_per_traj = 0 if max_frames_per_traj is None else int(max_frames_per_traj)
@@ -298,11 +299,7 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
                 batch = self.postproc(batch)
             if self.options.post_collect_hook is not None:
                 self.options.post_collect_hook(batch)
-            if self.replay_buffer is not None:
-                store(self.replay_buffer, batch, self.options.extend_buffer)
-                yield None
-            else:
-                yield batch
+            yield self._sink(batch)
             if self._background is not None and self._background.stop_requested():
                 return
 
@@ -321,8 +318,10 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
         return last
 
     def reset(self) -> None:
-        """Reset every env (new trajectories, with new ids, start)."""
+        """Reset every env (new trajectories, with new ids, start); with ``trajs_per_batch``,
+        the trajectories held back are dropped."""
         self._loop.reset()
+        self._forget_trajectories()
 
     def state_dict(self) -> OrderedDict:
         """``policy_state_dict`` (when the policy is a module), ``env_state_dict`` (a TorchRL env's

@@ -37,13 +37,6 @@ _UNOFFERED: dict[str, tuple[tuple[Any, ...], str]] = {
         (None,),
         "TorchRL's weight transports; hpccollect's workers receive weights from their collector",
     ),
-    "trajs_per_batch": (
-        (None,),
-        "yields whole trajectories; collect batches and use split_trajs=True or "
-        "hpccollect.split_trajectories",
-    ),
-    "trajs_per_write": ((None,), "goes with trajs_per_batch"),
-    "traj_format": ((None, "padded"), "goes with trajs_per_batch"),
     "auto_register_policy_transforms": (
         (None, False),
         "appends the transforms a recurrent policy needs; add them to the env yourself "

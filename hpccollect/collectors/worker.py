@@ -32,6 +32,7 @@ from tensordict import TensorDictBase
 
 from hpccollect.collectors.channels import Channel, PipeChannel
 from hpccollect.collectors.sync import SyncDataCollector
+from hpccollect.collectors.whole_trajs import TrajectoryAssembler
 from hpccollect.protocol import Command, Layout, Message, RemoteError, Reply, Seed, message
 
 __all__ = ["WorkerSpec", "serve", "worker_main"]
@@ -196,7 +197,20 @@ class _Server:
         self.collector.load_state_dict(state)
 
     def fill_buffer(self, buffer: Any) -> None:
-        """Extend the shared ``buffer`` batch after batch until the collector says stop."""
+        """Extend the shared ``buffer`` batch after batch until the collector says stop; with
+        ``trajs_per_batch``, with this worker's complete trajectories (TorchRL does this too)."""
+        opts = self.collector.options
+        assembler = None
+        if opts.trajs_per_batch is not None:
+            assembler = TrajectoryAssembler(opts.trajs_per_batch, "cat", opts.trajs_per_write)
         while not self.channel.poll(0):
-            buffer.extend(self.collector._collect_counted())
+            batch = self.collector._collect_counted()
+            if assembler is None:
+                buffer.extend(batch)
+                continue
+            assembler.ingest(batch)
+            if opts.reset_at_each_iter:
+                assembler.drop_in_flight()
+            for trajs in assembler.writes():
+                buffer.extend(trajs)
         self._next()  # STOP_FILLING (or SHUTDOWN, raised)

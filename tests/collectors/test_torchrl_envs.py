@@ -202,6 +202,26 @@ CASES = {
     "init_random_frames": (counting, counting_policy, {"init_random_frames": 30}),
     "compact_obs": (cartpole, greedy_actor, {"compact_obs": True}),
     "compact_obs, nested keys": (counting, counting_policy, {"compact_obs": True}),
+    "trajs_per_batch, padded": (
+        cartpole,
+        greedy_actor,
+        {"trajs_per_batch": 2, "traj_format": "padded", "total_frames": 300},
+    ),
+    "trajs_per_batch, cat, SerialEnv of 3": (
+        serial_cartpoles,
+        greedy_actor,
+        {"trajs_per_batch": 3, "traj_format": "cat", "total_frames": 300},
+    ),
+    "trajs_per_batch, batch [4], truncated": (
+        counting_batched,
+        counting_policy,
+        {"trajs_per_batch": 3, "max_frames_per_traj": 3, "traj_format": "padded"},
+    ),
+    "trajs_per_batch, reset_at_each_iter": (
+        counting,
+        counting_policy,
+        {"trajs_per_batch": 2, "reset_at_each_iter": True, "frames_per_batch": 10},
+    ),
 }
 
 
@@ -318,6 +338,27 @@ def test_multi_collectors_layout_matches_torchrl(collector_class, make) -> None:
             assert batch.get(key).dtype == ref.get(key).dtype, key
     ids = torch.cat([b["collector", "traj_ids"].reshape(-1) for b in ours])
     assert ids.min() >= 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_multi_sync_whole_trajectories_match_torchrl() -> None:
+    """MultiSync with trajs_per_batch: the same trajectories as torchrl's MultiSyncCollector
+    (workers' ids differ: compared by content), in the same layout."""
+    kwargs = dict(frames_per_batch=40, total_frames=120, trajs_per_batch=3, traj_format=traj_format)
+    out = {}
+    for name, cls in (("ours", hpccollect.MultiSyncCollector), ("theirs", TorchRLMultiSync)):
+        collector = cls([counting_batched, counting_batched], counting_policy(counting()), **kwargs)
+        out[name] = [b.clone() for b in collector]
+        collector.shutdown()
+    assert len(out["ours"]) == len(out["theirs"]) > 0
+    for mine, ref in zip(out["ours"], out["theirs"], strict=True):
+        assert set(mine.keys(True, True)) == set(ref.keys(True, True))
+        assert mine.batch_size == ref.batch_size and mine.names == ref.names
+        for key in ref.keys(True, True):
+            assert mine.get(key).dtype == ref.get(key).dtype, key
+            if key != ("collector", "traj_ids"):
+                assert torch.equal(mine.get(key), ref.get(key)), key
 
 
 def test_import_does_not_load_torchrl_for_a_gymnasium_user() -> None:

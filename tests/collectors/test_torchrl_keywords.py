@@ -151,7 +151,6 @@ def test_collect_hooks_are_called_around_each_batch() -> None:
     [
         ("backend", "ray"),
         ("num_collectors", 4),
-        ("trajs_per_batch", 3),
         ("weight_sync_schemes", {"policy": object()}),
         ("track_policy_version", True),
     ],
