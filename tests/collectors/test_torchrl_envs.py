@@ -345,7 +345,7 @@ def test_multi_collectors_layout_matches_torchrl(collector_class, make) -> None:
 def test_multi_sync_whole_trajectories_match_torchrl() -> None:
     """MultiSync with trajs_per_batch: the same trajectories as torchrl's MultiSyncCollector
     (workers' ids differ: compared by content), in the same layout."""
-    kwargs = dict(frames_per_batch=40, total_frames=120, trajs_per_batch=3, traj_format=traj_format)
+    kwargs = dict(frames_per_batch=40, total_frames=120, trajs_per_batch=3, traj_format="padded")
     out = {}
     for name, cls in (("ours", hpccollect.MultiSyncCollector), ("theirs", TorchRLMultiSync)):
         collector = cls([counting_batched, counting_batched], counting_policy(counting()), **kwargs)
