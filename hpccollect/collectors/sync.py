@@ -14,6 +14,7 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_bool, check_int
+from hpccollect.collectors.backends import ByBackend
 from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.options import CollectorArgs
@@ -41,7 +42,7 @@ from hpccollect.policy import (
 __all__ = ["SyncDataCollector"]
 
 
-class SyncDataCollector(ThreadFilling, DataCollectorBase):
+class SyncDataCollector(ThreadFilling, DataCollectorBase, metaclass=ByBackend):
     """Generic data collector: steps an env (or vector env) with a policy in this process.
 
     Takes TorchRL's arguments (see the README and ``../shared/seeds/SyncDataCollector.txt``);
@@ -66,11 +67,18 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase):
     env's own device when not given; None for a ``GymEnv`` made without one),
     ``max_frames_per_traj`` (0 when not given), ``reset_at_each_iter``.
 
+    ``Collector(..., backend=..., num_collectors=..., sync=...)`` builds the collector the
+    backend names, as TorchRL's ``Collector`` does (``collectors/backends.py``): "direct" (this
+    class), "process" (``MultiCollector``), "distributed" or "submitit"
+    (``DistributedDataCollector``).
+
     Beyond TorchRL's arguments: ``replay_buffer`` (any object with ``extend``),
     ``local_weight_updater``/``remote_weight_updater``/``weight_updater``,
     ``categorical_action_encoding`` (for env ids), and ``traj_id_offset``/``traj_id_stride``
     used by multi-worker collectors to keep trajectory ids unique.
     """
+
+    _dispatches = True  # calling this class itself (not a subclass) honours ``backend``
 
     def __init__(
         self,

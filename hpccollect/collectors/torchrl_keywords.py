@@ -15,19 +15,6 @@ __all__ = ["refuse_unoffered"]
 
 #: keyword -> (values that ask for nothing, what TorchRL would do and the way here)
 _UNOFFERED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "backend": (
-        (None, "direct"),
-        "selects TorchRL's execution backend; here build the collector you want directly: "
-        "MultiSyncCollector/MultiAsyncCollector (backend='process') or DistributedCollector "
-        "(backend='distributed'/'submitit'). 'ray' and 'rpc' need TorchRL's Ray and RPC "
-        "collectors, which hpccollect does not have",
-    ),
-    "backend_options": ((None,), "go with backend=...; pass them to the collector you build"),
-    "num_collectors": (
-        (None, 1),
-        "starts several collectors; use MultiSyncCollector(create_env_fn, num_workers=...)",
-    ),
-    "sync": ((None,), "goes with backend=...; use MultiSyncCollector or MultiAsyncCollector"),
     "weight_sync_schemes": (
         (None,),
         "TorchRL's weight transports; hpccollect sends weights over its own channels "
@@ -58,8 +45,6 @@ def refuse_unoffered(owner: str, arguments: dict[str, Any]) -> None:
             continue
         value = arguments[name]
         if any(value is d or (type(value) is type(d) and value == d) for d in defaults):
-            continue
-        if name == "backend_options" and value == {}:
             continue
         raise ArgumentValueError(
             f"{owner}: {name}={value!r} is TorchRL's, and hpccollect does not offer it: it "

@@ -150,7 +150,6 @@ def test_collect_hooks_are_called_around_each_batch() -> None:
     ("keyword", "value"),
     [
         ("backend", "ray"),
-        ("num_collectors", 4),
         ("weight_sync_schemes", {"policy": object()}),
         ("track_policy_version", True),
     ],

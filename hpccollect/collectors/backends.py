@@ -1,0 +1,213 @@
+"""``Collector(..., backend=..., num_collectors=..., sync=...)``: TorchRL 0.14.1's one entry
+point that builds the collector an execution backend names.
+
+``"direct"`` (the default without ``num_collectors``) is the single-process collector itself,
+``"process"`` (the default with ``num_collectors``) a ``MultiCollector`` with one worker per
+env constructor, ``"distributed"`` and ``"submitit"`` a ``DistributedDataCollector``. TorchRL's
+``"ray"`` and ``"rpc"`` have no counterpart here and are refused, naming what to use.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+
+__all__ = ["ByBackend"]
+
+_OFFERED = ("direct", "process", "distributed", "submitit")
+_THEIRS = {"ray": "RayCollector", "rpc": "RPCCollector"}
+_SELECTORS = frozenset({"backend_options", "num_collectors", "num_workers", "sync"})
+
+
+class ByBackend(abc.ABCMeta):
+    """Metaclass of the single-process collector: ``backend``, ``backend_options``,
+    ``num_collectors`` and ``sync`` select what calling the class itself builds."""
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """The constructor's signature (not this ``__call__``'s), for ``help()`` and IDEs."""
+        signature = inspect.signature(cls.__init__)
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+    def __call__(
+        cls,
+        *args: Any,
+        backend: Any = None,
+        backend_options: Any = None,
+        num_collectors: Any = None,
+        sync: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        selectors = (backend, backend_options, num_collectors, sync)
+        if cls.__dict__.get("_dispatches") is not True:
+            if any(value is not None and value != "direct" for value in selectors):
+                raise ArgumentValueError(
+                    f"backend, backend_options, num_collectors and sync select a collector only "
+                    f"when hpccollect.Collector itself is called, not {cls.__name__}; build "
+                    "the collector you want directly."
+                )
+            return super().__call__(*args, **kwargs)
+        if len(args) > 2:
+            raise ArgumentTypeError(
+                "Collector takes create_env_fn and policy positionally; pass the rest by name."
+            )
+        if num_collectors is not None and (
+            isinstance(num_collectors, bool)
+            or not isinstance(num_collectors, int)
+            or num_collectors < 1
+        ):
+            raise ArgumentValueError(
+                f"num_collectors must be a positive int (how many collectors to run), got "
+                f"{num_collectors!r}."
+            )
+        if backend is None:
+            backend = "direct" if num_collectors is None else "process"
+        if backend not in _OFFERED:
+            raise ArgumentValueError(_unknown(backend))
+        options = _options(backend_options, args, kwargs)
+        if backend == "direct":
+            if num_collectors not in (None, 1) or sync is not None or options:
+                raise ArgumentValueError(
+                    "backend='direct' is one collector in this process: num_collectors, sync and "
+                    "backend_options apply to the other backends ('process', 'distributed')."
+                )
+            args, kwargs = _one_env(args, kwargs)
+            return super().__call__(*args, **kwargs)
+        if sync is None:
+            sync = False
+        elif not isinstance(sync, bool):
+            raise ArgumentTypeError(f"sync must be True, False or None, got {sync!r}.")
+        kwargs.update(options)
+        args, kwargs = _env_per_collector(args, kwargs, num_collectors)
+        target = _target(backend)
+        _drop_defaults_the_target_has_otherwise(cls, target, kwargs)
+        if backend == "submitit" and kwargs.setdefault("launcher", "submitit") != "submitit":
+            raise ArgumentValueError(
+                f"backend='submitit' runs its collectors as SLURM jobs: drop "
+                f"launcher={kwargs['launcher']!r}, or use backend='distributed'."
+            )
+        return target(*args, sync=sync, **kwargs)
+
+
+def _unknown(backend: Any) -> str:
+    if backend in ("ray", "rpc"):
+        return (
+            f"backend={backend!r} needs TorchRL's {_THEIRS[backend]}, which hpccollect does not "
+            "have: use backend='process' (worker processes on this machine) or "
+            "'distributed'/'submitit' (ranks over torch.distributed or MPI, started by mp, "
+            "mpiexec or SLURM)."
+        )
+    return f"backend must be one of {list(_OFFERED)}, got {backend!r}."
+
+
+def _options(backend_options: Any, args: tuple, kwargs: dict) -> dict:
+    """``backend_options`` as a dict, checked not to repeat a selector or another argument."""
+    options = dict(backend_options or {})
+    clash = _SELECTORS & options.keys()
+    if clash:
+        raise ArgumentValueError(
+            f"backend_options may not hold {sorted(clash)}: pass them to Collector itself."
+        )
+    given = set(kwargs) | {"create_env_fn", "policy"}.intersection(
+        ("create_env_fn", "policy")[: len(args)]
+    )
+    twice = options.keys() & given
+    if twice:
+        raise ArgumentValueError(
+            f"backend_options repeats arguments given to Collector: {sorted(twice)}; give "
+            "each once."
+        )
+    return options
+
+
+def _env_arg(args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    if args:
+        return True, args[0]
+    return False, kwargs.get("create_env_fn")
+
+
+def _with_env(args: tuple, kwargs: dict, positional: bool, env: Any) -> tuple[tuple, dict]:
+    if positional:
+        return (env, *args[1:]), kwargs
+    return args, {**kwargs, "create_env_fn": env}
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _one_env(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A list of exactly one env constructor is that constructor (TorchRL's ``direct``)."""
+    positional, env = _env_arg(args, kwargs)
+    if not _is_list(env):
+        return args, kwargs
+    if len(env) != 1:
+        raise ArgumentValueError(
+            f"create_env_fn lists {len(env)} env constructors, but backend='direct' runs one "
+            "collector: give one constructor, or backend='process' with one worker per entry."
+        )
+    return _with_env(args, kwargs, positional, env[0])
+
+
+def _env_per_collector(args: tuple, kwargs: dict, num_collectors: Any) -> tuple[tuple, dict]:
+    """One env constructor per collector, from a list or from one repeated ``num_collectors``
+    times (one, when not given)."""
+    positional, env = _env_arg(args, kwargs)
+    if env is None:
+        return args, kwargs
+    if _is_list(env):
+        if not env:
+            raise ArgumentValueError("create_env_fn is an empty list; give at least one env.")
+        if num_collectors is not None and num_collectors != len(env):
+            raise ArgumentValueError(
+                f"num_collectors={num_collectors} but create_env_fn lists {len(env)} "
+                "constructors; give one per collector, or one constructor and num_collectors."
+            )
+        env = list(env)
+    else:
+        env = [env] * (num_collectors or 1)
+    return _with_env(args, kwargs, positional, env)
+
+
+def _target(backend: str) -> type:
+    if backend == "process":
+        from hpccollect.collectors.multi import MultiCollector
+
+        return MultiCollector
+    from hpccollect.distributed import DistributedDataCollector
+
+    return DistributedDataCollector
+
+
+def _drop_defaults_the_target_has_otherwise(cls: type, target: type, kwargs: dict) -> None:
+    """An argument left at ``Collector``'s default is dropped where the target has no such
+    argument or another default (a structured config lists every default, as TorchRL's)."""
+    ours = inspect.signature(cls.__init__).parameters
+    init = getattr(target, "__init__", None)
+    if target.__name__ == "MultiCollector":  # a dispatcher: its targets share one signature
+        from hpccollect.collectors.multi_base import MultiCollectorBase
+
+        init = MultiCollectorBase.__init__
+    theirs = inspect.signature(init).parameters
+    for name in list(kwargs):
+        mine = ours.get(name)
+        if mine is None or mine.default is inspect.Parameter.empty:
+            continue
+        if not _same(kwargs[name], mine.default):
+            continue
+        other = theirs.get(name)
+        if other is None or other.default != mine.default:
+            del kwargs[name]
+
+
+def _same(value: Any, default: Any) -> bool:
+    if value is default:
+        return True
+    try:
+        return bool(type(value) is type(default) and value == default)
+    except (TypeError, ValueError, RuntimeError):  # tensors and the like: never a default
+        return False
