@@ -83,6 +83,7 @@ class CollectorArgs:
     trajs_per_batch: int | None = None
     trajs_per_write: int | None = None
     traj_format: str | None = None
+    track_policy_version: Any = False
 
     @classmethod
     def check(cls, arguments: Mapping[str, Any], policy: Any = None) -> CollectorArgs:
@@ -175,6 +176,7 @@ def _checked_rest(raw: CollectorArgs, policy: Any) -> dict[str, Any]:
             "(TorchRL cannot combine them either)."
         )
     return dict(
+        track_policy_version=_checked_version(raw.track_policy_version),
         trajs_per_batch=per_batch,
         trajs_per_write=per_write,
         traj_format=traj_format,
@@ -188,6 +190,16 @@ def _checked_rest(raw: CollectorArgs, policy: Any) -> dict[str, Any]:
         post_collect_hook=check_callable("post_collect_hook", raw.post_collect_hook),
         compact_obs=check_bool("compact_obs", raw.compact_obs),
         extend_buffer=_checked_extend(raw),
+    )
+
+
+def _checked_version(value: Any) -> Any:
+    """True, False or a TorchRL ``PolicyVersion`` (anything with ``increment_version``)."""
+    if isinstance(value, bool) or callable(getattr(value, "increment_version", None)):
+        return value
+    raise ArgumentTypeError(
+        "track_policy_version must be True, False or a PolicyVersion (an object with "
+        f"increment_version()), got {value!r}."
     )
 
 

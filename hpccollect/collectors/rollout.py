@@ -17,6 +17,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, set_interaction_type
 
 from hpccollect.collectors.options import CollectorArgs, Devices
+from hpccollect.collectors.policy_version import version_keys
 from hpccollect.collectors.trajectories import TrajIdPool
 from hpccollect.envs.gym import DONE_KEYS, GymEnv, Leaves, env_seeds
 from hpccollect.envs.spaces import Key
@@ -227,6 +228,9 @@ class StepLoop:
         fields.update({(_NEXT, name): flag for name in DONE_KEYS})
         if self.count_steps:
             fields[(_NEXT, "step_count")] = ((1,), torch.int64)
+        fields.update(
+            {key: ((), torch.int64) for key in version_keys(self.options.track_policy_version)}
+        )
         return fields
 
     def _buffers(self, steps: int) -> dict[Key, torch.Tensor]:

@@ -19,6 +19,7 @@ from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Inte
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.options import CollectorArgs
 from hpccollect.collectors.policy_options import factories, wrap_for_speed
+from hpccollect.collectors.policy_version import TracksPolicyVersion, make_stamp
 from hpccollect.collectors.rollout import StepLoop
 from hpccollect.collectors.td_rollout import TensorDictLoop, wrap_env_policy
 from hpccollect.collectors.torchrl_keywords import refuse_unoffered
@@ -42,7 +43,7 @@ from hpccollect.policy import (
 __all__ = ["SyncDataCollector"]
 
 
-class SyncDataCollector(ThreadFilling, DataCollectorBase, metaclass=ByBackend):
+class SyncDataCollector(TracksPolicyVersion, ThreadFilling, DataCollectorBase, metaclass=ByBackend):
     """Generic data collector: steps an env (or vector env) with a policy in this process.
 
     Takes TorchRL's arguments (see the README and ``../shared/seeds/SyncDataCollector.txt``);
@@ -143,6 +144,7 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase, metaclass=ByBackend):
         self.options = opts = CollectorArgs.check(arguments, policy)
         self.devices = opts.devices()
         self.track_traj_ids = check_bool("track_traj_ids", track_traj_ids)
+        self._versions = make_stamp(opts.track_policy_version)
         for name in ("split_trajs", "trajs_per_batch"):
             if getattr(opts, name) and not self.track_traj_ids:
                 raise ArgumentValueError(
@@ -260,9 +262,14 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase, metaclass=ByBackend):
         if self.options.pre_collect_hook is not None:
             self.options.pre_collect_hook()
         random = self._frames < self.init_random_frames
+        versions = self._versions
+        if versions is not None and self.reset_at_each_iter:
+            versions.envs_reset()
         batch = self._loop.collect(
             self._steps_per_batch, random=random, should_stop=self._should_stop
         )
+        if versions is not None:
+            versions.stamp(batch)
         return batch if self.track_traj_ids else self._without_traj_ids(batch)
 
     def _without_traj_ids(self, batch: TensorDictBase) -> TensorDictBase:
@@ -330,6 +337,8 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase, metaclass=ByBackend):
         the trajectories held back are dropped."""
         self._loop.reset()
         self._forget_trajectories()
+        if self._versions is not None:
+            self._versions.envs_reset()
 
     def state_dict(self) -> OrderedDict:
         """``policy_state_dict`` (when the policy is a module), ``env_state_dict`` (a TorchRL env's
@@ -340,6 +349,8 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase, metaclass=ByBackend):
             state["policy_state_dict"] = module.state_dict()
         state["env_state_dict"] = self._loop.env_state_dict()
         state.update(frames=self._frames, iter=self._iter, traj_pool=self._loop.pool.state_dict())
+        if self._versions is not None:
+            state["policy_version"] = self._versions.version
         return state
 
     def load_state_dict(self, state_dict: OrderedDict, **kwargs: Any) -> None:
@@ -356,6 +367,8 @@ class SyncDataCollector(ThreadFilling, DataCollectorBase, metaclass=ByBackend):
         self._iter = int(state_dict.get("iter", self._iter))
         if "traj_pool" in state_dict:
             self._loop.pool.load_state_dict(state_dict["traj_pool"])
+        if self._versions is not None and state_dict.get("policy_version") is not None:
+            self._versions.version = state_dict["policy_version"]
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:

@@ -22,6 +22,7 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase, set_interactio
 from torch import nn
 
 from hpccollect.collectors.options import CollectorArgs, Devices
+from hpccollect.collectors.policy_version import version_keys
 from hpccollect.collectors.trajectories import TrajIdPool
 from hpccollect.envs import envbase
 from hpccollect.errors import (
@@ -125,6 +126,7 @@ class TensorDictLoop:
     ) -> None:
         self.env, self.policy, self.options, self.devices = env, policy, options, devices
         self.pool = traj_pool
+        self._stamped = version_keys(options.track_policy_version)  # the collector writes them
         self.batch_size = torch.Size(env.batch_size)
         self.random_policy = SpecRandomPolicy(env.full_action_spec)
         self.steps_taken = 0
@@ -292,7 +294,7 @@ class TensorDictLoop:
             batch.set(TRAJ_KEY, torch.empty(batch.shape, dtype=torch.int64))
             return batch.refine_names(*([None] * dim), "time")
         view = out if len(tds) == steps else out[..., : len(tds)]
-        body = view.exclude(TRAJ_KEY)
+        body = view.exclude(TRAJ_KEY, *self._stamped)
         try:
             torch.stack(tds, dim, out=body)
         except (RuntimeError, KeyError, ValueError):  # the steps hold entries beyond the specs
@@ -305,7 +307,8 @@ class TensorDictLoop:
         one.update(self._policy_template)
         one = one.select(*self.keys[:-1]).clear_device_()
         batch = one.unsqueeze(-1).expand(*self.batch_size, steps).clone().zero_()
-        batch.set(TRAJ_KEY, torch.zeros(batch.shape, dtype=torch.int64))
+        for key in (TRAJ_KEY, *self._stamped):
+            batch.set(key, torch.zeros(batch.shape, dtype=torch.int64))
         return batch.refine_names(*([None] * len(self.batch_size)), "time")
 
     def _write_traj_ids(self, batch: TensorDictBase) -> None:

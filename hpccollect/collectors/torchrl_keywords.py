@@ -29,11 +29,6 @@ _UNOFFERED: dict[str, tuple[tuple[Any, ...], str]] = {
         "appends the transforms a recurrent policy needs; add them to the env yourself "
         "(InitTracker, the policy's TensorDictPrimer)",
     ),
-    "track_policy_version": (
-        (False,),
-        "adds a per-frame policy_version entry; DistributedCollector(track_policy_version=True) "
-        "records the version of every rank's batch",
-    ),
 }
 
 

@@ -15,11 +15,13 @@ every rank down, so under MPI a job cannot go on without a lost rank.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import faulthandler
 import os
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from hpccollect.distributed.mpi_transport import abort_job, mpi4py_comm, quiesce
 from hpccollect.distributed.mpi_waits import recv_object, send_object
@@ -31,6 +33,7 @@ __all__ = ["MPILauncher", "serve"]
 
 _START = 32766  # the tag of rank 0's RankArgs message
 _WAIT_SLEEP = 0.02  # waits for start-up are long: test them rarely
+_EXIT_LIMIT = 60.0  # seconds a finalised collector rank's C exit handlers may take
 
 
 class MPILauncher(Launcher):
@@ -86,8 +89,8 @@ class MPILauncher(Launcher):
         from mpi4py import MPI
 
         quiesce()  # no thread may still call MPI when it is finalised
-        MPI.Finalize()  # waits for rank 0's end; exiting without it would end the job now
-        os._exit(0)
+        MPI.Finalize()  # waits until rank 0 finalises too (at its exit)
+        exit_finalized(0)
 
     def address(self) -> str:
         return self.rendezvous.master_addr
@@ -104,6 +107,30 @@ class MPILauncher(Launcher):
                 _WAIT_SLEEP,
             )
         return [None] * len(ranks)
+
+
+def exit_finalized(code: int = 0) -> NoReturn:
+    """End this process, whose MPI is finalised, without returning to the script (a collector
+    rank inside the collector's constructor), by C's ``exit``: not ``os._exit``.
+
+    MPICH tells its process manager that a rank finalised (PMI ``finalize``) in a C ``atexit``
+    hook, not in ``MPI_Finalize``. ``os._exit`` skips that hook, and hydra takes a rank whose
+    PMI connection closes without it for a rank that died: it SIGKILLs every other process of
+    the job, rank 0 included, which is then in the middle of its own exit (the job ends
+    "killed by signal 9", or with status 0 but rank 0 cut short, as hydra's bookkeeping
+    happens to go). C's ``exit`` runs the libraries' exit handlers, MPICH's among them, but
+    not Python's teardown, as ``os._exit``; the GIL stays held (``PyDLL``), so no other Python
+    thread runs meanwhile. Bounded: an exit handler that hangs for ``_EXIT_LIMIT`` s has this
+    rank's Python stacks printed and ends it with status 1 (``faulthandler``'s watchdog)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    faulthandler.dump_traceback_later(_EXIT_LIMIT, exit=True)
+    try:
+        libc = ctypes.PyDLL(None)
+        libc.exit.argtypes = [ctypes.c_int]
+        libc.exit(code)
+    finally:  # no C library to call (not reached once exit runs)
+        os._exit(code)
 
 
 def serve(timeout: float = 120.0, comm: Any = None) -> None:

@@ -202,6 +202,7 @@ CASES = {
     "init_random_frames": (counting, counting_policy, {"init_random_frames": 30}),
     "compact_obs": (cartpole, greedy_actor, {"compact_obs": True}),
     "compact_obs, nested keys": (counting, counting_policy, {"compact_obs": True}),
+    "track_policy_version": (cartpole, greedy_actor, {"track_policy_version": True}),
     "trajs_per_batch, padded": (
         cartpole,
         greedy_actor,
@@ -359,6 +360,27 @@ def test_multi_sync_whole_trajectories_match_torchrl() -> None:
             assert mine.get(key).dtype == ref.get(key).dtype, key
             if key != ("collector", "traj_ids"):
                 assert torch.equal(mine.get(key), ref.get(key)), key
+
+
+def test_a_torchrl_policy_version_is_kept_in_step() -> None:
+    from torchrl.envs.llm.transforms.policy_version import PolicyVersion
+
+    tracker = PolicyVersion(version_type=int)
+    env = cartpole()
+    collector = hpccollect.Collector(
+        env, greedy_actor(env), frames_per_batch=4, track_policy_version=tracker
+    )
+    it = iter(collector)
+    next(it)
+    collector.update_policy_weights_()
+    batch = next(it)
+    collector.shutdown()
+    assert tracker.version == collector.policy_version == 1
+    assert batch["next", "policy_version"].tolist() == [1] * 4
+    with pytest.raises(TypeError, match="int version"):
+        hpccollect.Collector(
+            cartpole(), None, frames_per_batch=4, track_policy_version=PolicyVersion("uuid")
+        )
 
 
 def test_import_does_not_load_torchrl_for_a_gymnasium_user() -> None:

@@ -151,7 +151,6 @@ def test_collect_hooks_are_called_around_each_batch() -> None:
     [
         ("backend", "ray"),
         ("weight_sync_schemes", {"policy": object()}),
-        ("track_policy_version", True),
     ],
 )
 def test_a_feature_not_offered_is_named_with_the_way_here(keyword: str, value) -> None:

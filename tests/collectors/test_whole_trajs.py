@@ -176,8 +176,10 @@ def test_reset_forgets_the_trajectories_held_back() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("collector_class", [MultiSyncDataCollector, MultiaSyncDataCollector])
-@pytest.mark.parametrize("traj_format", ["padded", "cat"])
+@pytest.mark.parametrize(
+    ("collector_class", "traj_format"),
+    [(MultiSyncDataCollector, "padded"), (MultiaSyncDataCollector, "cat")],
+)
 def test_multi_collectors_yield_whole_trajectories(collector_class, traj_format) -> None:
     collector = collector_class(
         [cartpole, cartpole],
