@@ -84,6 +84,7 @@ class CollectorArgs:
     trajs_per_write: int | None = None
     traj_format: str | None = None
     track_policy_version: Any = False
+    auto_register_policy_transforms: bool | None = None
 
     @classmethod
     def check(cls, arguments: Mapping[str, Any], policy: Any = None) -> CollectorArgs:
@@ -177,6 +178,9 @@ def _checked_rest(raw: CollectorArgs, policy: Any) -> dict[str, Any]:
         )
     return dict(
         track_policy_version=_checked_version(raw.track_policy_version),
+        auto_register_policy_transforms=_checked_optional_bool(
+            "auto_register_policy_transforms", raw.auto_register_policy_transforms
+        ),
         trajs_per_batch=per_batch,
         trajs_per_write=per_write,
         traj_format=traj_format,
@@ -191,6 +195,10 @@ def _checked_rest(raw: CollectorArgs, policy: Any) -> dict[str, Any]:
         compact_obs=check_bool("compact_obs", raw.compact_obs),
         extend_buffer=_checked_extend(raw),
     )
+
+
+def _checked_optional_bool(name: str, value: Any) -> bool | None:
+    return None if value is None else check_bool(name, value)
 
 
 def _checked_version(value: Any) -> Any:

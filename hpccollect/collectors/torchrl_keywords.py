@@ -24,11 +24,6 @@ _UNOFFERED: dict[str, tuple[tuple[Any, ...], str]] = {
         (None,),
         "TorchRL's weight transports; hpccollect's workers receive weights from their collector",
     ),
-    "auto_register_policy_transforms": (
-        (None, False),
-        "appends the transforms a recurrent policy needs; add them to the env yourself "
-        "(InitTracker, the policy's TensorDictPrimer)",
-    ),
 }
 
 

@@ -16,7 +16,7 @@ if os.environ.get("HPCCOLLECT_REQUIRE_TORCHRL") != "1":
     pytest.importorskip("torchrl")
 
 from tensordict import TensorDict
-from tensordict.nn import TensorDictModule
+from tensordict.nn import TensorDictModule, TensorDictSequential
 from torchrl.collectors import Collector as TorchRLCollector
 from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync
 from torchrl.data import Bounded, Composite, Unbounded
@@ -34,7 +34,7 @@ from torchrl.envs import (
     StepCounter,
     TransformedEnv,
 )
-from torchrl.modules import MLP, OneHotCategorical, ProbabilisticActor
+from torchrl.modules import MLP, LSTMModule, OneHotCategorical, ProbabilisticActor
 
 import hpccollect
 from hpccollect.errors import ArgumentValueError, PolicyError
@@ -142,6 +142,19 @@ def greedy_actor(env: EnvBase) -> TensorDictModule:
     return TensorDictModule(act, in_keys=["observation"], out_keys=["action"])
 
 
+def lstm_actor(env: EnvBase) -> TensorDictSequential:
+    """Recurrent: reads is_init and its LSTM state, which the env must provide."""
+    torch.manual_seed(0)
+    n_obs = env.observation_spec["observation"].shape[-1]
+    lstm = LSTMModule(input_size=n_obs, hidden_size=8, in_key="observation", out_key="h")
+    head = torch.nn.Linear(8, 2)
+
+    def act(h: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(head(h).argmax(-1), 2)
+
+    return TensorDictSequential(lstm, TensorDictModule(act, in_keys=["h"], out_keys=["action"]))
+
+
 def counting_policy(env: EnvBase) -> TensorDictModule:
     return TensorDictModule(
         lambda c: (c.float() * 0.1).clamp(max=1.0), in_keys=["count"], out_keys=["action"]
@@ -203,6 +216,11 @@ CASES = {
     "compact_obs": (cartpole, greedy_actor, {"compact_obs": True}),
     "compact_obs, nested keys": (counting, counting_policy, {"compact_obs": True}),
     "track_policy_version": (cartpole, greedy_actor, {"track_policy_version": True}),
+    "auto_register_policy_transforms, LSTM": (
+        cartpole,
+        lstm_actor,
+        {"auto_register_policy_transforms": True},
+    ),
     "trajs_per_batch, padded": (
         cartpole,
         greedy_actor,
@@ -381,6 +399,37 @@ def test_a_torchrl_policy_version_is_kept_in_step() -> None:
         hpccollect.Collector(
             cartpole(), None, frames_per_batch=4, track_policy_version=PolicyVersion("uuid")
         )
+
+
+def test_missing_policy_transforms_are_named_as_torchrl_names_them() -> None:
+    """auto_register_policy_transforms left at None: the env is left as it is, with TorchRL's
+    FutureWarning; False: silent."""
+    env = cartpole()
+    with pytest.warns(FutureWarning, match="InitTracker"):
+        collector = hpccollect.Collector(env, greedy_actor(env), frames_per_batch=4)
+    assert "is_init" not in next(iter(collector)).keys()
+    collector.shutdown()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        hpccollect.Collector(
+            env, greedy_actor(env), frames_per_batch=4, auto_register_policy_transforms=False
+        ).shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_workers_append_the_policy_transforms_too() -> None:
+    env = cartpole()
+    collector = hpccollect.MultiSyncCollector(
+        [cartpole, cartpole],
+        lstm_actor(env),
+        frames_per_batch=20,
+        total_frames=20,
+        auto_register_policy_transforms=True,
+    )
+    (batch,) = list(collector)
+    collector.shutdown()
+    assert {"is_init", "recurrent_state_h", "recurrent_state_c"} <= set(batch.keys())
 
 
 def test_import_does_not_load_torchrl_for_a_gymnasium_user() -> None:

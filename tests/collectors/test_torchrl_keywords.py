@@ -159,6 +159,11 @@ def test_a_feature_not_offered_is_named_with_the_way_here(keyword: str, value) -
     assert "TorchRL" in str(info.value) and not isinstance(info.value, TypeError)
 
 
+def test_policy_transforms_cannot_be_appended_to_a_gymnasium_env() -> None:
+    with pytest.raises(ArgumentValueError, match="gymnasium"):
+        Collector(counter, bias_policy(), frames_per_batch=8, auto_register_policy_transforms=True)
+
+
 def test_torchrl_defaults_of_those_keywords_are_accepted() -> None:
     collector = Collector(
         counter,
