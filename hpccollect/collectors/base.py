@@ -23,7 +23,7 @@ from hpccollect.collectors.weights import (
     WeightUpdaterBase,
 )
 from hpccollect.collectors.whole_trajs import TrajectoryAssembler
-from hpccollect.errors import ArgumentTypeError, CollectorTimeoutError
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError, CollectorTimeoutError
 
 __all__ = ["DataCollectorBase", "Interruptor", "SharedInterruptor"]
 
@@ -85,6 +85,7 @@ class DataCollectorBase(abc.ABC):
     frames_per_batch: int = 0
     _iterator: Iterator | None = None
     _assembler: TrajectoryAssembler | None = None
+    _sends_weights = True  # False: TorchRL's NoWeightSyncScheme (workers keep their weights)
     replay_buffer: Any = None
     options: Any = None
 
@@ -182,18 +183,15 @@ class DataCollectorBase(abc.ABC):
 
         Args:
             policy_or_weights: a policy module, a TensorDict of weights, a state_dict, or None
-                to fetch the weights from where the updaters keep them.
+                to fetch the weights from where the updaters keep them. TorchRL's other spellings
+                are taken too: ``weights=``, ``policy=``, ``policy_weights=``,
+                ``weights_dict={"policy": ...}`` and ``model_id="policy"``.
             worker_ids: workers to update (collectors with workers only); all by default.
 
         Raises:
             TypeError: ``worker_ids`` was given but this collector has no remote weight updater.
         """
-        if "policy_weights" in kwargs:  # the keyword of TorchRL's older signature
-            if policy_or_weights is not None:
-                raise ArgumentTypeError(
-                    "update_policy_weights_ got both policy_or_weights and policy_weights; pass one."
-                )
-            policy_or_weights = kwargs.pop("policy_weights")
+        policy_or_weights = _given_weights(policy_or_weights, kwargs)
         if worker_ids is not None and self.remote_weight_updater is None:
             raise ArgumentTypeError(
                 f"worker_ids={worker_ids!r} was given, but {type(self).__name__} has no remote "
@@ -201,7 +199,7 @@ class DataCollectorBase(abc.ABC):
             )
         if self.local_weight_updater is not None:
             self.local_weight_updater(policy_or_weights, **kwargs)
-        if self.remote_weight_updater is not None:
+        if self.remote_weight_updater is not None and self._sends_weights:
             self.remote_weight_updater(policy_or_weights, worker_ids=worker_ids, **kwargs)
 
     def init_updater(self, *args: Any, **kwargs: Any) -> None:
@@ -244,6 +242,37 @@ class DataCollectorBase(abc.ABC):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.shutdown()
+
+
+def _given_weights(policy_or_weights: Any, kwargs: dict) -> Any:
+    """The weights from whichever of TorchRL's keywords carried them (taken out of
+    ``kwargs``); ``model_id`` may only name the policy, the one model synced here."""
+    model_id = kwargs.pop("model_id", None)
+    if model_id not in (None, "policy"):
+        raise ArgumentValueError(
+            f"update_policy_weights_: model_id={model_id!r}; hpccollect syncs the policy's "
+            "weights only (model_id='policy' or none)."
+        )
+    given = {"policy_or_weights": policy_or_weights} if policy_or_weights is not None else {}
+    for name in ("weights", "policy", "policy_weights"):
+        if kwargs.get(name) is not None:
+            given[name] = kwargs.pop(name)
+        kwargs.pop(name, None)
+    weights_dict = kwargs.pop("weights_dict", None)
+    if weights_dict is not None:
+        others = sorted(str(k) for k in weights_dict if k != "policy")
+        if others:
+            raise ArgumentValueError(
+                f"update_policy_weights_: weights_dict has {others}; hpccollect syncs the "
+                "policy's weights only ({'policy': weights})."
+            )
+        if weights_dict.get("policy") is not None:
+            given["weights_dict"] = weights_dict["policy"]
+    if len(given) > 1:
+        raise ArgumentTypeError(
+            f"update_policy_weights_ got weights as {sorted(given)}; pass them once."
+        )
+    return next(iter(given.values()), None)
 
 
 class BackgroundThread:

@@ -33,7 +33,7 @@ from hpccollect.collectors.policy_options import factories
 from hpccollect.collectors.pool import WorkerPool
 from hpccollect.collectors.processes import start_local_workers
 from hpccollect.collectors.sync import SyncDataCollector
-from hpccollect.collectors.torchrl_keywords import refuse_unoffered
+from hpccollect.collectors.torchrl_keywords import check_weight_schemes
 from hpccollect.collectors.trajectories import split_trajectories
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec, worker_main
@@ -156,10 +156,14 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         self._closed = True
         self._pool: WorkerPool | None = None
         self._threads_set: tuple[int, int] | None = None
-        refuse_unoffered(type(self).__name__, arguments)
+        self._sends_weights = check_weight_schemes(
+            type(self).__name__, weight_sync_schemes, weight_recv_schemes, leaf=False
+        )
         fns = env_fns(create_env_fn, num_workers)
         self.num_workers = n = len(fns)
-        self._factories = factories(policy, policy_factory, n)
+        self._factories = factories(
+            policy, policy_factory, n, with_policy=weight_sync_schemes is not None
+        )
         self._worker_class = _worker_class(collector_class)
         self._init_fn = check_callable("init_fn", init_fn)
         self.worker_idx = None if worker_idx is None else check_int("worker_idx", worker_idx)
@@ -193,7 +197,7 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         self._filling = False
         # the weights' layout: the policy's, or with policy_factory that of a policy made here
         # once (as TorchRL's distributed collector does), whose own weights are never sent
-        layout = self._factories[0]() if self._factories else policy
+        layout = self._factories[0]() if self._factories and policy is None else policy
         if not isinstance(layout, nn.Module) or TensorDict.from_module(layout).is_empty():
             layout = None
         self._weights = self._weight_buffers(layout)
@@ -204,7 +208,9 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
             kwargs = self._worker_kwargs(i, fpb, devices[i], env_kwargs[i])
             if self._factories is not None:
                 kwargs["policy_factory"] = self._factories[i]
-            spec = self._worker_spec(i, fns[i], policy, kwargs, threads)
+            spec = self._worker_spec(
+                i, fns[i], None if self._factories else policy, kwargs, threads
+            )
             spec.init_fn = self._init_fn
             spec.weights_template = layout if self._factories is not None else None
             env = None
@@ -407,7 +413,7 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         ``worker_ids``: an index, a list of indices, or devices (the workers whose policy runs
         on that device). Blocks until every named worker has loaded the weights.
         """
-        if policy_or_weights is None and self._factories is not None and not kwargs:
+        if policy_or_weights is None and self.policy is None and self._factories and not kwargs:
             raise ArgumentValueError(
                 "update_policy_weights_() has no weights to send: the workers built their policy "
                 "with policy_factory. Pass the weights: update_policy_weights_(module or "

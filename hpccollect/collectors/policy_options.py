@@ -14,13 +14,16 @@ from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 __all__ = ["check_compile", "factories", "wrap_for_speed"]
 
 
-def factories(policy: Any, policy_factory: Any, num_workers: int) -> list[Callable] | None:
+def factories(
+    policy: Any, policy_factory: Any, num_workers: int, with_policy: bool = False
+) -> list[Callable] | None:
     """One policy constructor per worker (a callable given once is used by every worker), or
     None without ``policy_factory``. A policy and a factory together are refused, as in TorchRL
-    (the factory builds the policy where it runs; weights then travel as a TensorDict)."""
+    (the factory builds the policy where it runs; weights then travel as a TensorDict), unless
+    ``with_policy`` (TorchRL's ``weight_sync_schemes``: the policy here is the weights' source)."""
     if policy_factory is None:
         return None
-    if policy is not None:
+    if policy is not None and not with_policy:
         raise ArgumentTypeError(
             "policy_factory cannot be used with policy: pass the policy, or a factory that "
             "builds it in each worker (and send weights with update_policy_weights_(weights))."

@@ -22,7 +22,7 @@ from hpccollect.collectors.policy_options import factories, wrap_for_speed
 from hpccollect.collectors.policy_version import TracksPolicyVersion, make_stamp
 from hpccollect.collectors.rollout import StepLoop
 from hpccollect.collectors.td_rollout import TensorDictLoop, wrap_env_policy
-from hpccollect.collectors.torchrl_keywords import refuse_unoffered
+from hpccollect.collectors.torchrl_keywords import check_weight_schemes
 from hpccollect.collectors.trajectories import TrajIdPool, split_trajectories
 from hpccollect.collectors.weights import (
     LocalWeightsUpdaterBase,
@@ -139,7 +139,9 @@ class SyncDataCollector(TracksPolicyVersion, ThreadFilling, DataCollectorBase, m
         arguments = locals()
         self._closed = True  # until construction succeeds, shutdown() has nothing to do
         self._background: BackgroundThread | None = None
-        refuse_unoffered(type(self).__name__, arguments)
+        check_weight_schemes(
+            type(self).__name__, weight_sync_schemes, weight_recv_schemes, leaf=True
+        )
         factory = factories(policy, policy_factory, 1)
         self.worker_idx = None if worker_idx is None else check_int("worker_idx", worker_idx)
         self.options = opts = CollectorArgs.check(arguments, policy)

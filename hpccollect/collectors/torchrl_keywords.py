@@ -1,42 +1,55 @@
-"""TorchRL 0.14.1 keywords that hpccollect takes by name but whose feature it does not offer.
+"""TorchRL 0.14.1's weight-sync-scheme keywords: ``weight_sync_schemes`` and
+``weight_recv_schemes``.
 
-A TorchRL script passes them with their defaults (so they are accepted); any other value is
-refused at construction with what the keyword does in TorchRL and what to use here instead, never
-with Python's "unexpected keyword argument".
+TorchRL chooses how each model's weights reach a collector's workers with scheme objects keyed
+by model id (``{"policy": SharedMemWeightSyncScheme()}``, its default). hpccollect syncs one
+model, the policy, over its own transport (shared memory for local workers, the rank transport
+for ranks), so a scheme for ``"policy"`` is taken with that meaning whatever its kind, except
+``NoWeightSyncScheme``, which keeps the workers' weights as they are. Other model ids are
+refused, naming the way here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from hpccollect.errors import ArgumentValueError
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
-__all__ = ["refuse_unoffered"]
+__all__ = ["check_weight_schemes"]
 
-#: keyword -> (values that ask for nothing, what TorchRL would do and the way here)
-_UNOFFERED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "weight_sync_schemes": (
-        (None,),
-        "TorchRL's weight transports; hpccollect sends weights over its own channels "
-        "(update_policy_weights_(weights, worker_ids=...))",
-    ),
-    "weight_recv_schemes": (
-        (None,),
-        "TorchRL's weight transports; hpccollect's workers receive weights from their collector",
-    ),
-}
+_MODEL = "policy"
 
 
-def refuse_unoffered(owner: str, arguments: dict[str, Any]) -> None:
-    """Raise for the first keyword of ``arguments`` (a constructor's ``locals()``) that asks for a
-    feature not offered: one of those above, given a value other than TorchRL's default."""
-    for name, (defaults, why) in _UNOFFERED.items():
-        if name not in arguments:
+def check_weight_schemes(owner: str, sync_schemes: Any, recv_schemes: Any, *, leaf: bool) -> bool:
+    """Check both keywords; return whether ``update_policy_weights_`` sends weights to workers
+    (False only for ``weight_sync_schemes={"policy": NoWeightSyncScheme()}``). A ``leaf``
+    collector (no workers) takes no ``weight_sync_schemes``, as in TorchRL."""
+    sends = True
+    for name, schemes in (
+        ("weight_sync_schemes", sync_schemes),
+        ("weight_recv_schemes", recv_schemes),
+    ):
+        if schemes is None:
             continue
-        value = arguments[name]
-        if any(value is d or (type(value) is type(d) and value == d) for d in defaults):
-            continue
-        raise ArgumentValueError(
-            f"{owner}: {name}={value!r} is TorchRL's, and hpccollect does not offer it: it "
-            f"{why}. Leave {name} at its default ({defaults[0]!r})."
-        )
+        if not isinstance(schemes, Mapping):
+            raise ArgumentTypeError(
+                f"{owner}: {name} must be a dict of model id -> weight sync scheme, such as "
+                f'{{"policy": SharedMemWeightSyncScheme()}}; got {type(schemes).__name__}.'
+            )
+        if name == "weight_sync_schemes" and leaf and schemes:
+            raise ArgumentValueError(
+                f"{owner} runs its policy in this process and has no workers to send weights "
+                "to (TorchRL refuses weight_sync_schemes here too): drop it, or use "
+                "MultiSyncCollector/MultiAsyncCollector/DistributedCollector."
+            )
+        others = sorted(str(k) for k in schemes if k != _MODEL)
+        if others:
+            raise ArgumentValueError(
+                f"{owner}: {name} has schemes for {others}; hpccollect syncs the policy's "
+                'weights only ({"policy": scheme}). Send other models\' weights yourself.'
+            )
+        scheme = schemes.get(_MODEL)
+        if name == "weight_sync_schemes" and type(scheme).__name__ == "NoWeightSyncScheme":
+            sends = False
+    return sends

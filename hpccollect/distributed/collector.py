@@ -27,7 +27,6 @@ from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.multi import MultiaSyncDataCollector, MultiSyncDataCollector
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
-from hpccollect.collectors.torchrl_keywords import refuse_unoffered
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec
 from hpccollect.distributed.arguments import (
@@ -173,13 +172,6 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         self.max_weight_update_interval = check_int(
             "max_weight_update_interval", max_weight_update_interval
         )
-        refuse_unoffered(
-            type(self).__name__,
-            {
-                "weight_sync_schemes": weight_sync_schemes,
-                "weight_recv_schemes": weight_recv_schemes,
-            },
-        )
         if update_interval is not None:
             # TorchRL: weights pushed after every update_interval-th batch; here each rank gets
             # them before its next batch once it has collected update_interval batches
@@ -248,6 +240,8 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             start_timeout=start_timeout,
             policy_factory=policy_factory,
             weight_updater=weight_updater,
+            weight_sync_schemes=weight_sync_schemes,
+            weight_recv_schemes=weight_recv_schemes,
         )
 
     # ------------------------------------------------------------------ the ranks

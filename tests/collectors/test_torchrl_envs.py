@@ -155,6 +155,20 @@ def lstm_actor(env: EnvBase) -> TensorDictSequential:
     return TensorDictSequential(lstm, TensorDictModule(act, in_keys=["h"], out_keys=["action"]))
 
 
+class _Bias(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(()), requires_grad=False)
+
+    def forward(self, count: torch.Tensor) -> torch.Tensor:
+        return (count.float() * 0 + self.bias).clamp(-1.0, 1.0)
+
+
+def counting_bias_policy() -> TensorDictModule:
+    """Action = its one weight, whatever the count (0 until weights arrive)."""
+    return TensorDictModule(_Bias(), in_keys=["count"], out_keys=["action"])
+
+
 def counting_policy(env: EnvBase) -> TensorDictModule:
     return TensorDictModule(
         lambda c: (c.float() * 0.1).clamp(max=1.0), in_keys=["count"], out_keys=["action"]
@@ -430,6 +444,39 @@ def test_workers_append_the_policy_transforms_too() -> None:
     (batch,) = list(collector)
     collector.shutdown()
     assert {"is_init", "recurrent_state_h", "recurrent_state_c"} <= set(batch.keys())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_weight_sync_schemes_for_the_policy() -> None:
+    """TorchRL's default scheme (with a policy here and a factory for the workers): updates
+    reach every worker; NoWeightSyncScheme: the workers keep their weights."""
+    from torchrl.weight_update import NoWeightSyncScheme, SharedMemWeightSyncScheme
+
+    def make_policy() -> TensorDictModule:
+        return counting_bias_policy()
+
+    def actions(collector) -> set:
+        batch = next(iter(collector))
+        return set(batch["action"].reshape(-1).tolist())
+
+    results = {}
+    for name, scheme in (("shared", SharedMemWeightSyncScheme()), ("none", NoWeightSyncScheme())):
+        collector = hpccollect.MultiSyncCollector(
+            [counting, counting],
+            make_policy(),
+            policy_factory=make_policy,
+            frames_per_batch=14,
+            weight_sync_schemes={"policy": scheme},
+        )
+        try:
+            before = actions(collector)
+            collector.update_policy_weights_(TensorDict({"bias": torch.tensor(0.5)}, []))
+            results[name] = (before, actions(collector))
+        finally:
+            collector.shutdown()
+    assert results["shared"] == ({0.0}, {0.5})
+    assert results["none"] == ({0.0}, {0.0})
 
 
 def test_import_does_not_load_torchrl_for_a_gymnasium_user() -> None:

@@ -159,6 +159,55 @@ def test_a_feature_not_offered_is_named_with_the_way_here(keyword: str, value) -
     assert "TorchRL" in str(info.value) and not isinstance(info.value, TypeError)
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c, w: c.update_policy_weights_(w),
+        lambda c, w: c.update_policy_weights_(weights=w),
+        lambda c, w: c.update_policy_weights_(policy_weights=w),
+        lambda c, w: c.update_policy_weights_(weights_dict={"policy": w}),
+        lambda c, w: c.update_policy_weights_(w, model_id="policy"),
+    ],
+)
+def test_torchrl_spellings_of_update_policy_weights(call) -> None:
+    collector = Collector(counter, bias_policy(), frames_per_batch=8)
+    before = next(iter(collector))
+    call(collector, flipped())
+    after = next(iter(collector))
+    collector.shutdown()
+    assert (actions(before) == 0).all() and (actions(after) == 1).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"model_id": "value"}, "model_id='value'"),
+        ({"weights_dict": {"critic": flipped()}}, "critic"),
+        ({"weights": flipped(), "policy": BiasPolicy()}, "once"),
+    ],
+)
+def test_weights_for_another_model_or_given_twice_are_refused(kwargs, match) -> None:
+    collector = Collector(counter, bias_policy(), frames_per_batch=8)
+    try:
+        with pytest.raises((ArgumentValueError, ArgumentTypeError), match=match):
+            collector.update_policy_weights_(**kwargs)
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("schemes", "match"),
+    [
+        ({"weight_sync_schemes": ["policy"]}, "must be a dict"),
+        ({"weight_recv_schemes": {"critic": object()}}, "critic"),
+        ({"weight_sync_schemes": {"policy": object()}}, "no workers"),
+    ],
+)
+def test_weight_schemes_that_cannot_apply_are_named(schemes, match) -> None:
+    with pytest.raises((ArgumentValueError, ArgumentTypeError), match=match):
+        Collector(counter, None, frames_per_batch=8, **schemes)
+
+
 def test_policy_transforms_cannot_be_appended_to_a_gymnasium_env() -> None:
     with pytest.raises(ArgumentValueError, match="gymnasium"):
         Collector(counter, bias_policy(), frames_per_batch=8, auto_register_policy_transforms=True)

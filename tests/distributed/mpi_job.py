@@ -6,7 +6,8 @@ the policy versions to ``OUT``, with the addresses the job's processes listen on
 sockets hydra's proxy hands every rank). ``--mode``: ``collect`` (plain), ``weights`` (new weights after
 the second batch), ``raise-before`` (rank 2 raises before constructing the collector),
 ``raise-env`` (rank 2's env raises), ``wait`` (collect slowly until killed), ``branch`` (ranks 1..N call ``serve()`` themselves and go on), ``idle`` (envs that
-sleep: rank 0 mostly waits; its CPU time over its wall time is saved as ``busy``).
+sleep: rank 0 mostly waits; its CPU time over its wall time is saved as ``busy``), ``linger``
+(rank 0 finalises MPI itself once done, takes a second more, then writes ``OUT.exited``).
 """
 
 from __future__ import annotations
@@ -116,6 +117,15 @@ def main() -> None:
         a.out,
     )
     print("rank 0 done", flush=True)
+    if a.mode == "linger":
+        from mpi4py import MPI
+
+        from hpccollect.distributed.mpi_transport import quiesce
+
+        quiesce()
+        MPI.Finalize()  # the collector ranks leave now
+        time.sleep(1.0)
+        Path(f"{a.out}.exited").write_text("rank 0 ended by itself")
 
 
 if __name__ == "__main__":

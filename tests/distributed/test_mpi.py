@@ -88,6 +88,19 @@ def test_mpiexec_job_gives_the_mp_launchers_data(tmp_path, reference, backend):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_collector_ranks_leave_without_cutting_rank_0_short(tmp_path, backend):
+    """Ranks 1..N must tell hydra they finalised (MPICH does it in a C exit hook, which
+    ``os._exit`` skips): hydra takes a rank that leaves without it for a dead one and SIGKILLs
+    the rest of the job, here rank 0 in the second it takes after its ``MPI_Finalize``."""
+    out = tmp_path / "out.pt"
+    code, output, _ = run_job(out, "--backend", backend, "--mode", "linger")
+    assert code == 0, output
+    assert (tmp_path / "out.pt.exited").exists(), f"rank 0 was cut short:\n{output}"
+    assert_gone(job_pids(out))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_weights_reach_every_rank_under_mpiexec(tmp_path, backend):
     out = tmp_path / "out.pt"
     code, output, seconds = run_job(out, "--backend", backend, "--mode", "weights")
