@@ -561,6 +561,7 @@ def _rank_job(launcher: str, backend: str, tmp_path) -> dict:
     ("launcher", "backend"),
     [
         ("mp", "gloo"),
+        ("submitit", "gloo"),
         pytest.param("mpi", "gloo", marks=pytest.mark.mpi),
         pytest.param("mpi", "mpi", marks=pytest.mark.mpi),
     ],

@@ -1,5 +1,6 @@
 """A distributed job on a TorchRL env, with the policy built on each rank by ``policy_factory``:
-run under ``mpiexec -n 3`` (``launcher="mpi"``) or as one process (``launcher="mp"``) by
+run under ``mpiexec -n 3`` (``launcher="mpi"``) or as one process (``launcher="mp"``, or
+``"submitit"`` on submitit's local executor) by
 tests/collectors/test_torchrl_envs.py. Rank 0 saves, to OUT, the keys, shapes and dtypes of a
 batch, and the actions of each batch (new weights are sent after the second)."""
 
@@ -40,6 +41,11 @@ def main(out: str, launcher: str, backend: str) -> None:
         launcher=launcher,
         backend=backend,
         sync=True,
+        # submitit: its local executor, jobs' logs next to OUT
+        slurm_kwargs={"cluster": "local", "folder": out + ".jobs"}
+        if launcher == "submitit"
+        else None,
+        start_timeout=120.0,
     )
     batches = []
     try:
