@@ -34,6 +34,7 @@ __all__ = [
     "ExplorationType",
     "MLPActor",
     "RandomPolicy",
+    "TensorDictCallable",
     "WrappedPolicy",
     "copy_weights_",
     "load_weights_",
@@ -117,7 +118,7 @@ def takes_tensordict(fn: Any) -> bool:
     return isinstance(hint, type) and issubclass(hint, TensorDictBase)
 
 
-class _TensorDictCallable(TensorDictModuleBase):
+class TensorDictCallable(TensorDictModuleBase):
     """A module or callable that takes a TensorDict; may return a new one or write in place."""
 
     def __init__(self, fn: Callable, out_keys: Sequence[Any]) -> None:
@@ -173,7 +174,7 @@ def wrap_policy(
         )
     weights = policy if isinstance(policy, nn.Module) else None
     if trust_policy or takes_tensordict(policy):
-        return WrappedPolicy(_TensorDictCallable(policy, [action_key]), weights, None)
+        return WrappedPolicy(TensorDictCallable(policy, [action_key]), weights, None)
     module = TensorDictModule(policy, in_keys=list(keys), out_keys=[action_key])
     return WrappedPolicy(module, weights, (policy, list(keys), [action_key]))
 

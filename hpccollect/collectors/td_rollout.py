@@ -32,7 +32,7 @@ from hpccollect.errors import (
     PolicyError,
     with_builtin,
 )
-from hpccollect.policy import WrappedPolicy, _TensorDictCallable, takes_tensordict
+from hpccollect.policy import TensorDictCallable, WrappedPolicy, takes_tensordict
 
 __all__ = ["SpecRandomPolicy", "TensorDictLoop", "wrap_env_policy"]
 
@@ -69,7 +69,7 @@ def wrap_env_policy(policy: Any, env: Any, trust_policy: bool = False) -> Wrappe
             f"{type(policy).__name__}."
         )
     if trust_policy or takes_tensordict(policy):
-        return WrappedPolicy(_TensorDictCallable(policy, []), weights, None)
+        return WrappedPolicy(TensorDictCallable(policy, []), weights, None)
     module = TensorDictModule(policy, **_keys_by_name(policy, env))
     return WrappedPolicy(module, weights, None)
 
