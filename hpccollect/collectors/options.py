@@ -10,6 +10,7 @@ back as keyword arguments (``CollectorArgs.kwargs``).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -130,9 +131,11 @@ def _checked_batch(raw: CollectorArgs) -> dict[str, Any]:
             f"total_frames must be positive, or -1 for an endless collector; got {total}."
         )
     if total > 0 and total % fpb:
-        raise ArgumentValueError(
-            f"total_frames ({total}) is not divisible by frames_per_batch ({fpb}); use a multiple "
-            f"such as {(-(-total // fpb)) * fpb}, or total_frames=-1 for an endless collector."
+        whole = -(-total // fpb) * fpb
+        warnings.warn(  # TorchRL's behaviour: the last batch is whole
+            f"total_frames ({total}) is not divisible by frames_per_batch ({fpb}): the last batch "
+            f"is whole, so {whole} frames are collected; give a multiple of {fpb} to avoid this.",
+            stacklevel=4,
         )
     max_steps = None
     if raw.max_frames_per_traj is not None:

@@ -75,7 +75,6 @@ def test_check_normalises_and_is_idempotent():
     [
         ({}, ArgumentTypeError, "frames_per_batch is required"),
         ({"frames_per_batch": 0}, ArgumentValueError, "frames_per_batch"),
-        ({"frames_per_batch": 10, "total_frames": 25}, ArgumentValueError, "such as 30"),
         ({"frames_per_batch": 10, "replay_buffer": {}}, ArgumentTypeError, "extend"),
         ({"frames_per_batch": 10, "use_buffers": 1}, ArgumentTypeError, "use_buffers"),
         ({"frames_per_batch": 10, "traj_id_stride": 0}, ArgumentValueError, "traj_id_stride"),

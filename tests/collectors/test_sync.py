@@ -123,9 +123,13 @@ def test_total_frames_exact_and_endless():
     endless.shutdown()
 
 
-def test_total_frames_not_divisible_raises():
-    with pytest.raises(ArgumentValueError, match=r"total_frames \(105\).*frames_per_batch \(10\)"):
-        SyncDataCollector(counter(), None, frames_per_batch=10, total_frames=105)
+def test_total_frames_not_divisible_collects_whole_batches():
+    """As TorchRL: a warning, and the last batch is whole (110 frames for 105)."""
+    with pytest.warns(UserWarning, match=r"total_frames \(105\).*frames_per_batch \(10\).*110"):
+        collector = SyncDataCollector(counter(), None, frames_per_batch=10, total_frames=105)
+    assert len(collector) == 11
+    assert sum(b.numel() for b in collector) == 110
+    collector.shutdown()
 
 
 def test_frames_per_batch_rounded_up_to_env_multiple():
