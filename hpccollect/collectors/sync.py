@@ -32,7 +32,7 @@ from hpccollect.collectors.weights import (
 )
 from hpccollect.envs import envbase
 from hpccollect.envs.factory import make_env
-from hpccollect.envs.policy_transforms import with_policy_transforms
+from hpccollect.envs.policy_transforms import fill_policy_specs, with_policy_transforms
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.policy import (
     RandomPolicy,
@@ -176,6 +176,7 @@ class SyncDataCollector(TracksPolicyVersion, ThreadFilling, DataCollectorBase, m
                 self.env = self._prepare_torchrl_env(self.env)
             if factory is not None:
                 policy = factory[0]()  # built here, once the env exists (as in TorchRL)
+            fill_policy_specs(self.env, policy)
             self.env = with_policy_transforms(
                 self.env, policy, opts.auto_register_policy_transforms, type(self).__name__
             )

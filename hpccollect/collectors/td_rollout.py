@@ -187,7 +187,7 @@ class TensorDictLoop:
                     "it in its out_keys."
                 )
             want, got = spec[key].shape, out.get(key).shape
-            if got != want:
+            if got != want and not _broadcasts(got, want):  # the env takes what broadcasts
                 raise PolicyError(
                     f"the policy wrote {key if len(key) > 1 else key[0]!r} with shape "
                     f"{tuple(got)}, but env {envbase.env_name(self.env)!r} needs shape "
@@ -249,6 +249,8 @@ class TensorDictLoop:
         keys = self.policy_keys
         with torch.no_grad(), set_interaction_type(self.options.exploration_type):
             for t in range(steps):
+                if random:  # the policy's other outputs stay in the batch, zeroed (as TorchRL)
+                    carrier.update(self._policy_template)
                 try:
                     out = act(carrier)
                 except Exception as err:
@@ -358,12 +360,13 @@ class TensorDictLoop:
                 "set_truncated=True, but the env has no truncated flag; add one with "
                 "env.add_truncated_keys() before giving the env to the collector."
             )
-        for key in keys:
+        last = (slice(None),) * (batch.ndim - 1) + (-1,)  # the last time step, whatever the
+        for key in keys:  # entry's own dims after the batch's (nested envs have some)
             key = key if isinstance(key, tuple) else (key,)
             done_key = ("next", *key[:-1], "done")
-            batch.get(("next", *key))[..., -1, :] = True
+            batch.get(("next", *key))[last] = True
             if done_key in _leaf_keys(batch):
-                batch.get(done_key)[..., -1, :] = True
+                batch.get(done_key)[last] = True
 
     # ------------------------------------------------------------------ worker buffers
     def shared_batch(self, steps: int) -> TensorDictBase:
@@ -385,3 +388,10 @@ class TensorDictLoop:
             )
         self._same = batch
         return batch
+
+
+def _broadcasts(got: torch.Size, want: torch.Size) -> bool:
+    try:
+        return torch.broadcast_shapes(got, want) == want
+    except RuntimeError:
+        return False

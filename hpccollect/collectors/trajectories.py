@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from tensordict import TensorDictBase
@@ -40,7 +42,13 @@ class TrajIdPool:
 
 
 def split_trajectories(
-    rollout: TensorDictBase, *, prefix: str = "collector", traj_key: str = "traj_ids"
+    rollout: TensorDictBase,
+    *,
+    prefix: Any = None,
+    traj_key: str = "traj_ids",
+    trajectory_key: Any = None,
+    done_key: Any = None,
+    as_nested: bool = False,
 ) -> TensorDictBase:
     """Regroup a ``[..., T]`` batch as ``[n_traj, max_len]``, one row per trajectory.
 
@@ -53,12 +61,14 @@ def split_trajectories(
     ``[1, T]`` named ``[None, "time"]``); otherwise a padded ``[N, T]`` split is unnamed and a
     padded ``[T]`` split is named as TorchRL's padding names it (``pad_keeps_names``).
     """
-    ids_key = (prefix, traj_key)
-    mask_key = (prefix, "mask")
-    if ids_key not in rollout.keys(True):
+    if as_nested:
         raise ArgumentValueError(
-            f"split_trajectories needs {ids_key} in the batch; it was produced without it."
+            "split_trajectories(as_nested=True) is not offered: the padded output with its mask "
+            "holds the same data (TorchRL's as_nested is experimental); drop as_nested."
         )
+    ids_key, mask_key = _split_keys(rollout, prefix, traj_key, trajectory_key)
+    if ids_key not in rollout.keys(True):
+        rollout = _with_ids_from_done(rollout, ids_key, done_key)
     names = rollout.names if rollout.ndim else []
     flat = rollout.clone(False)
     flat.names = None
@@ -93,4 +103,47 @@ def split_trajectories(
     out.set(mask_key, mask)
     if rollout.ndim == 1 and names[0] is not None and pad_keeps_names():
         out.names = [None, names[0]]
+    return out
+
+
+def _as_tuple(key: Any) -> tuple:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _split_keys(
+    rollout: TensorDictBase, prefix: Any, traj_key: str, trajectory_key: Any
+) -> tuple[tuple, tuple]:
+    """The trajectory ids' key and the mask's (beside it), as TorchRL picks them: the
+    ``trajectory_key`` given, else ``prefix`` (default ``"collector"`` when the batch has such
+    an entry, no prefix otherwise) + ``traj_key``."""
+    if trajectory_key is not None:
+        ids_key = _as_tuple(trajectory_key)
+        return ids_key, (*ids_key[:-1], "mask")
+    if prefix is None:
+        prefix = "collector" if "collector" in rollout.keys() else ()
+    prefix = _as_tuple(prefix)
+    return (*prefix, traj_key), (*prefix, "mask")
+
+
+def _with_ids_from_done(rollout: TensorDictBase, ids_key: tuple, done_key: Any) -> TensorDictBase:
+    """A batch without trajectory ids gets them from its done flags (a new id after each done
+    step, distinct across envs), as TorchRL does; without done flags it is refused."""
+    done_key = _as_tuple(done_key) if done_key is not None else ("next", "done")
+    if done_key not in rollout.keys(True) and len(done_key) > 1:
+        done_key = done_key[-1:]
+    done = rollout.get(done_key, None)
+    if done is None:
+        raise ArgumentValueError(
+            f"split_trajectories needs trajectory ids at {ids_key} or done flags at {done_key}; "
+            "the batch has neither (pass trajectory_key=... or done_key=...)."
+        )
+    done = done.reshape(*rollout.shape, -1).any(-1)
+    starts = torch.zeros_like(done, dtype=torch.int64)
+    starts[..., 1:] = done[..., :-1].long()
+    per_row = starts.cumsum(-1)
+    rows = per_row.reshape(-1, rollout.shape[-1])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), (rows[:, -1] + 1).cumsum(0)[:-1]])
+    ids = (rows + offsets.unsqueeze(1)).reshape(rollout.shape)
+    out = rollout.clone(False)
+    out.set(ids_key, ids)
     return out

@@ -1,5 +1,6 @@
-"""``auto_register_policy_transforms``: the env transforms a policy needs, added as TorchRL's
-collector adds them.
+"""What TorchRL's collector does to a TorchRL env and its policy before collecting: specs given
+to a policy built without them (``fill_policy_specs``), and the env transforms the policy needs
+(``auto_register_policy_transforms``), added as TorchRL's collector adds them.
 
 A policy module reads ``is_init`` (``InitTracker``) and, when it has recurrent parts (anything
 with ``make_tensordict_primer()``, such as TorchRL's ``LSTMModule``/``GRUModule``), their state
@@ -19,7 +20,19 @@ from torch import nn
 from hpccollect.envs import envbase
 from hpccollect.errors import ArgumentValueError
 
-__all__ = ["with_policy_transforms"]
+__all__ = ["fill_policy_specs", "with_policy_transforms"]
+
+
+def fill_policy_specs(env: Any, policy: Any) -> None:
+    """Give a TorchRL policy built without specs the env's, as TorchRL's collector does: a
+    ``RandomPolicy()`` its action spec, exploration modules made with ``spec=None`` theirs."""
+    if not envbase.is_torchrl_env(env):
+        return
+    if callable(getattr(policy, "set_action_spec_from_env", None)):
+        policy.set_action_spec_from_env(env)
+    if isinstance(policy, nn.Module) and envbase.from_torchrl(env):
+        modules = importlib.import_module("torchrl.modules")
+        modules.set_exploration_modules_spec_from_env(policy, env)
 
 
 def with_policy_transforms(env: Any, policy: Any, flag: bool | None, owner: str) -> Any:

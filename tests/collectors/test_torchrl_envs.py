@@ -479,6 +479,52 @@ def test_weight_sync_schemes_for_the_policy() -> None:
     assert results["none"] == ({0.0}, {0.0})
 
 
+def test_what_torchrl_own_tests_pass_in() -> None:
+    """Cases found by running torchrl's collector tests against hpccollect: a RandomPolicy()
+    made without a spec, an action shape the env broadcasts, a policy's extra outputs during
+    init_random_frames, set_truncated on an env whose done flags have dims of their own."""
+    from torchrl.envs import InitTracker
+    from torchrl.modules import RandomPolicy
+    from torchrl.testing.mocking_classes import (
+        ContinuousActionVecMockEnv,
+        CountingEnv,
+        NestedCountingEnv,
+    )
+
+    policy = RandomPolicy()
+    collector = hpccollect.Collector(
+        ContinuousActionVecMockEnv(), policy, frames_per_batch=10, total_frames=10
+    )
+    assert next(iter(collector))["action"].shape == (10, 7) and policy.action_spec is not None
+    collector.shutdown()
+
+    def ones(td: TensorDict) -> TensorDict:
+        return td.set("action", torch.ones(td.shape, dtype=torch.int))  # spec shape (1,)
+
+    collector = hpccollect.Collector(CountingEnv(max_steps=8), ones, frames_per_batch=12)
+    assert next(iter(collector))["observation"].reshape(-1).tolist() == [*range(9), 0, 1, 2]
+    collector.shutdown()
+
+    env = ContinuousActionVecMockEnv()
+    two = TensorDictModule(
+        lambda o: (o[..., :7].tanh(), o.clone()), ["observation"], ["action", "hidden"]
+    )
+    collector = hpccollect.Collector(
+        env, two, frames_per_batch=20, total_frames=40, init_random_frames=20
+    )
+    assert all("hidden" in batch.keys() for batch in collector)
+    collector.shutdown()
+
+    env = TransformedEnv(NestedCountingEnv(), InitTracker()).add_truncated_keys()
+    collector = hpccollect.Collector(
+        env, env.rand_action, frames_per_batch=20, set_truncated=True, trust_policy=True
+    )
+    batch = next(iter(collector))
+    collector.shutdown()
+    assert batch[..., -1]["next", "data", "truncated"].all()
+    assert not batch[..., 0]["next", "data", "truncated"].any()
+
+
 def test_import_does_not_load_torchrl_for_a_gymnasium_user() -> None:
     import subprocess
     import sys

@@ -58,3 +58,25 @@ def test_pool_offsets_never_collide():
     assert fresh.take(1).tolist() == [12]
     with pytest.raises(ArgumentValueError):
         TrajIdPool(3, 3)
+
+
+def test_split_takes_torchrl_keys_and_ids_from_done_flags() -> None:
+    """TorchRL's trajectory_key (the mask goes beside it) and done_key (ids from the done
+    flags when the batch has none)."""
+    done = torch.tensor([False, False, True, False, True, False])
+    td = TensorDict(
+        {
+            "x": torch.arange(6),
+            "meta": {"ids": torch.tensor([4, 4, 4, 7, 7, 9])},
+            "next": {"done": done.unsqueeze(-1)},
+        },
+        [6],
+    )
+    by_key = split_trajectories(td, trajectory_key=("meta", "ids"))
+    assert by_key["x"].tolist() == [[0, 1, 2], [3, 4, 0], [5, 0, 0]]
+    assert by_key["meta", "mask"].sum(-1).tolist() == [3, 2, 1]
+    by_done = split_trajectories(td.exclude("meta"), done_key=("next", "done"))
+    assert by_done["x"].tolist() == by_key["x"].tolist()
+    assert by_done["traj_ids"][:, 0].tolist() == [0, 1, 2]
+    with pytest.raises(ArgumentValueError, match="as_nested"):
+        split_trajectories(td, as_nested=True)
