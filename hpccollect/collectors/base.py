@@ -117,8 +117,14 @@ class DataCollectorBase(abc.ABC):
         opts = self.options
         if self.replay_buffer is None or opts.trajs_per_batch is not None:
             return batch
-        store(self.replay_buffer, batch, opts.extend_buffer)
+        for part in self._buffer_parts(batch):
+            store(self.replay_buffer, part, opts.extend_buffer)
         return None
+
+    def _buffer_parts(self, batch: TensorDictBase) -> tuple[TensorDictBase, ...]:
+        """What goes into the replay buffer, one ``extend`` each: the batch (a collector with
+        workers gives each worker's part, as TorchRL's workers write their own)."""
+        return (batch,)
 
     def _forget_trajectories(self, traj_ids: Any = None) -> None:
         """After a reset, drop the pieces of the trajectories it ended (all when None); with all

@@ -109,6 +109,9 @@ class MultiSyncDataCollector(MultiCollectorBase):
         out.names = [None] * (out.batch_dims - 1) + ["time"]
         return out, sum(frames)
 
+    def _buffer_parts(self, batch: TensorDictBase) -> tuple[TensorDictBase, ...]:
+        return batch.unbind(0) if self.cat_results == "stack" else (batch,)
+
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """One round per iteration: every worker collects, then their batches are gathered."""
         while self._more():

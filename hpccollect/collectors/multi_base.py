@@ -288,7 +288,11 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
 
     def _start_workers(self, args: list[tuple], start_method: str) -> list[Channel]:
         """Start the workers, ``worker_main(i, conn, *args[i])`` each; one channel per worker."""
-        return start_local_workers(worker_main, args, start_method, name=type(self).__name__)
+        # not daemonic, as in TorchRL: a worker's env may start processes of its own (a TorchRL
+        # ParallelEnv); the pool still ends the workers at shutdown and at exit
+        return start_local_workers(
+            worker_main, args, start_method, name=type(self).__name__, daemon=False
+        )
 
     def _worker_frames_per_batch(self) -> int:
         return self.options.frames_per_batch

@@ -308,7 +308,7 @@ def test_bad_arguments_fail_before_any_process_starts(no_leaks):
     with pytest.raises(ArgumentValueError, match="cat_results"):
         MultiSyncDataCollector([cartpole], None, frames_per_batch=10, cat_results="join")
     with pytest.raises(ArgumentValueError, match="total_frames"):
-        MultiSyncDataCollector([cartpole], None, frames_per_batch=10, total_frames=15)
+        MultiSyncDataCollector([cartpole], None, frames_per_batch=10, total_frames=-5)
 
 
 def test_ctrl_c_leaves_no_worker(tmp_path):

@@ -208,6 +208,27 @@ def test_weight_schemes_that_cannot_apply_are_named(schemes, match) -> None:
         Collector(counter, None, frames_per_batch=8, **schemes)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_multi_sync_extends_the_buffer_with_each_workers_part() -> None:
+    """As TorchRL's workers each extend the replay buffer with their own batch."""
+
+    class Recording:
+        def __init__(self) -> None:
+            self.shapes: list = []
+
+        def extend(self, data: TensorDict) -> None:
+            self.shapes.append(tuple(data.shape))
+
+    buffer = Recording()
+    collector = MultiSyncCollector(
+        [counter, counter], None, frames_per_batch=16, total_frames=32, replay_buffer=buffer
+    )
+    assert list(collector) == [None, None]
+    collector.shutdown()
+    assert buffer.shapes == [(8,)] * 4
+
+
 def test_policy_transforms_cannot_be_appended_to_a_gymnasium_env() -> None:
     with pytest.raises(ArgumentValueError, match="gymnasium"):
         Collector(counter, bias_policy(), frames_per_batch=8, auto_register_policy_transforms=True)
