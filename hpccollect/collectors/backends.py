@@ -19,6 +19,7 @@ from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 __all__ = ["ByBackend"]
 
 _OFFERED = ("direct", "process", "distributed", "submitit")
+_ALIASES = {"multiprocessing": "process"}  # TorchRL's long spelling, kept as an alias there
 _THEIRS = {"ray": "RayCollector", "rpc": "RPCCollector"}
 _SELECTORS = frozenset({"backend_options", "num_collectors", "num_workers", "sync"})
 
@@ -66,6 +67,7 @@ class ByBackend(abc.ABCMeta):
             )
         if backend is None:
             backend = "direct" if num_collectors is None else "process"
+        backend = _ALIASES.get(backend, backend)
         if backend not in _OFFERED:
             raise ArgumentValueError(_unknown(backend))
         options = _options(backend_options, args, kwargs)

@@ -147,6 +147,26 @@ class DataCollectorBase(abc.ABC):
             self._iterator = None
             return None
 
+    def stats(self) -> dict[str, int | float | bool]:
+        """A snapshot of progress, cheap and picklable (TorchRL's): ``frames``, ``batches``,
+        ``total_frames`` and ``completed`` (not for an endless collector),
+        ``requested_frames_per_batch``, ``policy_version`` (when tracked)."""
+        frames = int(getattr(self, "_frames", 0))
+        out: dict[str, int | float | bool] = {
+            "frames": frames,
+            "batches": int(getattr(self, "_iter", 0)),
+        }
+        if self.total_frames >= 0:
+            out["total_frames"] = int(self.total_frames)
+            out["completed"] = frames >= self.total_frames
+        out["requested_frames_per_batch"] = int(
+            getattr(self, "requested_frames_per_batch", self.frames_per_batch)
+        )
+        version = getattr(self, "policy_version", None)
+        if isinstance(version, int):
+            out["policy_version"] = version
+        return out
+
     def __len__(self) -> int:
         if self.total_frames < 0:
             raise TypeError("an endless collector (total_frames=-1) has no length")

@@ -176,6 +176,8 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
             num_threads = check_int("num_threads", num_threads, minimum=1)
         self._use_buffers = use_buffers
         self.options = opts = CollectorArgs.check(arguments, policy)
+        self.trajs_per_batch, self.trajs_per_write = opts.trajs_per_batch, opts.trajs_per_write
+        self.traj_format = opts.traj_format
         self.trust_policy = opts.trust_policy
         devices = [opts.devices(i, n) for i in range(n)]
         env_kwargs = [per_worker("create_env_kwargs", create_env_kwargs, i, n) for i in range(n)]

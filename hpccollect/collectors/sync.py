@@ -148,6 +148,11 @@ class SyncDataCollector(TracksPolicyVersion, ThreadFilling, DataCollectorBase, m
         self.devices = opts.devices()
         self.track_traj_ids = check_bool("track_traj_ids", track_traj_ids)
         self._versions = make_stamp(opts.track_policy_version)
+        #: TorchRL's attributes, settable: called before and after each batch
+        self.pre_collect_hook = opts.pre_collect_hook
+        self.post_collect_hook = opts.post_collect_hook
+        self.trajs_per_batch, self.trajs_per_write = opts.trajs_per_batch, opts.trajs_per_write
+        self.traj_format = opts.traj_format
         for name in ("split_trajs", "trajs_per_batch"):
             if getattr(opts, name) and not self.track_traj_ids:
                 raise ArgumentValueError(
@@ -266,8 +271,8 @@ class SyncDataCollector(TracksPolicyVersion, ThreadFilling, DataCollectorBase, m
 
     def rollout(self) -> TensorDictBase:
         """Collect one batch (no ``split_trajs``/``postproc``); frames are not counted."""
-        if self.options.pre_collect_hook is not None:
-            self.options.pre_collect_hook()
+        if self.pre_collect_hook is not None:
+            self.pre_collect_hook()
         random = self._frames < self.init_random_frames
         versions = self._versions
         if versions is not None and self.reset_at_each_iter:
@@ -294,8 +299,8 @@ class SyncDataCollector(TracksPolicyVersion, ThreadFilling, DataCollectorBase, m
         batch = self.rollout()
         self._frames += batch.numel()
         self._iter += 1
-        if self.options.post_collect_hook is not None:
-            self.options.post_collect_hook(batch)
+        if self.post_collect_hook is not None:
+            self.post_collect_hook(batch)
         return batch
 
     def _shared_batch(self) -> TensorDictBase:
@@ -319,8 +324,8 @@ class SyncDataCollector(TracksPolicyVersion, ThreadFilling, DataCollectorBase, m
                 batch = split_trajectories(batch)
             if self.postproc is not None:
                 batch = self.postproc(batch)
-            if self.options.post_collect_hook is not None:
-                self.options.post_collect_hook(batch)
+            if self.post_collect_hook is not None:
+                self.post_collect_hook(batch)
             yield self._sink(batch)
             if self._background is not None and self._background.stop_requested():
                 return

@@ -46,8 +46,8 @@ def check_traj_options(
         if trajs_per_batch is not None and not has_buffer:
             warnings.warn(
                 "trajs_per_batch is set but traj_format is not: batches are 'padded' "
-                "([trajs_per_batch, max_len] with a ('collector', 'mask')), as in torchrl 0.14, "
-                "whose default becomes 'cat' in torchrl 0.16. Pass traj_format='padded' or "
+                "([trajs_per_batch, max_len] with a ('collector', 'mask')); as TorchRL's, the "
+                "default will change to 'cat' in torchrl v0.16. Pass traj_format='padded' or "
                 "traj_format='cat' to choose.",
                 FutureWarning,
                 stacklevel=4,

@@ -46,6 +46,7 @@ def test_direct_takes_a_list_of_one_env() -> None:
     [
         ({"num_collectors": 2, "sync": True}, MultiSyncDataCollector),
         ({"num_collectors": 2}, MultiaSyncDataCollector),  # TorchRL's sync default: False
+        ({"backend": "multiprocessing", "num_collectors": 2}, MultiaSyncDataCollector),
         ({"backend": "process", "backend_options": {"update_at_each_batch": True}}, None),
     ],
 )

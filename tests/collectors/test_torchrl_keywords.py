@@ -229,6 +229,29 @@ def test_multi_sync_extends_the_buffer_with_each_workers_part() -> None:
     assert buffer.shapes == [(8,)] * 4
 
 
+def test_stats_hooks_and_trajectory_attributes_as_torchrl_has_them() -> None:
+    collector = Collector(
+        counter, None, frames_per_batch=8, total_frames=16, trajs_per_batch=2, traj_format="cat"
+    )
+    assert (collector.trajs_per_batch, collector.traj_format) == (2, "cat")
+    assert collector.stats() == {
+        "frames": 0,
+        "batches": 0,
+        "total_frames": 16,
+        "completed": False,
+        "requested_frames_per_batch": 8,
+    }
+    collector.shutdown()
+    seen: list = []
+    collector = Collector(counter, None, frames_per_batch=8, total_frames=16)
+    collector.pre_collect_hook = lambda: seen.append("pre")  # set after construction
+    collector.post_collect_hook = lambda batch: seen.append(batch.numel())
+    list(collector)
+    assert seen == ["pre", 8, "pre", 8]
+    assert collector.stats()["completed"] and collector.stats()["batches"] == 2
+    collector.shutdown()
+
+
 def test_policy_transforms_cannot_be_appended_to_a_gymnasium_env() -> None:
     with pytest.raises(ArgumentValueError, match="gymnasium"):
         Collector(counter, bias_policy(), frames_per_batch=8, auto_register_policy_transforms=True)
