@@ -199,7 +199,7 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         self._filling = False
         # the weights' layout: the policy's, or with policy_factory that of a policy made here
         # once (as TorchRL's distributed collector does), whose own weights are never sent
-        layout = self._factories[0]() if self._factories and policy is None else policy
+        layout = self._factories[0]() if self._factories else policy
         if not isinstance(layout, nn.Module) or TensorDict.from_module(layout).is_empty():
             layout = None
         self._weights = self._weight_buffers(layout)

@@ -449,12 +449,16 @@ def test_workers_append_the_policy_transforms_too() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_weight_sync_schemes_for_the_policy() -> None:
-    """TorchRL's default scheme (with a policy here and a factory for the workers): updates
-    reach every worker; NoWeightSyncScheme: the workers keep their weights."""
+    """TorchRL's default scheme (with a policy here, never pickled, and a factory for the
+    workers): updates reach every worker; NoWeightSyncScheme: the workers keep their weights."""
     from torchrl.weight_update import NoWeightSyncScheme, SharedMemWeightSyncScheme
 
     def make_policy() -> TensorDictModule:
         return counting_bias_policy()
+
+    class Unpicklable(_Bias):
+        def __reduce_ex__(self, protocol: int) -> None:
+            raise RuntimeError("this policy stays in the trainer's process")
 
     def actions(collector) -> set:
         batch = next(iter(collector))
@@ -464,7 +468,7 @@ def test_weight_sync_schemes_for_the_policy() -> None:
     for name, scheme in (("shared", SharedMemWeightSyncScheme()), ("none", NoWeightSyncScheme())):
         collector = hpccollect.MultiSyncCollector(
             [counting, counting],
-            make_policy(),
+            TensorDictModule(Unpicklable(), in_keys=["count"], out_keys=["action"]),
             policy_factory=make_policy,
             frames_per_batch=14,
             weight_sync_schemes={"policy": scheme},
