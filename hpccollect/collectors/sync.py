@@ -190,7 +190,12 @@ class SyncDataCollector(TracksPolicyVersion, ThreadFilling, DataCollectorBase, m
             self.env.close()
             raise
         self._set_weight_updaters(
-            local_weight_updater or PolicyWeightsCopier(self._wrapped.weights_module, self._source),
+            local_weight_updater
+            or (  # a weight_updater given takes the copier's place
+                PolicyWeightsCopier(self._wrapped.weights_module, self._source)
+                if weight_updater is None
+                else None
+            ),
             remote_weight_updater,
             weight_updater,
         )

@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 
-class WeightUpdaterBase(abc.ABC):
+class WeightUpdaterBase(abc.ABC):  # noqa: B024 - the abstract hooks are in the subclasses
     """Common base: knows its collector, can be initialised with ``collector.init_updater()``."""
 
     _collector: Any = None
@@ -42,11 +42,46 @@ class WeightUpdaterBase(abc.ABC):
     def init(self, *args: Any, **kwargs: Any) -> None:  # noqa: B027 - optional hook
         """Optional set-up with user arguments (``collector.init_updater(*args, **kwargs)``)."""
 
-    @abc.abstractmethod
     def __call__(
         self, policy_or_weights: Any = None, *, worker_ids: Any = None, **kwargs: Any
     ) -> None:
-        """Move weights."""
+        """Move weights: TorchRL's flow over its hooks (``push_weights``); the local and
+        remote bases below have their own."""
+        self.push_weights(policy_or_weights, worker_ids)
+
+    def push_weights(self, weights: Any = None, worker_ids: Any = None) -> None:
+        """The given weights (or ``_get_server_weights()``), mapped by ``_maybe_map_weights``,
+        to each of ``worker_ids`` (default ``all_worker_ids()``) by ``_sync_weights_with_worker``:
+        the hooks a TorchRL ``WeightUpdaterBase`` subclass implements."""
+        if weights is None:
+            weights = self._get_server_weights()
+        weights = self._maybe_map_weights(weights)
+        if worker_ids is None:
+            ids = list(self.all_worker_ids() or [])
+        elif isinstance(worker_ids, Sequence) and not isinstance(worker_ids, str):
+            ids = list(worker_ids)
+        else:
+            ids = [worker_ids]
+        for worker_id in ids:
+            self._sync_weights_with_worker(worker_id=worker_id, server_weights=weights)
+
+    def _get_server_weights(self) -> Any:
+        raise NotImplementedError(
+            f"{type(self).__name__}: implement _get_server_weights() (where the trained weights "
+            "are) or __call__, or pass the weights to update_policy_weights_."
+        )
+
+    def _maybe_map_weights(self, server_weights: Any) -> Any:
+        return server_weights
+
+    def all_worker_ids(self) -> Sequence[Any]:
+        return []
+
+    def _sync_weights_with_worker(self, *, worker_id: Any, server_weights: Any) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__}: implement _sync_weights_with_worker(worker_id=..., "
+            "server_weights=...) (how weights reach one worker), or __call__."
+        )
 
 
 class LocalWeightsUpdaterBase(WeightUpdaterBase):

@@ -252,6 +252,40 @@ def test_stats_hooks_and_trajectory_attributes_as_torchrl_has_them() -> None:
     collector.shutdown()
 
 
+def test_a_weight_updater_written_for_torchrl_runs_its_hooks() -> None:
+    """A WeightUpdaterBase subclass with only TorchRL's hooks: the weights go through
+    _maybe_map_weights to each worker id by _sync_weights_with_worker."""
+    from hpccollect.collectors import WeightUpdaterBase
+
+    class Mine(WeightUpdaterBase):
+        def __init__(self) -> None:
+            self.synced: list = []
+
+        def _get_server_weights(self):
+            return "from the server"
+
+        def _maybe_map_weights(self, weights):
+            return f"mapped {weights}"
+
+        def _sync_weights_with_worker(self, *, worker_id, server_weights):
+            self.synced.append((worker_id, server_weights))
+
+        def all_worker_ids(self):
+            return [0, 1]
+
+    updater = Mine()
+    collector = Collector(counter, None, frames_per_batch=8, weight_updater=updater)
+    collector.update_policy_weights_()
+    collector.update_policy_weights_("given")
+    collector.shutdown()
+    assert updater.synced == [
+        (0, "mapped from the server"),
+        (1, "mapped from the server"),
+        (0, "mapped given"),
+        (1, "mapped given"),
+    ]
+
+
 def test_policy_transforms_cannot_be_appended_to_a_gymnasium_env() -> None:
     with pytest.raises(ArgumentValueError, match="gymnasium"):
         Collector(counter, bias_policy(), frames_per_batch=8, auto_register_policy_transforms=True)
