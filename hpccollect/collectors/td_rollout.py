@@ -131,6 +131,8 @@ class TensorDictLoop:
         self.random_policy = SpecRandomPolicy(env.full_action_spec)
         self.steps_taken = 0
         self._clear_device = env.device is None or devices.policy not in (None, env.device)
+        #: where the policy reads its input when it is not the env's device (TorchRL casts)
+        self._cast = devices.policy if devices.policy not in (None, env.device) else None
         self.carrier = self._reset_env()
         self.traj_ids = self._new_ids()
         self.policy_keys = self._probe_policy()
@@ -155,7 +157,7 @@ class TensorDictLoop:
     def _probe_policy(self) -> list[tuple]:
         """Call the policy once on a copy of the first carrier, as TorchRL's collector does:
         check that it writes the env's actions and learn every key it writes."""
-        given = self.carrier.copy()
+        given = self.carrier.copy() if self._cast is None else self.carrier.to(self._cast)
         before = {k: given.get(k) for k in _leaf_keys(given)}
         try:
             with torch.no_grad():  # TorchRL probes outside the exploration type too
@@ -251,14 +253,16 @@ class TensorDictLoop:
             for t in range(steps):
                 if random:  # the policy's other outputs stay in the batch, zeroed (as TorchRL)
                     carrier.update(self._policy_template)
+                given = carrier if self._cast is None or random else carrier.to(self._cast)
                 try:
-                    out = act(carrier)
+                    out = act(given)
                 except Exception as err:
                     raise with_builtin(PolicyError, err)(
                         f"the policy raised {type(err).__name__} at step {self.steps_taken} "
                         f"(step {t} of this batch): {err}"
                     ) from err
-                if out is not None and out is not carrier:
+                out = given if out is None else out
+                if out is not carrier:
                     carrier.update(out, keys_to_update=keys)
                 try:
                     td, carrier = step(carrier)

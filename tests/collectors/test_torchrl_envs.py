@@ -486,7 +486,8 @@ def test_weight_sync_schemes_for_the_policy() -> None:
 def test_what_torchrl_own_tests_pass_in() -> None:
     """Cases found by running torchrl's collector tests against hpccollect: a RandomPolicy()
     made without a spec, an action shape the env broadcasts, a policy's extra outputs during
-    init_random_frames, set_truncated on an env whose done flags have dims of their own."""
+    init_random_frames, an input cast to policy_device, set_truncated on an env whose done
+    flags have dims of their own."""
     from torchrl.envs import InitTracker
     from torchrl.modules import RandomPolicy
     from torchrl.testing.mocking_classes import (
@@ -518,6 +519,19 @@ def test_what_torchrl_own_tests_pass_in() -> None:
     )
     assert all("hidden" in batch.keys() for batch in collector)
     collector.shutdown()
+
+    seen = []
+
+    def on_cpu(td: TensorDict) -> TensorDict:
+        seen.append(td.device)
+        return td.set("action", torch.zeros((*td.shape, 7)))
+
+    collector = hpccollect.Collector(
+        ContinuousActionVecMockEnv(device=None), on_cpu, policy_device="cpu", frames_per_batch=2
+    )
+    next(iter(collector))
+    collector.shutdown()
+    assert set(seen) == {torch.device("cpu")}  # the input is cast to policy_device
 
     env = TransformedEnv(NestedCountingEnv(), InitTracker()).add_truncated_keys()
     collector = hpccollect.Collector(
