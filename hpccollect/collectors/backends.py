@@ -77,7 +77,7 @@ class ByBackend(abc.ABCMeta):
                     "backend='direct' is one collector in this process: num_collectors, sync and "
                     "backend_options apply to the other backends ('process', 'distributed')."
                 )
-            args, kwargs = _one_env(args, kwargs)
+            # a list of env constructors is one vector env here (hpccollect's own), as before
             return super().__call__(*args, **kwargs)
         if sync is None:
             sync = False
@@ -140,19 +140,6 @@ def _with_env(args: tuple, kwargs: dict, positional: bool, env: Any) -> tuple[tu
 
 def _is_list(value: Any) -> bool:
     return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
-
-
-def _one_env(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """A list of exactly one env constructor is that constructor (TorchRL's ``direct``)."""
-    positional, env = _env_arg(args, kwargs)
-    if not _is_list(env):
-        return args, kwargs
-    if len(env) != 1:
-        raise ArgumentValueError(
-            f"create_env_fn lists {len(env)} env constructors, but backend='direct' runs one "
-            "collector: give one constructor, or backend='process' with one worker per entry."
-        )
-    return _with_env(args, kwargs, positional, env[0])
 
 
 def _env_per_collector(args: tuple, kwargs: dict, num_collectors: Any) -> tuple[tuple, dict]:

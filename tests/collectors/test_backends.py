@@ -31,12 +31,16 @@ def test_direct_is_the_collector_itself() -> None:
         collector.shutdown()
 
 
-def test_direct_takes_a_list_of_one_env() -> None:
+def test_direct_takes_a_list_of_envs() -> None:
+    """One env constructor in a list, or several (hpccollect's vector env: a collector rank
+    with num_workers_per_collector=2 is built so)."""
     collector = Collector([counter], None, frames_per_batch=8)
     assert type(collector) is SyncDataCollector
     collector.shutdown()
-    with pytest.raises(ArgumentValueError, match="lists 2 env constructors"):
-        Collector([counter, counter], None, frames_per_batch=8)
+    collector = Collector([counter, counter], None, frames_per_batch=8, total_frames=8)
+    assert type(collector) is SyncDataCollector
+    assert [b.batch_size for b in collector] == [torch.Size([2, 4])]
+    collector.shutdown()
 
 
 @pytest.mark.slow
