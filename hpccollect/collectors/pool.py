@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import multiprocessing.util
 import time
 import weakref
 from collections import Counter, deque
@@ -232,3 +233,8 @@ def shutdown_live_pools() -> None:
     for pool in list(_LIVE_POOLS):
         with contextlib.suppress(Exception):
             pool.shutdown(timeout=2)
+
+
+# A process that multiprocessing started runs no atexit handler: on its way out it joins its
+# non-daemonic children (the workers) first. Its finalizers run before that join.
+multiprocessing.util.Finalize(None, shutdown_live_pools, exitpriority=10)

@@ -78,3 +78,31 @@ def test_a_worker_that_missed_its_deadline_is_killed_at_once():
     start = time.monotonic()
     collector.shutdown(timeout=30)
     assert time.monotonic() - start < 6 and not alive(pid)
+
+
+def _leave_a_collector_running() -> None:
+    from conftest import CounterEnv
+
+    from hpccollect import MultiSyncDataCollector
+
+    collector = MultiSyncDataCollector([CounterEnv] * 2, None, frames_per_batch=4)
+    next(iter(collector))
+    raise AssertionError("left without shutdown")  # the collector is still open
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_multiprocessing_child_that_left_a_collector_open_still_exits() -> None:
+    """Workers are not daemonic (their envs may start processes); a process that
+    multiprocessing started runs no atexit handler and joins such children on its way out, so
+    the pools are shut down from its finalizers first: it exits instead of waiting forever."""
+    import multiprocessing as mp
+
+    child = mp.get_context("spawn").Process(target=_leave_a_collector_running)
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+        child.join(10)
+    assert not alive and child.exitcode == 1
