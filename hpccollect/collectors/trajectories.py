@@ -11,7 +11,7 @@ from tensordict import TensorDictBase
 from hpccollect._compat import pad_keeps_names
 from hpccollect.errors import ArgumentValueError
 
-__all__ = ["TrajIdPool", "split_trajectories"]
+__all__ = ["TrajIdPool", "flatten_unnamed", "split_trajectories"]
 
 
 class TrajIdPool:
@@ -70,12 +70,7 @@ def split_trajectories(
     if ids_key not in rollout.keys(True):
         rollout = _with_ids_from_done(rollout, ids_key, done_key)
     names = rollout.names if rollout.ndim else []
-    flat = rollout.clone(False)
-    flat.names = None
-    for node in flat.values(True):  # tensordict 0.14 leaves names two levels down
-        if isinstance(node, TensorDictBase) and node.names != [None] * node.batch_dims:
-            node.names = None
-    flat = flat.reshape(-1)
+    flat = flatten_unnamed(rollout)
     ids = flat.get(ids_key)
     valid = ids != -1
     if not bool(valid.all()):
@@ -147,3 +142,13 @@ def _with_ids_from_done(rollout: TensorDictBase, ids_key: tuple, done_key: Any) 
     out = rollout.clone(False)
     out.set(ids_key, ids)
     return out
+
+
+def flatten_unnamed(batch: TensorDictBase) -> TensorDictBase:
+    """A shallow copy of ``batch`` as one unnamed ``[frames]`` dim, env-major then time."""
+    flat = batch.clone(False)
+    flat.names = None
+    for node in flat.values(True):  # tensordict 0.14 leaves names two levels down
+        if isinstance(node, TensorDictBase) and node.names != [None] * node.batch_dims:
+            node.names = None
+    return flat.reshape(-1)

@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDictBase, pad
 
 from hpccollect._checks import check_int
+from hpccollect.collectors.trajectories import flatten_unnamed
 from hpccollect.errors import ArgumentValueError
 
 __all__ = ["TRAJ_FORMATS", "TrajectoryAssembler", "check_traj_options"]
@@ -163,14 +164,7 @@ class TrajectoryAssembler:
 def _flat(batch: TensorDictBase) -> TensorDictBase:
     """The batch as one ``[frames]`` dim, env-major then time; a ``[T]`` batch keeps its name
     (reshaping it changes nothing: TorchRL's trajectories keep "time" then too)."""
-    if batch.ndim == 1:
-        return batch
-    flat = batch.clone(False)
-    flat.names = None
-    for node in flat.values(True):  # tensordict 0.14 keeps names on nested tensordicts
-        if isinstance(node, TensorDictBase) and node.batch_dims and any(node.names):
-            node.names = None
-    return flat.reshape(-1)
+    return batch if batch.ndim == 1 else flatten_unnamed(batch)
 
 
 def _ends_done(chunk: TensorDictBase) -> bool:
