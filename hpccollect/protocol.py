@@ -113,6 +113,7 @@ class Reply(enum.Enum):
     BATCH = ("batch", int)  # frames written into the batch buffers
     SEEDED = ("seeded", int)  # the last env's seed
     STATE = ("state", Mapping)  # the worker collector's state_dict
+    VALUE = ("value", object)  # what a CALL returned
     ACK = ("ack", type(None))
     ERROR = ("error", RemoteError)  # the worker failed; it exits after sending this
 
@@ -132,6 +133,8 @@ class Command(enum.Enum):
     # extend a shared-memory replay buffer batch after batch until STOP_FILLING, then ACK
     FILL_BUFFER = ("fill_buffer", object, Reply.ACK, True)
     STOP_FILLING = ("stop_filling", type(None), Reply.ACK, True)  # answered by FILL_BUFFER's ACK
+    # get, call or set an attribute path of the worker's collector (a cloudpickled remote.Call)
+    CALL = ("call", bytes, Reply.VALUE, False)
     SHUTDOWN = ("shutdown", bool, None, False)  # close_env: close, exit; no reply
 
     def __init__(self, wire: str, payload: type, reply: Reply | None, local_only: bool) -> None:
@@ -143,6 +146,8 @@ Message = tuple[Command | Reply, Any]
 
 def message(kind: Command | Reply, payload: Any = None) -> Message:
     """The message ``(kind, payload)``, after checking the payload has ``kind``'s declared type."""
+    if kind.payload is object:
+        return kind, payload
     if not isinstance(payload, kind.payload) or isinstance(payload, bool) is not (
         kind.payload is bool
     ):

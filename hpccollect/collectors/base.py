@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDictBase
 
 from hpccollect.collectors.options import store
+from hpccollect.collectors.remote import Call, calls_here, resolve_attr
 from hpccollect.collectors.weights import (
     LocalWeightsUpdaterBase,
     RemoteWeightsUpdaterBase,
@@ -166,6 +167,27 @@ class DataCollectorBase(abc.ABC):
         if isinstance(version, int):
             out["policy_version"] = version
         return out
+
+    # ------------------------------------------------------------------ reaching in
+    def get_distant_attr(self, attr: str) -> Any:
+        """The object at attribute path ``attr`` (``"a.b['k']"``) of this collector (of each
+        worker, in a list, for a collector with workers)."""
+        return resolve_attr(self, attr)
+
+    def map_fn(
+        self,
+        method_name: str,
+        list_of_args: list[tuple] | None = None,
+        list_of_kwargs: list[dict] | None = None,
+    ) -> list[Any]:
+        """Call the method at path ``method_name`` once per (args, kwargs) pair; the results."""
+        args, kwargs = calls_here(list_of_args, list_of_kwargs)
+        return [Call("call", method_name, a, k).apply(self) for a, k in zip(args, kwargs)]
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Nothing is written to the ``replay_buffer`` inside this block (after ``start()``)."""
+        yield
 
     def __len__(self) -> int:
         if self.total_frames < 0:

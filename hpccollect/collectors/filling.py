@@ -1,15 +1,39 @@
 """How a collector fills its ``replay_buffer`` in the background between ``start()`` and
 ``async_shutdown()``: from a thread of this process running its iterator (``ThreadFilling``), or
-by its worker processes writing into a shared-memory buffer themselves (``WorkerFilling``)."""
+by its worker processes writing into a shared buffer themselves (``WorkerFilling``). Either
+stops writing inside ``pause()``."""
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Callable
 
 from hpccollect.collectors.base import BackgroundThread
+from hpccollect.collectors.options import store
 from hpccollect.protocol import Command, Reply
 
-__all__ = ["ThreadFilling", "WorkerFilling"]
+__all__ = ["ThreadFilling", "WorkerFilling", "inherited_buffer"]
+
+
+def inherited_buffer(buffer: Any, fake_batch: Callable[[], Any]) -> Any:
+    """``buffer`` made ready to reach worker processes as one of their start arguments, or None
+    when it does not go that way: a TorchRL replay buffer (it has ``share()``) is shared, its
+    lazy storage laid out from ``fake_batch()`` first (as TorchRL does), since its shared
+    counters travel only to a process being started. hpccollect's own buffer goes to the
+    workers at ``start()`` instead (``share_memory_``)."""
+    if buffer is None or hasattr(buffer, "share_memory_") or not callable(
+        getattr(buffer, "share", None)
+    ):
+        return None
+    storage = getattr(buffer, "storage", None)
+    if storage is not None and not getattr(storage, "initialized", True):
+        fake = fake_batch()
+        store(buffer, fake, True)
+        buffer.empty()
+    if not getattr(buffer, "shared", False):
+        buffer.share()
+    return buffer
 
 
 class ThreadFilling:
@@ -31,6 +55,20 @@ class ThreadFilling:
         self._background = BackgroundThread(self.__iter__, f"{type(self).__name__}-collect")
         self._background.start()
 
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Stop the background thread (after the step in progress) for the block's duration."""
+        bg = self._background
+        if bg is None or not bg.alive:
+            yield
+            return
+        bg.stop(60.0)
+        self._background = None
+        try:
+            yield
+        finally:
+            self.start()
+
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop the background thread (within ``timeout`` s); shut down if ``close_env``."""
         bg, self._background = self._background, None
@@ -44,42 +82,64 @@ class ThreadFilling:
 
 class WorkerFilling:
     """``start()``/``async_shutdown()`` for local worker processes: each extends the
-    shared-memory ``replay_buffer`` itself (``Command.FILL_BUFFER``) until told to stop."""
+    ``replay_buffer`` itself (``Command.FILL_BUFFER``) until told to stop: hpccollect's buffer
+    sent then, in shared memory, or a TorchRL buffer the workers got when they started (see
+    ``inherited_buffer``)."""
 
     _filling = False
+    _inherited: Any = None  # the buffer the workers were started with, if any
 
     def start(self) -> None:
-        """Workers extend the (shared-memory) ``replay_buffer`` themselves until
-        ``async_shutdown()``."""
+        """Workers extend the ``replay_buffer`` themselves until ``async_shutdown()``."""
         buffer = self.replay_buffer
-        if buffer is None or not hasattr(buffer, "share_memory_"):
+        if buffer is None or (self._inherited is None and not hasattr(buffer, "share_memory_")):
             raise RuntimeError(
-                "start() on a multi-process collector needs replay_buffer=hpccollect.ReplayBuffer"
-                "(...): the workers write into it through shared memory."
+                "start() on a multi-process collector needs a replay buffer the workers can "
+                "write into: replay_buffer=hpccollect.ReplayBuffer(...) or a TorchRL "
+                "ReplayBuffer, passed when the collector is built."
             )
         if self._filling:
             raise RuntimeError("start() was already called; call async_shutdown() first.")
-        buffer.share_memory_()
-        buffer.allocate_like(self._layouts[0])
+        if self._inherited is None:
+            buffer.share_memory_()
+            buffer.allocate_like(self._layouts[0])
         self._drain(self._active)
         if self.interruptor is not None:
             self.interruptor.start_collection()  # no preemption while filling
+        self._send_fill()
+
+    def _send_fill(self) -> None:
+        payload = None if self._inherited is not None else self.replay_buffer
         for i in self._active:
-            self._pool.send(i, Command.FILL_BUFFER, buffer)
+            self._pool.send(i, Command.FILL_BUFFER, payload)
         self._filling = True
+
+    def _stop_filling(self, timeout: float | None) -> None:
+        self._filling = False
+        for i in self._active:
+            self._pool.send(i, Command.STOP_FILLING)
+        for i in self._active:
+            self._pool.recv(i, Reply.ACK, timeout if timeout is not None else self.worker_timeout)
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """The workers stop writing (each after the batch in progress) for the block."""
+        if not self._filling or self._closed:
+            yield
+            return
+        self._stop_filling(None)
+        try:
+            yield
+        finally:
+            if not self._closed:
+                self._send_fill()
 
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop the workers filling the buffer (within ``timeout`` s), then shut down if
         ``close_env``."""
         try:
             if self._filling and not self._closed:
-                self._filling = False
-                for i in self._active:
-                    self._pool.send(i, Command.STOP_FILLING)
-                for i in self._active:
-                    self._pool.recv(
-                        i, Reply.ACK, timeout if timeout is not None else self.worker_timeout
-                    )
+                self._stop_filling(timeout)
         finally:
             if close_env:
                 self.shutdown(timeout)

@@ -20,7 +20,9 @@ from torch import nn
 from hpccollect._checks import check_callable, check_int
 from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
 from hpccollect.collectors.channels import Channel
-from hpccollect.collectors.filling import WorkerFilling
+from hpccollect.collectors.filling import WorkerFilling, inherited_buffer
+from hpccollect.collectors.remote import Call
+from hpccollect.collectors.worker_calls import WorkerCalls
 from hpccollect.collectors.options import (
     CollectorArgs,
     Devices,
@@ -30,7 +32,7 @@ from hpccollect.collectors.options import (
     per_worker,
 )
 from hpccollect.collectors.policy_options import factories
-from hpccollect.collectors.pool import WorkerPool
+from hpccollect.collectors.pool import WorkerPool, remote_exception
 from hpccollect.collectors.processes import start_local_workers
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.torchrl_keywords import check_weight_schemes
@@ -40,7 +42,7 @@ from hpccollect.collectors.worker import WorkerSpec, worker_main
 from hpccollect.collectors.worker_weights import SharedWeightsSender, worker_indices
 from hpccollect.envs import envbase
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, WorkerError
-from hpccollect.protocol import Command, Reply, Seed
+from hpccollect.protocol import Command, RemoteError, Reply, Seed
 
 __all__ = ["MultiCollectorBase"]
 
@@ -64,7 +66,7 @@ def _worker_class(value: Any) -> type:
     )
 
 
-class MultiCollectorBase(WorkerFilling, DataCollectorBase):
+class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
     """What the multi-process collectors share; subclasses define ``iterator()``.
 
     TorchRL keywords with their TorchRL meaning:
@@ -156,6 +158,7 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         self._closed = True
         self._pool: WorkerPool | None = None
         self._threads_set: tuple[int, int] | None = None
+        self._weight_sync_schemes = dict(weight_sync_schemes or {})  # as given, by model id
         self._sends_weights = check_weight_schemes(
             type(self).__name__, weight_sync_schemes, weight_recv_schemes, leaf=False
         )
@@ -218,7 +221,11 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
             env = None
             if self._env_by_inheritance and _shares_state(spec.create_env_fn):
                 env, spec.create_env_fn = spec.create_env_fn, None
-            args.append((spec.dumps(), self._weights[i], self.interruptor, env))
+            args.append([spec.dumps(), self._weights[i], self.interruptor, env])
+        if self._env_by_inheritance:
+            self._inherited = inherited_buffer(replay_buffer, lambda: self._fake_batch(args[0]))
+            for arg in args:
+                arg.append(self._inherited)
         #: workers still collecting (all of them unless some were lost, see ``_lose``)
         self._active = list(range(n))
         self.lost_workers: list[int] = []
@@ -286,7 +293,7 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
             weight_updater=None,
             traj_id_offset=opts.traj_id_offset + index * opts.traj_id_stride,
             traj_id_stride=opts.traj_id_stride * n,
-        )
+        ) | {"worker_idx": index}
 
     def _start_workers(self, args: list[tuple], start_method: str) -> list[Channel]:
         """Start the workers, ``worker_main(i, conn, *args[i])`` each; one channel per worker."""
@@ -295,6 +302,27 @@ class MultiCollectorBase(WorkerFilling, DataCollectorBase):
         return start_local_workers(
             worker_main, args, start_method, name=type(self).__name__, daemon=False
         )
+
+    def _fake_batch(self, args: list) -> TensorDictBase:
+        """A zeroed batch as worker 0 writes it, from a collector built here as worker 0 is."""
+        spec: WorkerSpec = WorkerSpec.loads(args[0])
+        env = args[3] if args[3] is not None else spec.create_env_fn
+        probe = spec.collector_class(env, spec.policy, **spec.kwargs)
+        try:
+            fake = probe.fake_tensordict()
+        finally:
+            probe.shutdown(close_env=not envbase.is_torchrl_env(env))  # not the user's
+        return fake.reshape(-1)[:1] if self.options.trajs_per_batch is not None else fake
+
+    def _call_workers(self, calls: dict[int, Call]) -> list[Any]:
+        with self.pause():
+            for i, call in calls.items():
+                self._pool.send(i, Command.CALL, call.dumps())
+            results = [self._pool.recv(i, Reply.VALUE, self.worker_timeout) for i in calls]
+        for i, result in zip(calls, results):
+            if isinstance(result, RemoteError):
+                raise remote_exception(result, i, self.num_workers)
+        return results
 
     def _worker_frames_per_batch(self) -> int:
         return self.options.frames_per_batch

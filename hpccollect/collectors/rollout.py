@@ -426,10 +426,16 @@ class StepLoop:
             return frozenset()
         return frozenset([*((_NEXT, *k) for k in self.env.obs_codecs), (_NEXT, "step_count")])
 
-    def _assemble(self, bufs: dict[Key, torch.Tensor], taken: int) -> TensorDictBase:
+    def layout(self, steps: int) -> TensorDictBase:
+        """Zeroed buffers for a ``steps``-long batch, laid out as ``collect`` returns it."""
+        return self._assemble(self._buffers(steps), steps, fresh=True)
+
+    def _assemble(
+        self, bufs: dict[Key, torch.Tensor], taken: int, fresh: bool = False
+    ) -> TensorDictBase:
         single = not self.env.is_vector
         full = taken == next(iter(bufs.values())).shape[1]
-        reuse = self.options.return_same_td and full
+        reuse = self.options.return_same_td and full and not fresh
         storing = self.devices.storing
         on_cpu = storing is None or storing.type == "cpu"
         if reuse and on_cpu and self._same_td is not None:

@@ -17,6 +17,7 @@ from hpccollect._checks import check_bool, check_int
 from hpccollect.collectors.backends import ByBackend
 from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
 from hpccollect.collectors.filling import ThreadFilling
+from hpccollect.collectors.profiling import Profiling
 from hpccollect.collectors.options import CollectorArgs
 from hpccollect.collectors.policy_options import factories, wrap_for_speed
 from hpccollect.collectors.policy_version import TracksPolicyVersion, make_stamp
@@ -44,7 +45,9 @@ from hpccollect.policy import (
 __all__ = ["SyncDataCollector"]
 
 
-class SyncDataCollector(TracksPolicyVersion, ThreadFilling, DataCollectorBase, metaclass=ByBackend):
+class SyncDataCollector(
+    TracksPolicyVersion, Profiling, ThreadFilling, DataCollectorBase, metaclass=ByBackend
+):
     """Generic data collector: steps an env (or vector env) with a policy in this process.
 
     Takes TorchRL's arguments (see the README and ``../shared/seeds/SyncDataCollector.txt``);
@@ -307,6 +310,12 @@ class SyncDataCollector(TracksPolicyVersion, ThreadFilling, DataCollectorBase, m
         if self.post_collect_hook is not None:
             self.post_collect_hook(batch)
         return batch
+
+    def fake_tensordict(self) -> TensorDictBase:
+        """A zeroed batch laid out as the ones this collector yields: keys, shape, names, dtypes
+        (to allocate storage before collecting)."""
+        batch = self._loop.layout(self._steps_per_batch)
+        return batch if self.track_traj_ids else batch.exclude("collector")
 
     def _shared_batch(self) -> TensorDictBase:
         """The output buffers in shared memory (``return_same_td`` collectors in workers)."""

@@ -292,7 +292,7 @@ class TensorDictLoop:
         dim = len(self.batch_size)
         out = self._same
         if out is None and self.options.return_same_td:
-            out = self._same = self._layout(steps)
+            out = self._same = self.layout(steps)
         if out is None:
             batch = torch.stack(tds, dim)
             if _leaf_keys(batch) != set(self.keys[:-1]):
@@ -307,7 +307,7 @@ class TensorDictLoop:
             body.update_(torch.stack(tds, dim).select(*self.keys[:-1]))
         return view
 
-    def _layout(self, steps: int) -> TensorDictBase:
+    def layout(self, steps: int) -> TensorDictBase:
         """Zeroed buffers for a ``steps``-long batch, laid out as ``collect`` returns it."""
         one = self.env.fake_tensordict()
         one.update(self._policy_template)
@@ -378,12 +378,12 @@ class TensorDictLoop:
         (``return_same_td``), so another process holding this TensorDict sees each batch."""
         if not self.options.return_same_td:
             raise RuntimeError("shared_batch() needs a loop built with return_same_td=True")
-        self._same = self._layout(steps).share_memory_()
+        self._same = self.layout(steps).share_memory_()
         return self._same
 
     def use_buffers(self, batch: TensorDictBase, steps: int) -> TensorDictBase:
         """Write later batches into ``batch`` (laid out as ``shared_batch(steps)``)."""
-        layout = self._layout(steps)
+        layout = self.layout(steps)
         if _leaf_keys(batch) != _leaf_keys(layout) or batch.shape != layout.shape:
             raise ArgumentValueError(
                 f"use_buffers: the batch has keys {sorted(map(str, _leaf_keys(batch)))} and shape "

@@ -31,6 +31,8 @@ import torch
 from tensordict import TensorDictBase
 
 from hpccollect.collectors.channels import Channel, PipeChannel
+from hpccollect.collectors.options import store
+from hpccollect.collectors.remote import Call
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.whole_trajs import TrajectoryAssembler
 from hpccollect.protocol import Command, Layout, Message, RemoteError, Reply, Seed, message
@@ -62,6 +64,10 @@ class WorkerSpec:
     def dumps(self) -> bytes:
         return cloudpickle.dumps(self)
 
+    @staticmethod
+    def loads(blob: bytes) -> WorkerSpec:
+        return cloudpickle.loads(blob)
+
 
 class _Shutdown(Exception):
     def __init__(self, close_env: bool) -> None:
@@ -75,14 +81,16 @@ def worker_main(
     weights: TensorDictBase | None,
     interruptor: Any = None,
     env: Any = None,
+    buffer: Any = None,
 ) -> None:
     """Entry point of local worker process ``index`` (see ``processes.start_local_workers``);
-    ``env``: the ``create_env_fn`` passed as a process argument instead of in ``payload``."""
+    ``env``: the ``create_env_fn`` passed as a process argument instead of in ``payload``;
+    ``buffer``: a replay buffer that reaches workers only that way (see ``inherited_buffer``)."""
     # A scheduler (SLURM, timeout) or Ctrl-C signals the whole process group: the collector
     # decides when to stop and sends SHUTDOWN; if it is gone, recv() ends with EOF.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    serve(PipeChannel(conn), payload, weights, interruptor, env)
+    serve(PipeChannel(conn), payload, weights, interruptor, env, buffer)
 
 
 def serve(
@@ -91,18 +99,21 @@ def serve(
     weights: TensorDictBase | None,
     interruptor: Any = None,
     env: Any = None,
+    buffer: Any = None,
 ) -> None:
     """Build the collector ``payload`` (a pickled ``WorkerSpec``) describes and answer
     ``channel``'s commands until ``SHUTDOWN`` or the collector's end closes.
 
     ``weights`` is the buffer ``UPDATE_WEIGHTS`` loads (written by the collector beforehand; None:
     the channel's own, see ``Channel.weights_buffer``);
-    ``interruptor`` the collector's shared stop flag (``preemptive_threshold``), or None.
+    ``interruptor`` the collector's shared stop flag (``preemptive_threshold``), or None;
+    ``buffer`` the replay buffer ``FILL_BUFFER`` without one fills, also the collector's
+    ``replay_buffer`` (which its batches do not go to: the parent decides where they go).
     """
     collector = sink = None
     close_env = True
     try:
-        spec: WorkerSpec = cloudpickle.loads(payload)
+        spec = WorkerSpec.loads(payload)
         if env is not None:
             spec.create_env_fn = env
         if spec.init_fn is not None:
@@ -114,13 +125,15 @@ def serve(
             template = spec.policy if spec.policy is not None else spec.weights_template
             weights = channel.weights_buffer(template)
         collector = spec.collector_class(spec.create_env_fn, spec.policy, **spec.kwargs, **extra)
+        if buffer is not None:
+            collector.replay_buffer = buffer
         batch = collector._shared_batch()
         placed = channel.batch_buffers(batch)
         if placed is not batch:
             collector._use_batch_buffers(placed)
         layout = Layout(placed, socket.gethostname(), os.getpid())
         channel.send(message(Reply.LAYOUT, layout))
-        _Server(collector, channel, weights, sink).serve()
+        _Server(collector, channel, weights, sink, buffer).serve()
     except _Shutdown as stop:
         close_env = stop.close_env
     except ConnectionError:
@@ -142,8 +155,11 @@ def serve(
 class _Server:
     """Answers one command at a time."""
 
-    def __init__(self, collector: Any, channel: Channel, weights: Any, sink: Any = None) -> None:
+    def __init__(
+        self, collector: Any, channel: Channel, weights: Any, sink: Any = None, buffer: Any = None
+    ) -> None:
         self.collector, self.channel, self.weights, self.sink = collector, channel, weights, sink
+        self.buffer = buffer
         self.handlers = {
             Command.COLLECT: self.collect,
             Command.UPDATE_WEIGHTS: self.update_weights,
@@ -153,13 +169,24 @@ class _Server:
             Command.LOAD_STATE_DICT: self.load_state_dict,
             Command.FILL_BUFFER: self.fill_buffer,
             Command.STOP_FILLING: lambda _: None,
+            Command.CALL: self.call,
         }
 
     def serve(self) -> None:
         while True:
-            command, payload = self._next()
-            answer = self.handlers[command](payload)
-            self.channel.send(message(command.reply, answer))
+            self._answer(*self._next())
+
+    def _answer(self, command: Command, payload: Any) -> None:
+        answer = self.handlers[command](payload)
+        self.channel.send(message(command.reply, answer))
+
+    def call(self, blob: bytes) -> Any:
+        """The call's result, or its failure as a ``RemoteError`` (raised by the collector;
+        this worker goes on)."""
+        try:
+            return Call.loads(blob).apply(self.collector)
+        except Exception as err:
+            return RemoteError.from_exception(err)
 
     def _next(self) -> Message:
         command, payload = self.channel.recv()
@@ -197,20 +224,29 @@ class _Server:
         self.collector.load_state_dict(state)
 
     def fill_buffer(self, buffer: Any) -> None:
-        """Extend the shared ``buffer`` batch after batch until the collector says stop; with
-        ``trajs_per_batch``, with this worker's complete trajectories (TorchRL does this too)."""
+        """Extend ``buffer`` (None: the one this worker started with) batch after batch until
+        the collector says stop, answering its other commands (a weight update, a call) between
+        batches; with ``trajs_per_batch``, with whole trajectories (TorchRL does this too)."""
+        buffer = self.buffer if buffer is None else buffer
+        self.collector.replay_buffer = buffer  # what the collector's callers see (map_fn)
         opts = self.collector.options
         assembler = None
         if opts.trajs_per_batch is not None:
             assembler = TrajectoryAssembler(opts.trajs_per_batch, "cat", opts.trajs_per_write)
-        while not self.channel.poll(0):
+        while True:
+            while self.channel.poll(0):
+                command, payload = self._next()  # SHUTDOWN is raised
+                if command is Command.STOP_FILLING:
+                    return
+                if command is Command.FILL_BUFFER:
+                    raise RuntimeError("FILL_BUFFER while filling: the collector lost count")
+                self._answer(command, payload)
             batch = self.collector._collect_counted()
             if assembler is None:
-                buffer.extend(batch)
+                store(buffer, batch, opts.extend_buffer)
                 continue
             assembler.ingest(batch)
             if opts.reset_at_each_iter:
                 assembler.drop_in_flight()
             for trajs in assembler.writes():
-                buffer.extend(trajs)
-        self._next()  # STOP_FILLING (or SHUTDOWN, raised)
+                store(buffer, trajs, opts.extend_buffer)

@@ -1,0 +1,114 @@
+"""A TorchRL replay buffer filled by hpccollect's workers after ``start()``, as torchrl's own
+collectors fill it: real worker processes writing into torchrl's shared storage.
+
+These run in the second test environment (torchrl 0.14.1); without torchrl they skip, unless
+HPCCOLLECT_REQUIRE_TORCHRL=1 (CI's torchrl run), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+if os.environ.get("HPCCOLLECT_REQUIRE_TORCHRL") != "1":
+    pytest.importorskip("torchrl")
+
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
+from torchrl.modules import RandomPolicy
+from torchrl.testing.mocking_classes import CountingEnv
+
+from hpccollect.collectors import AsyncCollector, MultiAsyncCollector, MultiSyncCollector
+
+pytestmark = [
+    pytest.mark.torchrl,
+    pytest.mark.slow,
+    pytest.mark.timeout(180),
+    pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning"),
+]
+STORAGES = [LazyMemmapStorage, LazyTensorStorage]
+
+
+def _wait_for(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def bias_policy() -> TensorDictSequential:
+    """Action = its bias (an int8 0 at first), whatever the count."""
+    linear = torch.nn.Linear(1, 1)
+    linear.weight.data.zero_()
+    linear.bias.data.zero_()
+    return TensorDictSequential(
+        TensorDictModule(lambda x: x.float(), in_keys=["observation"], out_keys=["action"]),
+        TensorDictModule(linear, in_keys=["action"], out_keys=["action"]),
+        TensorDictModule(lambda x: x.to(torch.int8), in_keys=["action"], out_keys=["action"]),
+    )
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_workers_fill_a_torchrl_buffer_and_weights_reach_them(cls, storage) -> None:
+    rb = ReplayBuffer(storage=storage(1000))
+    policy = bias_policy()
+    weights = TensorDict.from_module(policy).data.clone()
+    c = cls([CountingEnv, CountingEnv], policy, replay_buffer=rb, frames_per_batch=16)
+    try:
+        c.start()
+        _wait_for(lambda: len(rb) >= 32)
+        assert (rb[-16:]["action"] == 0).all()
+        with c.pause():  # the workers see the very buffer (shared length and write count)
+            assert c.map_fn("replay_buffer.__len__") == [len(rb)] * 2
+            assert c.get_distant_attr("replay_buffer.write_count") == [rb.write_count] * 2
+        weights["module", "1", "module", "bias"] += 1
+        c.update_policy_weights_(weights)
+        after = rb.write_count
+        _wait_for(lambda: rb.write_count >= after + 32)
+        assert (rb[-16:]["action"] == 1).all()
+    finally:
+        c.async_shutdown(timeout=30)
+
+
+def test_a_paused_async_collector_writes_nothing() -> None:
+    rb = ReplayBuffer(storage=LazyMemmapStorage(1000))
+    c = AsyncCollector(CountingEnv, bias_policy(), replay_buffer=rb, frames_per_batch=16)
+    try:
+        c.start()
+        _wait_for(lambda: len(rb) >= 16)
+        with c.pause():
+            written = rb.write_count
+            time.sleep(0.5)
+            assert rb.write_count == written
+        _wait_for(lambda: rb.write_count > written)
+    finally:
+        c.async_shutdown(timeout=30)
+
+
+def test_workers_write_whole_trajectories_into_a_torchrl_buffer() -> None:
+    rb = ReplayBuffer(storage=LazyTensorStorage(2000))
+    c = MultiSyncCollector(
+        [lambda: CountingEnv(max_steps=5)] * 2,
+        RandomPolicy(CountingEnv().action_spec),  # steps of 0 or 1: the count ends at 5
+        replay_buffer=rb,
+        frames_per_batch=8,
+        trajs_per_batch=2,
+    )
+    try:
+        c.start()
+        _wait_for(lambda: len(rb) >= 60)
+        with c.pause():
+            data = rb[: len(rb)]
+    finally:
+        c.async_shutdown(timeout=30)
+    ids = data["collector", "traj_ids"]
+    done = data["next", "done"].squeeze(-1)
+    for traj in ids.unique():
+        steps = (ids == traj).nonzero().squeeze(-1)
+        assert (steps.diff() == 1).all(), "a trajectory is written in one piece"
+        assert done[steps[-1]] and not done[steps[:-1]].any(), "and complete"
