@@ -200,6 +200,7 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         self._in_flight: set[int] = set()
         self._shared: TensorDictBase | None = None
         self._filling = False
+        self._live_weights = False
         # the weights' layout: the policy's, or with policy_factory that of a policy made here
         # once (as TorchRL's distributed collector does), whose own weights are never sent
         layout = self._factories[0]() if self._factories else policy
@@ -218,6 +219,7 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
             )
             spec.init_fn = self._init_fn
             spec.weights_template = layout if self._factories is not None else None
+            spec.live_weights = self._live_weights
             env = None
             if self._env_by_inheritance and _shares_state(spec.create_env_fn):
                 env, spec.create_env_fn = spec.create_env_fn, None
@@ -253,11 +255,30 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         )
 
     def _weight_buffers(self, module: nn.Module | None) -> list[TensorDictBase | None]:
-        """One buffer per worker that ``UPDATE_WEIGHTS`` loads (shared memory here)."""
+        """One buffer per worker that ``UPDATE_WEIGHTS`` loads (shared memory here); for a
+        policy on CPU everywhere, the policy's own weights, moved to shared memory, which the
+        workers' policies then run on: a change made here in place is seen there at once
+        (TorchRL's CPU workers share them too)."""
+        if module is None:
+            return [None] * self.num_workers
+        if self._shares_live_weights(module):
+            module.share_memory()
+            self._live_weights = True
+            return [TensorDict.from_module(module)] * self.num_workers
         return [
-            None if module is None else TensorDict.from_module(module).data.clone().share_memory_()
+            TensorDict.from_module(module).data.clone().share_memory_()
             for _ in range(self.num_workers)
         ]
+
+    def _shares_live_weights(self, module: nn.Module) -> bool:
+        tensors = [*module.parameters(), *module.buffers()]
+        return (
+            self._factories is None
+            and self._sends_weights
+            and self._env_by_inheritance  # local processes
+            and all(t.device.type == "cpu" for t in tensors)
+            and all(d is None or d.type == "cpu" for d in self._policy_devices)
+        )
 
     def _weights_sender(self, module: nn.Module | None) -> RemoteWeightsUpdaterBase:
         """The default remote weight updater: the policy's weights into each worker's buffer."""

@@ -311,6 +311,13 @@ class SyncDataCollector(
             self.post_collect_hook(batch)
         return batch
 
+    def _run_on_weights(self, weights: TensorDictBase) -> None:
+        """Make the policy's parameters ``weights`` themselves (shared memory that another
+        process's policy also runs on): changes made there are seen at the next step."""
+        module = self._wrapped.weights_module
+        if module is not None:
+            weights.to_module(module)
+
     def fake_tensordict(self) -> TensorDictBase:
         """A zeroed batch laid out as the ones this collector yields: keys, shape, names, dtypes
         (to allocate storage before collecting)."""

@@ -50,7 +50,9 @@ class WorkerSpec:
     the batch was collected) and whose ``close()`` is called when the worker ends.
     ``init_fn``: called first, before anything is built (TorchRL's ``init_fn``).
     ``weights_template``: with a policy built by ``policy_factory`` in the worker, a module laid
-    out as that policy, for the weights buffer a transport allocates before the policy exists."""
+    out as that policy, for the weights buffer a transport allocates before the policy exists.
+    ``live_weights``: the weights buffer is the parent's policy's own (shared) weights, which
+    this worker's policy runs on."""
 
     create_env_fn: Any
     policy: Any
@@ -60,6 +62,7 @@ class WorkerSpec:
     sink: Any = None
     init_fn: Any = None
     weights_template: Any = None
+    live_weights: bool = False
 
     def dumps(self) -> bytes:
         return cloudpickle.dumps(self)
@@ -127,6 +130,8 @@ def serve(
         collector = spec.collector_class(spec.create_env_fn, spec.policy, **spec.kwargs, **extra)
         if buffer is not None:
             collector.replay_buffer = buffer
+        if spec.live_weights and weights is not None:
+            collector._run_on_weights(weights)
         batch = collector._shared_batch()
         placed = channel.batch_buffers(batch)
         if placed is not batch:

@@ -13,6 +13,7 @@ import time
 import gymnasium as gym
 import pytest
 import torch
+from tensordict import TensorDict
 from conftest import CounterEnv
 from torch import nn
 
@@ -399,3 +400,25 @@ def test_shared_replay_buffer_removes_its_lock_file(tmp_path):
     del rb
     gc.collect()
     assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize("cls", [MultiSyncDataCollector, MultiaSyncDataCollector])
+def test_cpu_policy_weights_are_shared_live_with_the_workers(cls, no_leaks):
+    """As with TorchRL's CPU workers: a change made in place to the policy is seen by the
+    workers without update_policy_weights_(), and an update with other weights lands in the
+    policy too (it is the one copy of the weights)."""
+    policy = nn.Linear(4, 2)
+    collector = cls([cartpole] * 2, policy, frames_per_batch=20, total_frames=-1)
+    try:
+        with torch.no_grad():
+            policy.weight.add_(1.0)
+        for i in range(2):
+            seen = collector.state_dict()[f"worker{i}"]["policy_state_dict"]
+            assert torch.equal(seen["weight"], policy.weight)
+        new = {k: torch.full_like(v, 0.5) for k, v in policy.state_dict().items()}
+        collector.update_policy_weights_(TensorDict(new, []))
+        assert (policy.weight == 0.5).all()
+        assert collector.get_distant_attr("policy.module.weight")[1].eq(0.5).all()
+    finally:
+        collector.shutdown()
+
