@@ -38,11 +38,16 @@ class Seed:
 @dataclass(frozen=True)
 class Layout:
     """``LAYOUT``'s payload, sent once when a worker is ready: the TensorDict its batches are
-    written into (shared memory for local processes), and where the worker runs."""
+    written into (shared memory for local processes), and where the worker runs.
+
+    ``by_value``: the batches fit no fixed buffers (an env with dynamic or heterogeneous specs,
+    or non-tensor entries): ``batch`` is an empty TensorDict of a batch's shape, and each batch
+    travels itself, as ``DATA`` just before its ``BATCH``."""
 
     batch: TensorDictBase
     host: str
     pid: int
+    by_value: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ class Reply(enum.Enum):
 
     LAYOUT = ("layout", Layout)  # sent once at start, unasked
     BATCH = ("batch", int)  # frames written into the batch buffers
+    DATA = ("data", TensorDictBase)  # the batch itself, before its BATCH (Layout.by_value)
     SEEDED = ("seeded", int)  # the last env's seed
     STATE = ("state", Mapping)  # the worker collector's state_dict
     VALUE = ("value", object)  # what a CALL returned

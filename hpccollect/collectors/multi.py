@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.rollout import TRAJ_KEY
@@ -52,9 +52,13 @@ class MultiSyncDataCollector(MultiCollectorBase):
     def _time_named_split(self) -> bool:
         return self.cat_results in ("stack", -1)
 
-    def _worker_frames_per_batch(self) -> int:
+    def _worker_frames_per_batch(self, index: int) -> int:
+        """Worker ``index``'s share of each round: its own value from a per-worker list, or an
+        equal share."""
+        if self._worker_fpb is not None:
+            return self._worker_fpb[index]
         fpb, n = self.options.frames_per_batch, self.num_workers
-        if fpb % n:
+        if fpb % n and index == 0:
             warnings.warn(
                 f"frames_per_batch ({fpb}) is not divisible by num_workers ({n}); each worker "
                 f"collects {-(-fpb // n)} frames per batch.",
@@ -66,7 +70,12 @@ class MultiSyncDataCollector(MultiCollectorBase):
         """Batches are stacked or concatenated: every worker must produce the same layout."""
 
         def layout(td: TensorDictBase) -> dict:
-            return {k: (tuple(v.shape), v.dtype) for k, v in td.items(True, True)}
+            time = td.batch_dims - 1  # may differ between workers given their own lengths
+            skip = self._worker_fpb is not None
+            return {
+                k: ((*v.shape[:time], *v.shape[time + 1 :]) if skip else tuple(v.shape), v.dtype)
+                for k, v in td.items(True, True)
+            }
 
         first = layout(self._layouts[0])
         for i, other in enumerate(self._layouts[1:], 1):
@@ -85,12 +94,18 @@ class MultiSyncDataCollector(MultiCollectorBase):
 
     def _gather(self, frames: list[int]) -> tuple[TensorDictBase, int]:
         """The round's batch and its number of real frames (``frames``: per active worker)."""
-        parts = [self._layouts[i] for i in self._active]
+        parts = [self._batch(i) for i in self._active]
         steps = [f // (p.numel() // p.shape[-1]) for f, p in zip(frames, parts, strict=True)]
         short = [s < p.shape[-1] for s, p in zip(steps, parts, strict=True)]
+        copied = bool(self._by_value)  # batches sent by value are this collector's own
         if self.cat_results == "stack":
-            out = torch.stack(parts, 0)
-            if not isinstance(out, TensorDict):
+            if len({p.shape for p in parts}) > 1:  # workers of their own lengths: a lazy stack
+                own = [p if copied else p.clone() for p in parts]  # not the shared buffers
+                out = LazyStackedTensorDict.lazy_stack(own, 0)
+                copied = True
+            else:
+                out = torch.stack(parts, 0)
+            if not isinstance(out, TensorDict) and not copied:
                 out = out.contiguous()
             if self.interruptor is not None:
                 _pad_preempted(out, steps, short)
@@ -104,7 +119,7 @@ class MultiSyncDataCollector(MultiCollectorBase):
                     f"the workers' batches cannot be concatenated along dim {self.cat_results} "
                     f"after preemption ({err}); use cat_results=-1 or 'stack'."
                 ) from err
-            if not isinstance(out, TensorDict):
+            if not isinstance(out, TensorDict) and not copied:
                 out = out.contiguous()
         out.names = [None] * (out.batch_dims - 1) + ["time"]
         return out, sum(frames)
@@ -192,7 +207,8 @@ class MultiaSyncDataCollector(MultiCollectorBase):
             got = self._wait_batch(self._in_flight)
         index = got[0]
         self._in_flight.discard(index)
-        return index, self._layouts[index].clone()
+        batch = self._batch(index)
+        return index, batch if index in self._by_value else batch.clone()
 
     def _collect_round(self) -> tuple[TensorDictBase, int]:
         index, batch = self._next_ready()

@@ -178,6 +178,10 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         if num_threads is not None:
             num_threads = check_int("num_threads", num_threads, minimum=1)
         self._use_buffers = use_buffers
+        #: TorchRL's per-worker ``frames_per_batch`` (a list), or None
+        self._worker_fpb = _per_worker_frames(frames_per_batch, n)
+        if self._worker_fpb is not None:
+            arguments["frames_per_batch"] = sum(self._worker_fpb)
         self.options = opts = CollectorArgs.check(arguments, policy)
         self.trajs_per_batch, self.trajs_per_write = opts.trajs_per_batch, opts.trajs_per_write
         self.traj_format = opts.traj_format
@@ -208,9 +212,9 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
             layout = None
         self._weights = self._weight_buffers(layout)
         threads = check_int("num_sub_threads", num_sub_threads, minimum=1)
-        fpb = self._worker_frames_per_batch()
         args = []
         for i in range(n):
+            fpb = self._worker_frames_per_batch(i)
             kwargs = self._worker_kwargs(i, fpb, devices[i], env_kwargs[i])
             if self._factories is not None:
                 kwargs["policy_factory"] = self._factories[i]
@@ -242,12 +246,14 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         self._finalizer = weakref.finalize(self, _close, self._pool, self._closers)
         self._closed = False
         try:
-            self._layouts: list[TensorDictBase] = [
-                self._pool.recv(i, Reply.LAYOUT, self.start_timeout).batch for i in range(n)
-            ]
+            layouts = [self._pool.recv(i, Reply.LAYOUT, self.start_timeout) for i in range(n)]
         except BaseException:
             self.shutdown()
             raise
+        self._layouts: list[TensorDictBase] = [layout.batch for layout in layouts]
+        #: workers whose batches travel by value (``Layout.by_value``), and their last batch
+        self._by_value = {i for i, layout in enumerate(layouts) if layout.by_value}
+        self._received: dict[int, TensorDictBase] = {}
         self._set_weight_updaters(
             local_weight_updater,
             remote_weight_updater or self._weights_sender(layout),
@@ -345,7 +351,8 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
                 raise remote_exception(result, i, self.num_workers)
         return results
 
-    def _worker_frames_per_batch(self) -> int:
+    def _worker_frames_per_batch(self, index: int) -> int:
+        """Worker ``index``'s frames per batch (here: a whole batch each)."""
         return self.options.frames_per_batch
 
     def _set_threads(self, num_threads: int | None) -> None:
@@ -427,10 +434,21 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         """The first of ``indices`` to deliver its batch: (index, frames); None when a worker
         failed and was let go instead (see ``_lose``)."""
         try:
-            return self._pool.wait_any(sorted(indices), Reply.BATCH, self.worker_timeout)
+            got = self._pool.wait_any(sorted(indices), Reply.BATCH, self.worker_timeout)
+            self._take_data(got[0])
+            return got
         except WorkerError as err:
             self._lose(err)
             return None
+
+    def _take_data(self, index: int) -> None:
+        """Worker ``index`` delivered a batch: keep it, when it came by value (before BATCH)."""
+        if index in self._by_value:
+            self._received[index] = self._pool.recv(index, Reply.DATA, self.worker_timeout)
+
+    def _batch(self, index: int) -> TensorDictBase:
+        """Worker ``index``'s last batch: its shared buffers, or the one it sent."""
+        return self._received[index] if index in self._by_value else self._layouts[index]
 
     def _lose(self, err: WorkerError) -> None:
         """A worker failed: raise ``err``, or, with ``on_worker_failure="continue"`` and other
@@ -457,6 +475,7 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         """Wait out batches already requested (an earlier iteration that stopped early)."""
         for i in [i for i in indices if i in self._in_flight and i in self._active]:
             self._pool.recv(i, Reply.BATCH, self.worker_timeout)
+            self._take_data(i)
             self._in_flight.discard(i)
 
     # ------------------------------------------------------------------ weights
@@ -564,6 +583,18 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
             f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
             f"frames={self._frames})"
         )
+
+
+def _per_worker_frames(frames_per_batch: Any, num_workers: int) -> list[int] | None:
+    """TorchRL's ``frames_per_batch`` given as one value per worker, checked; None for an int."""
+    if isinstance(frames_per_batch, int) or not isinstance(frames_per_batch, Sequence):
+        return None
+    if len(frames_per_batch) != num_workers:
+        raise ArgumentValueError(
+            "If `frames_per_batch` is provided as a sequence, it should contain exactly one value "
+            f"per worker. Got {len(frames_per_batch)} values for {num_workers} workers."
+        )
+    return [check_int(f"frames_per_batch[{i}]", f, minimum=1) for i, f in enumerate(frames_per_batch)]
 
 
 def _close(pool: WorkerPool, closers: list, timeout: float = 10.0, close_env: bool = True) -> None:

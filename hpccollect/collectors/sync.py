@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 from torch import nn
 
@@ -324,9 +324,14 @@ class SyncDataCollector(
         batch = self._loop.layout(self._steps_per_batch)
         return batch if self.track_traj_ids else batch.exclude("collector")
 
-    def _shared_batch(self) -> TensorDictBase:
-        """The output buffers in shared memory (``return_same_td`` collectors in workers)."""
+    def _shared_batch(self) -> TensorDictBase | None:
+        """The output buffers in shared memory (``return_same_td`` collectors in workers); None
+        when the batches fit no fixed buffers (see ``_batch_shell``)."""
         return self._loop.shared_batch(self._steps_per_batch)
+
+    def _batch_shell(self) -> TensorDictBase:
+        """An empty TensorDict of a batch's shape, for batches that travel by value."""
+        return TensorDict({}, batch_size=[*self._loop.batch_size, self._steps_per_batch])
 
     def _use_batch_buffers(self, batch: TensorDictBase) -> None:
         """Write later batches into ``batch`` (laid out as ``_shared_batch()``), e.g. a rank's

@@ -12,12 +12,13 @@ what the env's specs declare (transforms included), what the policy writes, and
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase, is_non_tensor
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, set_interaction_type
 from torch import nn
 
@@ -81,8 +82,9 @@ def _keys_by_name(policy: Any, env: Any) -> dict[str, list]:
     required = {n for n, p in params.items() if p.default is inspect.Parameter.empty}
     if required - observations:
         raise ArgumentTypeError(
-            f"the policy's parameters {sorted(params)} do not name entries of the env's "
-            f"observation spec {sorted(map(str, observations))}: a plain callable is called with "
+            f"Arguments to policy.forward are incompatible with entries in the env's "
+            f"observation spec: the parameters {sorted(params)} do not name entries of "
+            f"{sorted(map(str, observations))}, and a plain callable is called with "
             "the observations its parameters are named after. Rename them, wrap the policy in a "
             "TensorDictModule with in_keys/out_keys, or pass trust_policy=True if it takes the "
             "TensorDict."
@@ -135,9 +137,13 @@ class TensorDictLoop:
         self._cast = devices.policy if devices.policy not in (None, env.device) else None
         self.carrier = self._reset_env()
         self.traj_ids = self._new_ids()
+        self._missing_action: str | None = None
         self.policy_keys = self._probe_policy()
         self.keys = self._output_keys()
         self._same: TensorDictBase | None = None
+        self._lazy = False  # steps differ in shape: batches are lazy stacks
+        #: every batch has one layout of tensors, which fixed (shared) buffers can hold
+        self.fits_buffers = _fixed_layout(env)
 
     # ------------------------------------------------------------------ set-up
     def _reset_env(self) -> TensorDictBase:
@@ -158,7 +164,7 @@ class TensorDictLoop:
         """Call the policy once on a copy of the first carrier, as TorchRL's collector does:
         check that it writes the env's actions and learn every key it writes."""
         given = self.carrier.copy() if self._cast is None else self.carrier.to(self._cast)
-        before = {k: given.get(k) for k in _leaf_keys(given)}
+        before = {k: _get(given, k) for k in _leaf_keys(given)}
         try:
             with torch.no_grad():  # TorchRL probes outside the exploration type too
                 out = self.policy.module(given)
@@ -174,7 +180,11 @@ class TensorDictLoop:
                 f"the policy returned {type(out).__name__}; a policy taking a TensorDict must "
                 "return a TensorDict (or None after writing into it)."
             )
-        written = [k for k in _leaf_keys(out) if before.get(k) is not out.get(k)]
+        written = [
+            k
+            for k in _leaf_keys(out)
+            if k not in before or (before[k] is not _UNEVEN and before[k] is not _get(out, k))
+        ]
         self._check_actions(out, written)
         self._policy_template = out.select(*written).clone().zero_()
         return written
@@ -183,13 +193,24 @@ class TensorDictLoop:
         spec = self.env.full_action_spec
         for key in _leaf_keys(spec.zero()):
             if key not in written:
-                raise with_builtin(PolicyError, KeyError)(
+                # TorchRL builds the collector and fails at the first step; say so now, raise then
+                self._missing_action = (
                     f"the policy did not write the env's action {key if len(key) > 1 else key[0]!r}"
                     f"; it wrote {sorted(map(str, written))}. A TensorDictModule policy must list "
                     "it in its out_keys."
                 )
-            want, got = spec[key].shape, out.get(key).shape
-            if got != want and not _broadcasts(got, want):  # the env takes what broadcasts
+                warnings.warn(
+                    self._missing_action + " Collecting with it will fail.", UserWarning,
+                    stacklevel=5,
+                )
+                continue
+            got = _get(out, key)
+            if got is _UNEVEN:  # parts of a lazy stack, each checked by the env itself
+                continue
+            want, got = spec[key].shape, got.shape
+            # the env takes what broadcasts, or what has its number of elements (TorchRL passes
+            # both through; such envs reshape the action themselves)
+            if got != want and not _broadcasts(got, want) and got.numel() != want.numel():
                 raise PolicyError(
                     f"the policy wrote {key if len(key) > 1 else key[0]!r} with shape "
                     f"{tuple(got)}, but env {envbase.env_name(self.env)!r} needs shape "
@@ -234,6 +255,8 @@ class TensorDictLoop:
         """
         if self.options.reset_at_each_iter:
             self.reset()
+        if self._missing_action is not None and not random:
+            raise with_builtin(PolicyError, KeyError)(self._missing_action)
         tds = self._run(steps, random, should_stop)
         batch = self._stack(tds, steps)
         self._write_traj_ids(batch)
@@ -291,10 +314,10 @@ class TensorDictLoop:
     def _stack(self, tds: list, steps: int) -> TensorDictBase:
         dim = len(self.batch_size)
         out = self._same
-        if out is None and self.options.return_same_td:
+        if out is None and self.options.return_same_td and self.fits_buffers:
             out = self._same = self.layout(steps)
         if out is None:
-            batch = torch.stack(tds, dim)
+            batch = self._stack_steps(tds, dim)
             if _leaf_keys(batch) != set(self.keys[:-1]):
                 batch = batch.select(*self.keys[:-1])
             batch.set(TRAJ_KEY, torch.empty(batch.shape, dtype=torch.int64))
@@ -306,6 +329,16 @@ class TensorDictLoop:
         except (RuntimeError, KeyError, ValueError):  # the steps hold entries beyond the specs
             body.update_(torch.stack(tds, dim).select(*self.keys[:-1]))
         return view
+
+    def _stack_steps(self, tds: list, dim: int) -> TensorDictBase:
+        """The steps stacked along ``dim``: densely, or lazily where they differ in shape (an
+        env with dynamic or heterogeneous specs; TorchRL's collector stacks those lazily too)."""
+        if not self._lazy:
+            try:
+                return torch.stack(tds, dim)
+            except RuntimeError:
+                self._lazy = True
+        return LazyStackedTensorDict.lazy_stack(tds, dim)
 
     def layout(self, steps: int) -> TensorDictBase:
         """Zeroed buffers for a ``steps``-long batch, laid out as ``collect`` returns it."""
@@ -326,7 +359,7 @@ class TensorDictLoop:
         ids = self.traj_ids.reshape(n)
         count = int(ended.sum())
         if not count:
-            batch.get(TRAJ_KEY).copy_(ids.view(*self.batch_size, 1).expand(batch.shape))
+            _write(batch, TRAJ_KEY, ids.view(*self.batch_size, 1).expand(batch.shape))
             return
         event_ids = torch.zeros(taken, n, dtype=torch.int64)
         event_ids[ended] = torch.from_numpy(self.pool.take(count))
@@ -335,7 +368,7 @@ class TensorDictLoop:
         before = torch.cat([torch.full((1, n), -1, dtype=torch.int64), last[:-1]])
         picked = event_ids.gather(0, before.clamp(min=0))
         per_step = torch.where(before >= 0, picked, ids.unsqueeze(0))  # [T, n]
-        batch.get(TRAJ_KEY).copy_(per_step.T.reshape(batch.shape))
+        _write(batch, TRAJ_KEY, per_step.T.reshape(batch.shape))
         final = last[-1]
         self.traj_ids = torch.where(final >= 0, event_ids[final.clamp(min=0), torch.arange(n)], ids)
         self.traj_ids = self.traj_ids.view(self.batch_size)
@@ -368,16 +401,21 @@ class TensorDictLoop:
         for key in keys:  # entry's own dims after the batch's (nested envs have some)
             key = key if isinstance(key, tuple) else (key,)
             done_key = ("next", *key[:-1], "done")
-            batch.get(("next", *key))[last] = True
-            if done_key in _leaf_keys(batch):
-                batch.get(done_key)[last] = True
+            for flag_key in (("next", *key), done_key):
+                if flag_key in _leaf_keys(batch):
+                    flag = batch.get(flag_key)
+                    flag[last] = True
+                    if isinstance(batch, LazyStackedTensorDict):  # get() gave a copy
+                        batch.set(flag_key, flag)
 
     # ------------------------------------------------------------------ worker buffers
-    def shared_batch(self, steps: int) -> TensorDictBase:
+    def shared_batch(self, steps: int) -> TensorDictBase | None:
         """The output buffers, in shared memory, allocated once; later batches are written there
         (``return_same_td``), so another process holding this TensorDict sees each batch."""
         if not self.options.return_same_td:
             raise RuntimeError("shared_batch() needs a loop built with return_same_td=True")
+        if not self.fits_buffers:
+            return None
         self._same = self.layout(steps).share_memory_()
         return self._same
 
@@ -392,6 +430,42 @@ class TensorDictLoop:
             )
         self._same = batch
         return batch
+
+
+_UNEVEN = object()  # an entry of a lazy stack whose parts differ in shape
+
+
+def _fixed_layout(env: Any) -> bool:
+    """Whether every step of ``env`` has the same tensors: no spec with a dynamic dim (-1, also
+    what a heterogeneous lazy-stacked spec reports) and no non-tensor entry."""
+    try:
+        specs = list(env.specs.values(True, True))
+    except RuntimeError:
+        return False
+    if any(-1 in spec.shape for spec in specs):
+        return False
+    try:
+        fake = env.fake_tensordict()
+    except RuntimeError:
+        return False
+    return not any(is_non_tensor(value) for value in fake.values(True))
+
+
+def _get(td: TensorDictBase, key: tuple) -> Any:
+    """``td``'s entry ``key``, or ``_UNEVEN`` when its parts cannot be stacked into one."""
+    try:
+        return td.get(key)
+    except RuntimeError:
+        return _UNEVEN
+
+
+def _write(batch: TensorDictBase, key: Any, value: torch.Tensor) -> None:
+    """Write ``value`` into ``batch``'s entry ``key``: in place (the buffers may be shared), or
+    through ``set`` into a lazy stack, whose ``get`` gives a copy."""
+    if isinstance(batch, LazyStackedTensorDict):
+        batch.set(key, value.clone())
+    else:
+        batch.get(key).copy_(value)
 
 
 def _broadcasts(got: torch.Size, want: torch.Size) -> bool:

@@ -35,6 +35,7 @@ from hpccollect.collectors.options import store
 from hpccollect.collectors.remote import Call
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.whole_trajs import TrajectoryAssembler
+from hpccollect.errors import ArgumentValueError
 from hpccollect.protocol import Command, Layout, Message, RemoteError, Reply, Seed, message
 
 __all__ = ["WorkerSpec", "serve", "worker_main"]
@@ -133,12 +134,22 @@ def serve(
         if spec.live_weights and weights is not None:
             collector._run_on_weights(weights)
         batch = collector._shared_batch()
-        placed = channel.batch_buffers(batch)
-        if placed is not batch:
-            collector._use_batch_buffers(placed)
-        layout = Layout(placed, socket.gethostname(), os.getpid())
+        by_value = batch is None
+        if by_value:
+            if not channel.local:
+                raise ArgumentValueError(
+                    "this env's batches fit no fixed buffers (dynamic or heterogeneous specs, or "
+                    "non-tensor entries); collect them with local workers (MultiSyncCollector, "
+                    "MultiAsyncCollector), not across ranks."
+                )
+            placed = collector._batch_shell()
+        else:
+            placed = channel.batch_buffers(batch)
+            if placed is not batch:
+                collector._use_batch_buffers(placed)
+        layout = Layout(placed, socket.gethostname(), os.getpid(), by_value)
         channel.send(message(Reply.LAYOUT, layout))
-        _Server(collector, channel, weights, sink, buffer).serve()
+        _Server(collector, channel, weights, sink, buffer, by_value).serve()
     except _Shutdown as stop:
         close_env = stop.close_env
     except ConnectionError:
@@ -161,10 +172,16 @@ class _Server:
     """Answers one command at a time."""
 
     def __init__(
-        self, collector: Any, channel: Channel, weights: Any, sink: Any = None, buffer: Any = None
+        self,
+        collector: Any,
+        channel: Channel,
+        weights: Any,
+        sink: Any = None,
+        buffer: Any = None,
+        by_value: bool = False,
     ) -> None:
         self.collector, self.channel, self.weights, self.sink = collector, channel, weights, sink
-        self.buffer = buffer
+        self.buffer, self.by_value = buffer, by_value
         self.handlers = {
             Command.COLLECT: self.collect,
             Command.UPDATE_WEIGHTS: self.update_weights,
@@ -206,6 +223,8 @@ class _Server:
         batch = self.collector._collect_counted()
         if self.sink is not None:
             self.sink.extend(batch)
+        if self.by_value:
+            self.channel.send(message(Reply.DATA, batch))
         return batch.numel()
 
     def update_weights(self, _: None) -> None:

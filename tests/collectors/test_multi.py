@@ -422,3 +422,27 @@ def test_cpu_policy_weights_are_shared_live_with_the_workers(cls, no_leaks):
     finally:
         collector.shutdown()
 
+
+
+def test_frames_per_batch_per_worker(no_leaks):
+    """TorchRL's list form: MultiSync's worker i collects its own share (the round is a lazy
+    stack when the shares differ); MultiaSync's workers each collect the sum."""
+    c = MultiSyncDataCollector(
+        [cartpole] * 2, None, frames_per_batch=[15, 5], total_frames=40, cat_results="stack"
+    )
+    try:
+        batches = list(c)
+    finally:
+        c.shutdown()
+    assert len(batches) == 2
+    for batch in batches:
+        assert [part.shape for part in batch.unbind(0)] == [(15,), (5,)]
+        assert batch.names[-1] == "time" and batch[1]["observation"].shape == (5, 4)
+    assert not torch.equal(batches[0][0]["observation"], batches[1][0]["observation"])
+    c = MultiaSyncDataCollector([cartpole] * 2, None, frames_per_batch=[15, 5], total_frames=40)
+    try:
+        assert [b.numel() for b in c] == [20, 20]
+    finally:
+        c.shutdown()
+    with pytest.raises(ArgumentValueError, match="exactly one value per worker"):
+        MultiSyncDataCollector([cartpole] * 2, None, frames_per_batch=[15, 5, 1])
