@@ -48,6 +48,9 @@ class Layout:
     host: str
     pid: int
     by_value: bool = False
+    #: a local worker that built its own policy (``policy_factory``): the shared-memory buffer
+    #: ``UPDATE_WEIGHTS`` loads, made from that policy (None: the collector gave one)
+    weights: TensorDictBase | None = None
 
 
 @dataclass(frozen=True)

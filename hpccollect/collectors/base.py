@@ -32,8 +32,9 @@ __all__ = ["DataCollectorBase", "Interruptor", "SharedInterruptor"]
 class Interruptor:
     """Lets other code cut the batch being collected short (TorchRL's ``_Interruptor``).
 
-    After ``stop_collection()`` the collector finishes the step it is in and returns the steps
-    taken so far; ``start_collection()`` lets the next batches run in full again.
+    After ``stop_collection()`` the collector finishes the step it is in and yields the batch at
+    full length, the steps not taken zeroed with trajectory id -1 (as TorchRL's); a worker hands
+    its collector the steps taken. ``start_collection()`` lets the next batches run in full.
     """
 
     def __init__(self) -> None:

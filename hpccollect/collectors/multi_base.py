@@ -205,9 +205,13 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         self._shared: TensorDictBase | None = None
         self._filling = False
         self._live_weights = False
-        # the weights' layout: the policy's, or with policy_factory that of a policy made here
-        # once (as TorchRL's distributed collector does), whose own weights are never sent
-        layout = self._factories[0]() if self._factories else policy
+        # the weights' layout: the policy's; with policy_factory, local workers make their
+        # buffers from the policy they build, ranks need one laid out here first: that of a
+        # policy made here once (as TorchRL's distributed collector does), never sent
+        if self._factories is None:
+            layout = policy
+        else:
+            layout = None if self._env_by_inheritance else self._factories[0]()
         if not isinstance(layout, nn.Module) or TensorDict.from_module(layout).is_empty():
             layout = None
         self._weights = self._weight_buffers(layout)
@@ -251,6 +255,8 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
             self.shutdown()
             raise
         self._layouts: list[TensorDictBase] = [layout.batch for layout in layouts]
+        if self._factories is not None and self._env_by_inheritance:
+            self._weights = [layout.weights for layout in layouts]
         #: workers whose batches travel by value (``Layout.by_value``), and their last batch
         self._by_value = {i for i, layout in enumerate(layouts) if layout.by_value}
         self._received: dict[int, TensorDictBase] = {}
@@ -485,8 +491,24 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         """Send weights to the named workers (all by default) before their next batch.
 
         ``worker_ids``: an index, a list of indices, or devices (the workers whose policy runs
-        on that device). Blocks until every named worker has loaded the weights.
+        on that device). ``{index: weights}`` gives each named worker its own weights (TorchRL's
+        per-worker weights). Blocks until every named worker has loaded the weights.
         """
+        if _per_worker(policy_or_weights):
+            if worker_ids is not None:
+                raise ArgumentTypeError(
+                    "update_policy_weights_: weights keyed by worker name their workers; leave "
+                    "worker_ids out."
+                )
+            if self._live_weights:
+                raise ArgumentValueError(
+                    "update_policy_weights_({index: weights}): the workers run on the policy's "
+                    "own shared weights, one copy for all of them; give each its own policy "
+                    "with policy_factory to send each its own weights."
+                )
+            for index, weights in policy_or_weights.items():
+                self.update_policy_weights_(weights, worker_ids=[index], **kwargs)
+            return
         if policy_or_weights is None and self.policy is None and self._factories and not kwargs:
             raise ArgumentValueError(
                 "update_policy_weights_() has no weights to send: the workers built their policy "
@@ -583,6 +605,15 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
             f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
             f"frames={self._frames})"
         )
+
+
+def _per_worker(weights: Any) -> bool:
+    """Whether ``weights`` are TorchRL's per-worker form, ``{worker_index: weights}``."""
+    return (
+        isinstance(weights, dict)
+        and bool(weights)
+        and all(isinstance(k, int) and not isinstance(k, bool) for k in weights)
+    )
 
 
 def _per_worker_frames(frames_per_batch: Any, num_workers: int) -> list[int] | None:

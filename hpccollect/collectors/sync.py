@@ -311,6 +311,15 @@ class SyncDataCollector(
             self.post_collect_hook(batch)
         return batch
 
+    def _weights_for_workers(self) -> TensorDictBase | None:
+        """A shared-memory copy of the policy's weights (None without any), for the process that
+        sends this one weights."""
+        module = self._wrapped.weights_module
+        if module is None:
+            return None
+        weights = TensorDict.from_module(module).data
+        return None if weights.is_empty() else weights.clone().share_memory_()
+
     def _run_on_weights(self, weights: TensorDictBase) -> None:
         """Make the policy's parameters ``weights`` themselves (shared memory that another
         process's policy also runs on): changes made there are seen at the next step."""
@@ -346,6 +355,8 @@ class SyncDataCollector(
             batch = self.rollout()
             self._frames += batch.numel()
             self._iter += 1
+            if batch.shape[-1] < self._steps_per_batch and self._interrupted():
+                batch = self._padded(batch)
             if self.split_trajs:
                 batch = split_trajectories(batch)
             if self.postproc is not None:
@@ -355,6 +366,19 @@ class SyncDataCollector(
             yield self._sink(batch)
             if self._background is not None and self._background.stop_requested():
                 return
+
+    def _interrupted(self) -> bool:
+        return self.interruptor is not None and self.interruptor.collection_stopped()
+
+    def _padded(self, batch: TensorDictBase) -> TensorDictBase:
+        """A batch cut short by the ``interruptor``, at full length as TorchRL gives it: the
+        steps not taken are zeros with trajectory id -1 (only its real frames are counted)."""
+        rest = self.fake_tensordict()[..., batch.shape[-1] :]
+        if ("collector", "traj_ids") in rest.keys(True, True):
+            rest.set(("collector", "traj_ids"), torch.full(rest.shape, -1, dtype=torch.int64))
+        out = torch.cat([batch, rest.to(batch.device)], -1)
+        out.names = batch.names
+        return out
 
     # ------------------------------------------------------------------ seeds and state
     def set_seed(self, seed: int, static_seed: bool = False) -> int:

@@ -147,7 +147,10 @@ def serve(
             placed = channel.batch_buffers(batch)
             if placed is not batch:
                 collector._use_batch_buffers(placed)
-        layout = Layout(placed, socket.gethostname(), os.getpid(), by_value)
+        made = None
+        if weights is None and channel.local and spec.policy is None:
+            weights = made = collector._weights_for_workers()
+        layout = Layout(placed, socket.gethostname(), os.getpid(), by_value, made)
         channel.send(message(Reply.LAYOUT, layout))
         _Server(collector, channel, weights, sink, buffer, by_value).serve()
     except _Shutdown as stop:

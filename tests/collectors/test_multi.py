@@ -446,3 +446,53 @@ def test_frames_per_batch_per_worker(no_leaks):
         c.shutdown()
     with pytest.raises(ArgumentValueError, match="exactly one value per worker"):
         MultiSyncDataCollector([cartpole] * 2, None, frames_per_batch=[15, 5, 1])
+
+
+def test_weights_per_worker(no_leaks):
+    """TorchRL's ``{worker_index: weights}``: each named worker gets its own."""
+    c = MultiSyncDataCollector(
+        [cartpole] * 2, policy_factory=lambda: nn.Linear(4, 2), frames_per_batch=20
+    )
+    try:
+        ones = TensorDict({"weight": torch.ones(2, 4), "bias": torch.ones(2)}, [])
+        c.update_policy_weights_({1: ones})
+        state = c.state_dict()
+        assert torch.equal(state["worker1"]["policy_state_dict"]["weight"], torch.ones(2, 4))
+        assert not torch.equal(state["worker0"]["policy_state_dict"]["weight"], torch.ones(2, 4))
+        with pytest.raises(TypeError, match="leave worker_ids out"):
+            c.update_policy_weights_({1: ones}, worker_ids=[1])
+    finally:
+        c.shutdown()
+    shared = MultiSyncDataCollector([cartpole] * 2, nn.Linear(4, 2), frames_per_batch=20)
+    try:
+        with pytest.raises(ArgumentValueError, match="one copy for all of them"):
+            shared.update_policy_weights_({0: ones})
+    finally:
+        shared.shutdown()
+
+
+class _RecordingFactory:
+    """A policy factory that notes the pid of each process it runs in."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def __call__(self) -> nn.Module:
+        open(os.path.join(self.folder, str(os.getpid())), "a").close()
+        return nn.Linear(4, 2)
+
+
+@pytest.mark.parametrize("cls", [MultiSyncDataCollector, MultiaSyncDataCollector])
+def test_policy_factory_runs_only_in_the_workers(cls, tmp_path, no_leaks):
+    c = cls([cartpole] * 2, policy_factory=_RecordingFactory(str(tmp_path)), frames_per_batch=20,
+            total_frames=40)
+    try:
+        pids = set(c.worker_pids)
+        ones = TensorDict({"weight": torch.ones(2, 4), "bias": torch.ones(2)}, [])
+        c.update_policy_weights_(ones)  # weights still reach the workers' own policies
+        for i in range(2):
+            assert torch.equal(c.state_dict()[f"worker{i}"]["policy_state_dict"]["bias"], torch.ones(2))
+        assert sum(b.numel() for b in c) == 40
+    finally:
+        c.shutdown()
+    assert {int(name) for name in os.listdir(tmp_path)} == pids

@@ -366,13 +366,21 @@ def test_reset_when_done_false_keeps_stepping():
 
 
 def test_interruptor_cuts_the_batch():
+    """As in TorchRL the cut batch keeps its length: the steps not taken have trajectory id -1
+    (and zeros); only the real frames are counted."""
     interruptor = Interruptor()
     collector = SyncDataCollector(counter(), None, frames_per_batch=10, interruptor=interruptor)
     interruptor.stop_collection()
     it = iter(collector)
-    assert next(it).batch_size == (1,)
+    cut = next(it)
+    assert cut.batch_size == (10,) and cut.names == ["time"]
+    ids = cut["collector", "traj_ids"]
+    assert ids[0] == 0 and (ids[1:] == -1).all() and not cut["observation"][1:].any()
+    assert collector.stats()["frames"] == 1
     interruptor.start_collection()
-    assert next(it).batch_size == (10,)
+    full = next(it)
+    assert full.batch_size == (10,) and (full["collector", "traj_ids"] >= 0).all()
+    assert collector.stats()["frames"] == 11
     collector.shutdown()
 
 
