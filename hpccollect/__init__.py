@@ -8,7 +8,13 @@ TorchRL 0.14.1 renamed its collectors (``Collector``, ``AsyncCollector``, ``Mult
 ``MultiAsyncCollector``, ``MultiCollector``, ``BaseCollector``, ``DistributedCollector``,
 ``DistributedSyncCollector``); those names are the same classes here, importable from
 ``hpccollect``, ``hpccollect.collectors`` and ``hpccollect.collectors.distributed``.
+
+Importing hpccollect has no side effects and loads neither mpi4py nor the distributed layer:
+the distributed names load it when first used (see ``hpccollect.distributed``).
 """
+
+import importlib
+from typing import Any
 
 from hpccollect._version import __version__
 from hpccollect.collectors import (
@@ -29,18 +35,21 @@ from hpccollect.collectors import (
     aSyncDataCollector,
     split_trajectories,
 )
-from hpccollect.distributed import (
-    DistributedCollector,
-    DistributedDataCollector,
-    DistributedSyncCollector,
-)
 from hpccollect.envs import GymEnv
-from hpccollect.launchers.mpi import abort_on_uncaught_under_mpiexec
 from hpccollect.policy import ExplorationType, RandomPolicy
 from hpccollect.storage import ReplayBuffer
 
-# under mpiexec, an uncaught exception on one rank would leave the others waiting forever
-abort_on_uncaught_under_mpiexec()
+_DISTRIBUTED = ("DistributedCollector", "DistributedDataCollector", "DistributedSyncCollector")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DISTRIBUTED:
+        from hpccollect import distributed
+
+        return getattr(distributed, name)
+    if name in ("distributed", "launchers"):  # ``import hpccollect; hpccollect.distributed``
+        return importlib.import_module(f"hpccollect.{name}")
+    raise AttributeError(f"module 'hpccollect' has no attribute {name!r}")
 
 __all__ = [
     "AsyncCollector",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import hpccollect
@@ -23,3 +26,28 @@ def test_version_module_imports_nothing():
     tree = ast.parse(source)
     assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert hpccollect.__version__ == importlib.metadata.version("hpccollect")
+
+
+_IMPORT_ONLY = """
+import sys
+hook = sys.excepthook
+import hpccollect
+loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'mpi4py'
+                or m.startswith(('hpccollect.distributed', 'hpccollect.launchers')))
+print('loaded', loaded, 'hook kept', sys.excepthook is hook)
+cls = hpccollect.DistributedDataCollector  # the distributed names load the layer on first use
+print('distributed', cls.__module__, 'hook set', getattr(sys.excepthook, '_hpccollect_abort', False))
+"""
+
+
+def test_import_has_no_side_effects_even_under_mpiexec():
+    """``import hpccollect`` loads no distributed, launcher or MPI module and leaves
+    ``sys.excepthook`` alone, also in a process an MPI launcher started (PMI_SIZE); loading the
+    distributed layer there installs the hook that ends the whole job on an uncaught error."""
+    env = {**os.environ, "PMI_SIZE": "3", "PMI_RANK": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ONLY], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "loaded [] hook kept True" in out.stdout
+    assert "distributed hpccollect.distributed.collector hook set True" in out.stdout

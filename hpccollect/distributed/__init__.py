@@ -1,9 +1,16 @@
-"""The distributed collector: rank 0 gathers batches from collector ranks over torch.distributed."""
+"""The distributed collector: rank 0 gathers batches from collector ranks over torch.distributed.
+
+Loading it in a process that an MPI launcher started (several ranks) makes an uncaught exception
+there end the whole job, instead of leaving the other ranks waiting: a script under mpiexec that
+uses the distributed collector loads it before anything can fail.
+"""
 
 from hpccollect.distributed.collector import DistributedDataCollector, DistributedSyncCollector
 from hpccollect.distributed.groups import available_backends
 from hpccollect.distributed.rank import RankArgs, serve_rank
-from hpccollect.launchers.mpi import serve
+from hpccollect.launchers.mpi import abort_on_uncaught_under_mpiexec, serve
+
+abort_on_uncaught_under_mpiexec()
 
 #: TorchRL 0.14.1's name
 DistributedCollector = DistributedDataCollector

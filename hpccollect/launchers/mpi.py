@@ -185,8 +185,8 @@ def abort_on_uncaught(comm: Any = None) -> None:
 
 def abort_on_uncaught_under_mpiexec() -> None:
     """``abort_on_uncaught`` when this process is one of several started by an MPI launcher
-    (MPICH's hydra or Open MPI): called when hpccollect is imported, so that an exception
-    before any collector exists ends the job too."""
+    (MPICH's hydra or Open MPI): called when ``hpccollect.distributed`` is loaded, so that an
+    exception before any collector exists ends the job too."""
     for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
         if os.environ.get(name, "1").strip() not in ("", "0", "1"):
             with contextlib.suppress(ImportError):
