@@ -51,6 +51,7 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(f"hpccollect.{name}")
     raise AttributeError(f"module 'hpccollect' has no attribute {name!r}")
 
+
 __all__ = [
     "AsyncCollector",
     "BaseCollector",

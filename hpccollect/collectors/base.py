@@ -183,7 +183,9 @@ class DataCollectorBase(abc.ABC):
     ) -> list[Any]:
         """Call the method at path ``method_name`` once per (args, kwargs) pair; the results."""
         args, kwargs = calls_here(list_of_args, list_of_kwargs)
-        return [Call("call", method_name, a, k).apply(self) for a, k in zip(args, kwargs)]
+        return [
+            Call("call", method_name, a, k).apply(self) for a, k in zip(args, kwargs, strict=True)
+        ]
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:

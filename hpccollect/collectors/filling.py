@@ -6,8 +6,8 @@ stops writing inside ``pause()``."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from hpccollect.collectors.base import BackgroundThread
 from hpccollect.collectors.options import store
@@ -22,8 +22,10 @@ def inherited_buffer(buffer: Any, fake_batch: Callable[[], Any]) -> Any:
     lazy storage laid out from ``fake_batch()`` first (as TorchRL does), since its shared
     counters travel only to a process being started. hpccollect's own buffer goes to the
     workers at ``start()`` instead (``share_memory_``)."""
-    if buffer is None or hasattr(buffer, "share_memory_") or not callable(
-        getattr(buffer, "share", None)
+    if (
+        buffer is None
+        or hasattr(buffer, "share_memory_")
+        or not callable(getattr(buffer, "share", None))
     ):
         return None
     storage = getattr(buffer, "storage", None)

@@ -21,8 +21,6 @@ from hpccollect._checks import check_callable, check_int
 from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
 from hpccollect.collectors.channels import Channel
 from hpccollect.collectors.filling import WorkerFilling, inherited_buffer
-from hpccollect.collectors.remote import Call
-from hpccollect.collectors.worker_calls import WorkerCalls
 from hpccollect.collectors.options import (
     CollectorArgs,
     Devices,
@@ -34,36 +32,25 @@ from hpccollect.collectors.options import (
 from hpccollect.collectors.policy_options import factories
 from hpccollect.collectors.pool import WorkerPool, remote_exception
 from hpccollect.collectors.processes import start_local_workers
-from hpccollect.collectors.sync import SyncDataCollector
+from hpccollect.collectors.remote import Call
 from hpccollect.collectors.torchrl_keywords import check_weight_schemes
 from hpccollect.collectors.trajectories import split_trajectories
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec, worker_main
+from hpccollect.collectors.worker_calls import WorkerCalls
+from hpccollect.collectors.worker_setup import (
+    fake_worker_batch,
+    per_worker_frames,
+    runs_on_cpu,
+    shares_state,
+    weight_buffers,
+    worker_class,
+)
 from hpccollect.collectors.worker_weights import SharedWeightsSender, worker_indices
-from hpccollect.envs import envbase
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, WorkerError
 from hpccollect.protocol import Command, RemoteError, Reply, Seed
 
 __all__ = ["MultiCollectorBase"]
-
-
-def _shares_state(create_env_fn: Any) -> bool:
-    """A TorchRL env or ``EnvCreator``: what may hold shared memory and locks that only a
-    process argument passes on (a cloudpickled copy would lose them, or fail on a lock)."""
-    return envbase.is_torchrl_env(create_env_fn) or envbase.from_torchrl(create_env_fn)
-
-
-def _worker_class(value: Any) -> type:
-    """TorchRL's ``collector_class`` of a multi-process collector: what each worker runs (None:
-    ``SyncDataCollector``, or a subclass of it)."""
-    if value is None:
-        return SyncDataCollector
-    if isinstance(value, type) and issubclass(value, SyncDataCollector):
-        return value
-    raise ArgumentTypeError(
-        f"collector_class must be None or a SyncDataCollector (TorchRL's Collector) subclass, "
-        f"each worker running one; got {value!r}."
-    )
 
 
 class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
@@ -167,7 +154,7 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         self._factories = factories(
             policy, policy_factory, n, with_policy=weight_sync_schemes is not None
         )
-        self._worker_class = _worker_class(collector_class)
+        self._worker_class = worker_class(collector_class)
         self._init_fn = check_callable("init_fn", init_fn)
         self.worker_idx = None if worker_idx is None else check_int("worker_idx", worker_idx)
         self.cat_results = check_cat_results(cat_results, type(self).__name__, self._concatenates)
@@ -179,7 +166,7 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
             num_threads = check_int("num_threads", num_threads, minimum=1)
         self._use_buffers = use_buffers
         #: TorchRL's per-worker ``frames_per_batch`` (a list), or None
-        self._worker_fpb = _per_worker_frames(frames_per_batch, n)
+        self._worker_fpb = per_worker_frames(frames_per_batch, n)
         if self._worker_fpb is not None:
             arguments["frames_per_batch"] = sum(self._worker_fpb)
         self.options = opts = CollectorArgs.check(arguments, policy)
@@ -204,17 +191,17 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         self._in_flight: set[int] = set()
         self._shared: TensorDictBase | None = None
         self._filling = False
-        self._live_weights = False
         # the weights' layout: the policy's; with policy_factory, local workers make their
         # buffers from the policy they build, ranks need one laid out here first: that of a
         # policy made here once (as TorchRL's distributed collector does), never sent
         if self._factories is None:
-            layout = policy
+            template = policy
         else:
-            layout = None if self._env_by_inheritance else self._factories[0]()
-        if not isinstance(layout, nn.Module) or TensorDict.from_module(layout).is_empty():
-            layout = None
-        self._weights = self._weight_buffers(layout)
+            template = None if self._env_by_inheritance else self._factories[0]()
+        if not isinstance(template, nn.Module) or TensorDict.from_module(template).is_empty():
+            template = None
+        self._live_weights = self._shares_live_weights(template)
+        self._weights = self._weight_buffers(template)
         threads = check_int("num_sub_threads", num_sub_threads, minimum=1)
         args = []
         for i in range(n):
@@ -226,14 +213,17 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
                 i, fns[i], None if self._factories else policy, kwargs, threads
             )
             spec.init_fn = self._init_fn
-            spec.weights_template = layout if self._factories is not None else None
+            spec.weights_template = template if self._factories is not None else None
             spec.live_weights = self._live_weights
             env = None
-            if self._env_by_inheritance and _shares_state(spec.create_env_fn):
+            if self._env_by_inheritance and shares_state(spec.create_env_fn):
                 env, spec.create_env_fn = spec.create_env_fn, None
             args.append([spec.dumps(), self._weights[i], self.interruptor, env])
         if self._env_by_inheritance:
-            self._inherited = inherited_buffer(replay_buffer, lambda: self._fake_batch(args[0]))
+            whole = opts.trajs_per_batch is not None
+            self._inherited = inherited_buffer(
+                replay_buffer, lambda: fake_worker_batch(args[0], whole)
+            )
             for arg in args:
                 arg.append(self._inherited)
         #: workers still collecting (all of them unless some were lost, see ``_lose``)
@@ -262,35 +252,23 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         self._received: dict[int, TensorDictBase] = {}
         self._set_weight_updaters(
             local_weight_updater,
-            remote_weight_updater or self._weights_sender(layout),
+            remote_weight_updater or self._weights_sender(template),
             weight_updater,
         )
 
-    def _weight_buffers(self, module: nn.Module | None) -> list[TensorDictBase | None]:
-        """One buffer per worker that ``UPDATE_WEIGHTS`` loads (shared memory here); for a
-        policy on CPU everywhere, the policy's own weights, moved to shared memory, which the
-        workers' policies then run on: a change made here in place is seen there at once
-        (TorchRL's CPU workers share them too)."""
-        if module is None:
-            return [None] * self.num_workers
-        if self._shares_live_weights(module):
-            module.share_memory()
-            self._live_weights = True
-            return [TensorDict.from_module(module)] * self.num_workers
-        return [
-            TensorDict.from_module(module).data.clone().share_memory_()
-            for _ in range(self.num_workers)
-        ]
-
-    def _shares_live_weights(self, module: nn.Module) -> bool:
-        tensors = [*module.parameters(), *module.buffers()]
+    def _shares_live_weights(self, module: nn.Module | None) -> bool:
+        """Whether the workers run on ``module``'s own weights (see ``weight_buffers``)."""
         return (
-            self._factories is None
+            module is not None
+            and self._factories is None
             and self._sends_weights
             and self._env_by_inheritance  # local processes
-            and all(t.device.type == "cpu" for t in tensors)
-            and all(d is None or d.type == "cpu" for d in self._policy_devices)
+            and runs_on_cpu(module, self._policy_devices)
         )
+
+    def _weight_buffers(self, module: nn.Module | None) -> list[TensorDictBase | None]:
+        """One buffer per worker that ``UPDATE_WEIGHTS`` loads (shared memory here)."""
+        return weight_buffers(module, self.num_workers, self._live_weights)
 
     def _weights_sender(self, module: nn.Module | None) -> RemoteWeightsUpdaterBase:
         """The default remote weight updater: the policy's weights into each worker's buffer."""
@@ -336,23 +314,12 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
             worker_main, args, start_method, name=type(self).__name__, daemon=False
         )
 
-    def _fake_batch(self, args: list) -> TensorDictBase:
-        """A zeroed batch as worker 0 writes it, from a collector built here as worker 0 is."""
-        spec: WorkerSpec = WorkerSpec.loads(args[0])
-        env = args[3] if args[3] is not None else spec.create_env_fn
-        probe = spec.collector_class(env, spec.policy, **spec.kwargs)
-        try:
-            fake = probe.fake_tensordict()
-        finally:
-            probe.shutdown(close_env=not envbase.is_torchrl_env(env))  # not the user's
-        return fake.reshape(-1)[:1] if self.options.trajs_per_batch is not None else fake
-
     def _call_workers(self, calls: dict[int, Call]) -> list[Any]:
         with self.pause():
             for i, call in calls.items():
                 self._pool.send(i, Command.CALL, call.dumps())
             results = [self._pool.recv(i, Reply.VALUE, self.worker_timeout) for i in calls]
-        for i, result in zip(calls, results):
+        for i, result in zip(calls, results, strict=True):
             if isinstance(result, RemoteError):
                 raise remote_exception(result, i, self.num_workers)
         return results
@@ -614,18 +581,6 @@ def _per_worker(weights: Any) -> bool:
         and bool(weights)
         and all(isinstance(k, int) and not isinstance(k, bool) for k in weights)
     )
-
-
-def _per_worker_frames(frames_per_batch: Any, num_workers: int) -> list[int] | None:
-    """TorchRL's ``frames_per_batch`` given as one value per worker, checked; None for an int."""
-    if isinstance(frames_per_batch, int) or not isinstance(frames_per_batch, Sequence):
-        return None
-    if len(frames_per_batch) != num_workers:
-        raise ArgumentValueError(
-            "If `frames_per_batch` is provided as a sequence, it should contain exactly one value "
-            f"per worker. Got {len(frames_per_batch)} values for {num_workers} workers."
-        )
-    return [check_int(f"frames_per_batch[{i}]", f, minimum=1) for i, f in enumerate(frames_per_batch)]
 
 
 def _close(pool: WorkerPool, closers: list, timeout: float = 10.0, close_env: bool = True) -> None:

@@ -5,9 +5,10 @@ where the rollouts run: in this process or in each named worker."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -36,9 +37,7 @@ class ProfileConfig:
 
     def __post_init__(self) -> None:
         if self.warmup_rollouts < 0:
-            raise ArgumentValueError(
-                f"warmup_rollouts must be >= 0, got {self.warmup_rollouts}."
-            )
+            raise ArgumentValueError(f"warmup_rollouts must be >= 0, got {self.warmup_rollouts}.")
         if self.num_rollouts <= self.warmup_rollouts:
             raise ArgumentValueError(
                 f"num_rollouts ({self.num_rollouts}) must be greater than warmup_rollouts "
@@ -75,8 +74,10 @@ class ProfilerHook:
         self._profiler: Any = torch.profiler.profile(
             activities=config.get_activities(),
             schedule=torch.profiler.schedule(
-                wait=0, warmup=config.warmup_rollouts, active=config.num_rollouts
-                - config.warmup_rollouts, repeat=1
+                wait=0,
+                warmup=config.warmup_rollouts,
+                active=config.num_rollouts - config.warmup_rollouts,
+                repeat=1,
             ),
             on_trace_ready=config.on_trace_ready or self._save,
             record_shapes=config.record_shapes,

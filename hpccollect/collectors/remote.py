@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import cloudpickle
 
 from hpccollect.errors import ArgumentValueError
 
-__all__ = ["Call", "calls_per_worker", "calls_here", "resolve_attr"]
+__all__ = ["Call", "calls_here", "calls_per_worker", "resolve_attr"]
 
 _PART = re.compile(r"\.?([A-Za-z_][A-Za-z0-9_]*)|\[([^\]]+)\]")
 

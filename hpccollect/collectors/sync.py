@@ -17,10 +17,10 @@ from hpccollect._checks import check_bool, check_int
 from hpccollect.collectors.backends import ByBackend
 from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
 from hpccollect.collectors.filling import ThreadFilling
-from hpccollect.collectors.profiling import Profiling
 from hpccollect.collectors.options import CollectorArgs
 from hpccollect.collectors.policy_options import factories, wrap_for_speed
 from hpccollect.collectors.policy_version import TracksPolicyVersion, make_stamp
+from hpccollect.collectors.profiling import Profiling
 from hpccollect.collectors.rollout import StepLoop
 from hpccollect.collectors.td_rollout import TensorDictLoop, wrap_env_policy
 from hpccollect.collectors.torchrl_keywords import check_weight_schemes

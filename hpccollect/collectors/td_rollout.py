@@ -200,7 +200,8 @@ class TensorDictLoop:
                     "it in its out_keys."
                 )
                 warnings.warn(
-                    self._missing_action + " Collecting with it will fail.", UserWarning,
+                    self._missing_action + " Collecting with it will fail.",
+                    UserWarning,
                     stacklevel=5,
                 )
                 continue

@@ -5,7 +5,8 @@ goes through one method of the host, ``_call_workers``."""
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from hpccollect.collectors.profiling import ProfileConfig
 from hpccollect.collectors.remote import Call, calls_per_worker
@@ -77,7 +78,7 @@ class WorkerCalls(abc.ABC):
         out["workers"] = self.num_workers
         out["workers_alive"] = len(self._active)
         if workers != "aggregate":
-            for i, worker in zip(self._active, self.map_fn("stats")):
+            for i, worker in zip(self._active, self.map_fn("stats"), strict=True):
                 out.update({f"worker_{i}/{k}": v for k, v in worker.items()})
         return out
 

@@ -13,8 +13,8 @@ import time
 import gymnasium as gym
 import pytest
 import torch
-from tensordict import TensorDict
 from conftest import CounterEnv
+from tensordict import TensorDict
 from torch import nn
 
 from hpccollect import (
@@ -423,7 +423,6 @@ def test_cpu_policy_weights_are_shared_live_with_the_workers(cls, no_leaks):
         collector.shutdown()
 
 
-
 def test_frames_per_batch_per_worker(no_leaks):
     """TorchRL's list form: MultiSync's worker i collects its own share (the round is a lazy
     stack when the shares differ); MultiaSync's workers each collect the sum."""
@@ -484,14 +483,20 @@ class _RecordingFactory:
 
 @pytest.mark.parametrize("cls", [MultiSyncDataCollector, MultiaSyncDataCollector])
 def test_policy_factory_runs_only_in_the_workers(cls, tmp_path, no_leaks):
-    c = cls([cartpole] * 2, policy_factory=_RecordingFactory(str(tmp_path)), frames_per_batch=20,
-            total_frames=40)
+    c = cls(
+        [cartpole] * 2,
+        policy_factory=_RecordingFactory(str(tmp_path)),
+        frames_per_batch=20,
+        total_frames=40,
+    )
     try:
         pids = set(c.worker_pids)
         ones = TensorDict({"weight": torch.ones(2, 4), "bias": torch.ones(2)}, [])
         c.update_policy_weights_(ones)  # weights still reach the workers' own policies
         for i in range(2):
-            assert torch.equal(c.state_dict()[f"worker{i}"]["policy_state_dict"]["bias"], torch.ones(2))
+            assert torch.equal(
+                c.state_dict()[f"worker{i}"]["policy_state_dict"]["bias"], torch.ones(2)
+            )
         assert sum(b.numel() for b in c) == 40
     finally:
         c.shutdown()

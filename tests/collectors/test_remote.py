@@ -166,7 +166,9 @@ def test_profiling_a_sync_collector_writes_a_trace_and_restores_the_hook(tmp_pat
         cartpole, None, frames_per_batch=8, total_frames=48, post_collect_hook=seen.append
     )
     try:
-        c.enable_profile(num_rollouts=3, warmup_rollouts=1, save_path=str(tmp_path / "t{worker_idx}.json"))
+        c.enable_profile(
+            num_rollouts=3, warmup_rollouts=1, save_path=str(tmp_path / "t{worker_idx}.json")
+        )
         assert c.profile_config.num_rollouts == 3 and c.post_collect_hook is not seen.append
         list(c)
         assert _trace_events(tmp_path / "t0.json")
@@ -185,7 +187,9 @@ def test_profiling_named_workers_each_write_their_trace(tmp_path):
     try:
         with pytest.raises(ArgumentValueError, match="workers \\[5\\]"):
             c.enable_profile(workers=[5])
-        c.enable_profile(workers=[0, 2], num_rollouts=3, save_path=str(tmp_path / "t{worker_idx}.json"))
+        c.enable_profile(
+            workers=[0, 2], num_rollouts=3, save_path=str(tmp_path / "t{worker_idx}.json")
+        )
         list(c)
     finally:
         c.shutdown()

@@ -110,7 +110,10 @@ def test_dynamic_specs_give_lazy_stacks_in_this_process() -> None:
 @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
 def test_dynamic_specs_from_worker_processes(cls) -> None:
     c = cls(
-        [GrowingEnv, GrowingEnv], growing_policy(), frames_per_batch=20, total_frames=60,
+        [GrowingEnv, GrowingEnv],
+        growing_policy(),
+        frames_per_batch=20,
+        total_frames=60,
         cat_results="stack" if cls is MultiSyncCollector else None,
     )
     try:
