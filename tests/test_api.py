@@ -51,3 +51,39 @@ def test_import_has_no_side_effects_even_under_mpiexec():
     assert out.returncode == 0, out.stderr
     assert "loaded [] hook kept True" in out.stdout
     assert "distributed hpccollect.distributed.collector hook set True" in out.stdout
+
+
+# what a process started by hpccollect (a worker, a rank, a SLURM job) or a user may import first
+ENTRY_MODULES = [
+    "hpccollect.collectors.worker",
+    "hpccollect.collectors.distributed",
+    "hpccollect.distributed",
+    "hpccollect.distributed.rank",
+    "hpccollect.distributed.collector",
+    "hpccollect.launchers",
+    "hpccollect.launchers.base",
+    "hpccollect.launchers.mp",
+    "hpccollect.launchers.mpi",
+    "hpccollect.launchers.submitit",
+    "hpccollect.distributed_job",
+    "hpccollect.cli",
+]
+
+
+def test_every_entry_module_imports_first_in_a_fresh_process():
+    """No import cycle bites whichever module a fresh process loads first (a spawned rank
+    unpickles its entry point from ``hpccollect.launchers.mp`` before anything else)."""
+    code = (
+        "import subprocess, sys\n"
+        "bad = []\n"
+        "for m in sys.argv[1:]:\n"
+        "    r = subprocess.run([sys.executable, '-c', 'import ' + m], capture_output=True,\n"
+        "                       text=True, timeout=120)\n"
+        "    if r.returncode:\n"
+        "        bad.append((m, r.stderr.strip().splitlines()[-1]))\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *ENTRY_MODULES], capture_output=True, text=True, timeout=600
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -270,6 +270,12 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         """One buffer per worker that ``UPDATE_WEIGHTS`` loads (shared memory here)."""
         return weight_buffers(module, self.num_workers, self._live_weights)
 
+    def _weights_for_workers(self) -> TensorDictBase | None:
+        """A shared-memory buffer laid out as the workers' policy weights (None without any),
+        for the process that sends this collector weights (it runs in a worker itself)."""
+        first = next((w for w in self._weights if w is not None), None)
+        return None if first is None else first.data.clone().share_memory_()
+
     def _weights_sender(self, module: nn.Module | None) -> RemoteWeightsUpdaterBase:
         """The default remote weight updater: the policy's weights into each worker's buffer."""
         return SharedWeightsSender(self._pool, self._weights, module, self.worker_timeout)

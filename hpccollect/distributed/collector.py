@@ -43,7 +43,6 @@ from hpccollect.errors import (
     ArgumentValueError,
     WorkerError,
 )
-from hpccollect.launchers import get_launcher
 
 __all__ = ["DistributedDataCollector", "DistributedSyncCollector"]
 
@@ -148,6 +147,9 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         self._groups: RankGroups | None = None
         self.collector_class = check_collector_class(collector_class)
         inner_processes = issubclass(self.collector_class, MultiCollectorBase)
+        # launchers import this layer (their rank entry points); loaded here, either can come first
+        from hpccollect.launchers import get_launcher
+
         self.launcher = get_launcher(
             launcher, starts_processes=inner_processes, slurm_kwargs=slurm_kwargs
         )

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpccollect.distributed.rank import RankArgs
+if TYPE_CHECKING:  # the ranks' entry points import launchers: no import back at run time
+    from hpccollect.distributed.rank import RankArgs
 
 __all__ = ["Launcher", "RankProcess"]
 
