@@ -46,7 +46,11 @@ from hpccollect.collectors.worker_setup import (
     weight_buffers,
     worker_class,
 )
-from hpccollect.collectors.worker_weights import SharedWeightsSender, worker_indices
+from hpccollect.collectors.worker_weights import (
+    SharedWeightsSender,
+    per_worker_weights,
+    worker_indices,
+)
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, WorkerError
 from hpccollect.protocol import Command, RemoteError, Reply, Seed
 
@@ -467,7 +471,7 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         on that device). ``{index: weights}`` gives each named worker its own weights (TorchRL's
         per-worker weights). Blocks until every named worker has loaded the weights.
         """
-        if _per_worker(policy_or_weights):
+        if per_worker_weights(policy_or_weights):
             if worker_ids is not None:
                 raise ArgumentTypeError(
                     "update_policy_weights_: weights keyed by worker name their workers; leave "
@@ -578,15 +582,6 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
             f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, "
             f"frames={self._frames})"
         )
-
-
-def _per_worker(weights: Any) -> bool:
-    """Whether ``weights`` are TorchRL's per-worker form, ``{worker_index: weights}``."""
-    return (
-        isinstance(weights, dict)
-        and bool(weights)
-        and all(isinstance(k, int) and not isinstance(k, bool) for k in weights)
-    )
 
 
 def _close(pool: WorkerPool, closers: list, timeout: float = 10.0, close_env: bool = True) -> None:

@@ -46,17 +46,20 @@ def _parts(path: str) -> list[tuple[str, Any]]:
     return parts
 
 
-def resolve_attr(obj: Any, path: str) -> Any:
-    """The object at ``path`` (attributes and ``[literal]`` items) starting from ``obj``."""
-    for kind, part in _parts(path):
+def _walk(obj: Any, parts: list[tuple[str, Any]]) -> Any:
+    for kind, part in parts:
         obj = getattr(obj, part) if kind == "attr" else obj[part]
     return obj
 
 
+def resolve_attr(obj: Any, path: str) -> Any:
+    """The object at ``path`` (attributes and ``[literal]`` items) starting from ``obj``."""
+    return _walk(obj, _parts(path))
+
+
 def _assign(obj: Any, path: str, value: Any) -> None:
     *head, (kind, last) = _parts(path)
-    for k, part in head:
-        obj = getattr(obj, part) if k == "attr" else obj[part]
+    obj = _walk(obj, head)
     if kind == "attr":
         setattr(obj, last, value)
     else:

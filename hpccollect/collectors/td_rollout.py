@@ -139,11 +139,12 @@ class TensorDictLoop:
         self.traj_ids = self._new_ids()
         self._missing_action: str | None = None
         self.policy_keys = self._probe_policy()
-        self.keys = self._output_keys()
+        fake = env.fake_tensordict()
+        self.keys = self._output_keys(fake)
         self._same: TensorDictBase | None = None
         self._lazy = False  # steps differ in shape: batches are lazy stacks
         #: every batch has one layout of tensors, which fixed (shared) buffers can hold
-        self.fits_buffers = _fixed_layout(env)
+        self.fits_buffers = _fixed_layout(env, fake)
 
     # ------------------------------------------------------------------ set-up
     def _reset_env(self) -> TensorDictBase:
@@ -218,10 +219,10 @@ class TensorDictLoop:
                     f"{tuple(want)} ({spec[key]!r})."
                 )
 
-    def _output_keys(self) -> list[tuple]:
+    def _output_keys(self, fake: TensorDictBase) -> list[tuple]:
         """What a batch holds, as in TorchRL: the env's declared entries, what the policy writes
         and the trajectory ids; private (``_``-prefixed) entries are left out."""
-        keys = _leaf_keys(self.env.fake_tensordict()) | set(self.policy_keys)
+        keys = _leaf_keys(fake) | set(self.policy_keys)
         if self.options.compact_obs:  # what the next step's root repeats leaves "next"
             spec = self.env.output_spec
             keys -= {("next", *k) for k in _leaf_keys(spec["full_observation_spec"].zero())}
@@ -399,11 +400,12 @@ class TensorDictLoop:
                 "env.add_truncated_keys() before giving the env to the collector."
             )
         last = (slice(None),) * (batch.ndim - 1) + (-1,)  # the last time step, whatever the
+        present = _leaf_keys(batch)
         for key in keys:  # entry's own dims after the batch's (nested envs have some)
             key = key if isinstance(key, tuple) else (key,)
             done_key = ("next", *key[:-1], "done")
             for flag_key in (("next", *key), done_key):
-                if flag_key in _leaf_keys(batch):
+                if flag_key in present:
                     flag = batch.get(flag_key)
                     flag[last] = True
                     if isinstance(batch, LazyStackedTensorDict):  # get() gave a copy
@@ -436,18 +438,15 @@ class TensorDictLoop:
 _UNEVEN = object()  # an entry of a lazy stack whose parts differ in shape
 
 
-def _fixed_layout(env: Any) -> bool:
+def _fixed_layout(env: Any, fake: TensorDictBase) -> bool:
     """Whether every step of ``env`` has the same tensors: no spec with a dynamic dim (-1, also
-    what a heterogeneous lazy-stacked spec reports) and no non-tensor entry."""
+    what a heterogeneous lazy-stacked spec reports) and no non-tensor entry in ``fake`` (the
+    env's ``fake_tensordict()``)."""
     try:
         specs = list(env.specs.values(True, True))
     except RuntimeError:
         return False
     if any(-1 in spec.shape for spec in specs):
-        return False
-    try:
-        fake = env.fake_tensordict()
-    except RuntimeError:
         return False
     return not any(is_non_tensor(value) for value in fake.values(True))
 

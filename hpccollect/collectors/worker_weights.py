@@ -15,7 +15,7 @@ from hpccollect.errors import ArgumentValueError
 from hpccollect.policy import copy_weights_
 from hpccollect.protocol import Command
 
-__all__ = ["SharedWeightsSender", "worker_indices"]
+__all__ = ["SharedWeightsSender", "per_worker_weights", "worker_indices"]
 
 
 class SharedWeightsSender(RemoteWeightsUpdaterBase):
@@ -42,6 +42,15 @@ class SharedWeightsSender(RemoteWeightsUpdaterBase):
             raise ArgumentValueError("the workers' policy has no parameters to update.")
         copy_weights_(self.buffers[worker_id], server_weights)
         self.pool.request(worker_id, Command.UPDATE_WEIGHTS, None, self.timeout)
+
+
+def per_worker_weights(weights: Any) -> bool:
+    """Whether ``weights`` are TorchRL's per-worker form, ``{worker_index: weights}``."""
+    return (
+        isinstance(weights, dict)
+        and bool(weights)
+        and all(isinstance(k, int) and not isinstance(k, bool) for k in weights)
+    )
 
 
 def worker_indices(
