@@ -156,7 +156,7 @@ class DataCollectorBase(abc.ABC):
         frames = int(getattr(self, "_frames", 0))
         out: dict[str, int | float | bool] = {
             "frames": frames,
-            "batches": int(getattr(self, "_iter", 0)),
+            "batches": int(getattr(self, "_iter", -1)) + 1,
         }
         if self.total_frames >= 0:
             out["total_frames"] = int(self.total_frames)

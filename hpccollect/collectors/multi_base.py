@@ -191,7 +191,7 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         self.storing_device = devices[0].storing
         self._policy_devices = [d.policy for d in devices]
         self.policy = policy
-        self._frames = self._iter = 0
+        self._frames, self._iter = 0, -1  # ``_iter``: the last batch's index (TorchRL's)
         self._in_flight: set[int] = set()
         self._shared: TensorDictBase | None = None
         self._filling = False
@@ -547,21 +547,30 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
             )
 
     def state_dict(self) -> OrderedDict:
-        """``worker{i}``: each worker's collector state, plus ``frames`` and ``iter``."""
+        """``worker{i}``: each worker's collector state; ``frames``, ``iter``, and ``traj_pool``
+        (the next trajectory id, past every worker's; TorchRL's layout)."""
         state: OrderedDict = OrderedDict()
+        pools = []
         for i in self._active:
-            state[f"worker{i}"] = self._pool.request(
-                i, Command.STATE_DICT, None, self.worker_timeout
-            )
+            worker = self._pool.request(i, Command.STATE_DICT, None, self.worker_timeout)
+            if "traj_pool" in worker:
+                pools.append(worker.pop("traj_pool"))
+            state[f"worker{i}"] = worker
         state.update(frames=self._frames, iter=self._iter)
+        if pools:
+            state["traj_pool"] = max(pools, key=lambda p: int(p["traj_id"]))
         return state
 
     def load_state_dict(self, state_dict: OrderedDict, **kwargs: Any) -> None:
+        """Load each ``worker{i}`` state; with ``traj_pool``, every worker's trajectories
+        (the running ones too) get ids from its ``traj_id`` on."""
+        pool = state_dict.get("traj_pool")
         for i in self._active:
-            if f"worker{i}" in state_dict:
-                self._pool.request(
-                    i, Command.LOAD_STATE_DICT, state_dict[f"worker{i}"], self.worker_timeout
-                )
+            worker = state_dict.get(f"worker{i}")
+            if pool is not None:
+                worker = {**(worker or {}), "traj_pool": pool}
+            if worker is not None:
+                self._pool.request(i, Command.LOAD_STATE_DICT, worker, self.worker_timeout)
         self._frames = int(state_dict.get("frames", self._frames))
         self._iter = int(state_dict.get("iter", self._iter))
 

@@ -245,6 +245,11 @@ class StepLoop:
         """Reset every env before the next step (new trajectories start)."""
         self.needs_reset = True
 
+    def restart_ids(self) -> None:
+        """The running trajectories go on under new ids from the pool (after it is loaded)."""
+        self.traj_ids = self.pool.take(self.env.num_envs)
+        self._fresh_ids = True
+
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed env ``i`` with ``seed + i`` (all ``seed`` when ``static_seed``) at a reset of
         every env before the next step; returns the last env's seed."""

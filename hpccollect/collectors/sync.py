@@ -252,7 +252,7 @@ class SyncDataCollector(
         self.split_trajs = opts.split_trajs
         self.exploration_type = opts.exploration_type
         self._frames = 0
-        self._iter = 0
+        self._iter = -1  # the last batch's index (TorchRL's)
 
     def _place_policy(self, policy: Any) -> tuple[WrappedPolicy, nn.Module | None]:
         """Wrap the policy; copy it to ``policy_device`` if it lives elsewhere (TorchRL does too)."""
@@ -410,7 +410,9 @@ class SyncDataCollector(
         if module is not None:  # an empty one too, as TorchRL for a module without weights
             state["policy_state_dict"] = module.state_dict()
         state["env_state_dict"] = self._loop.env_state_dict()
-        state.update(frames=self._frames, iter=self._iter, traj_pool=self._loop.pool.state_dict())
+        state.update(frames=self._frames, iter=self._iter)
+        if self.track_traj_ids:
+            state["traj_pool"] = self._loop.pool.state_dict()
         if self._versions is not None:
             state["policy_version"] = self._versions.version
         return state
@@ -429,6 +431,8 @@ class SyncDataCollector(
         self._iter = int(state_dict.get("iter", self._iter))
         if "traj_pool" in state_dict:
             self._loop.pool.load_state_dict(state_dict["traj_pool"])
+        if self.track_traj_ids:  # the envs' running trajectories go on under ids not yet saved
+            self._loop.restart_ids()
         if self._versions is not None and state_dict.get("policy_version") is not None:
             self._versions.version = state_dict["policy_version"]
 

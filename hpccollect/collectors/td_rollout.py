@@ -132,9 +132,11 @@ class TensorDictLoop:
         self.batch_size = torch.Size(env.batch_size)
         self.random_policy = SpecRandomPolicy(env.full_action_spec)
         self.steps_taken = 0
-        self._clear_device = env.device is None or devices.policy not in (None, env.device)
-        #: where the policy reads its input when it is not the env's device (TorchRL casts)
-        self._cast = devices.policy if devices.policy not in (None, env.device) else None
+        # TorchRL's rule, on the devices as given (not the env's own): the carrier loses its
+        # device unless env and policy were given one and the same device
+        self._clear_device = devices.env is None or devices.policy != devices.env
+        #: where the policy reads its input when the carrier has no device (TorchRL casts)
+        self._cast = devices.policy if self._clear_device else None
         self.carrier = self._reset_env()
         self.traj_ids = self._new_ids()
         self._missing_action: str | None = None
@@ -235,6 +237,10 @@ class TensorDictLoop:
         self.carrier.update(self._reset_env())
         self.traj_ids = self._new_ids()
 
+    def restart_ids(self) -> None:
+        """The running trajectories go on under new ids from the pool (after it is loaded)."""
+        self.traj_ids = self._new_ids()
+
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the env (TorchRL's ``env.set_seed``); returns what it returns."""
         return self.env.set_seed(seed, static_seed=static_seed)
@@ -320,6 +326,8 @@ class TensorDictLoop:
             out = self._same = self.layout(steps)
         if out is None:
             batch = self._stack_steps(tds, dim)
+            if self._clear_device:
+                batch.clear_device_()
             if _leaf_keys(batch) != set(self.keys[:-1]):
                 batch = batch.select(*self.keys[:-1])
             batch.set(TRAJ_KEY, torch.empty(batch.shape, dtype=torch.int64))
@@ -346,7 +354,9 @@ class TensorDictLoop:
         """Zeroed buffers for a ``steps``-long batch, laid out as ``collect`` returns it."""
         one = self.env.fake_tensordict()
         one.update(self._policy_template)
-        one = one.select(*self.keys[:-1]).clear_device_()
+        one = one.select(*self.keys[:-1])
+        if self._clear_device:
+            one.clear_device_()
         batch = one.unsqueeze(-1).expand(*self.batch_size, steps).clone().zero_()
         for key in (TRAJ_KEY, *self._stamped):
             batch.set(key, torch.zeros(batch.shape, dtype=torch.int64))

@@ -34,11 +34,19 @@ class TrajIdPool:
         self.count += n
         return ids
 
-    def state_dict(self) -> dict[str, int]:
-        return {"offset": self.offset, "stride": self.stride, "count": self.count}
+    @property
+    def next_id(self) -> int:
+        """The id the next trajectory gets."""
+        return self.offset + self.stride * self.count
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.offset, self.stride, self.count = state["offset"], state["stride"], state["count"]
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """TorchRL's layout: ``{"traj_id": next id}``."""
+        return {"traj_id": torch.tensor(self.next_id)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Hand out only ids from ``state["traj_id"]`` on (this pool's own offset and stride)."""
+        first = int(state["traj_id"])
+        self.count = max(self.count, -(-(first - self.offset) // self.stride))
 
 
 def split_trajectories(

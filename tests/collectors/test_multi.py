@@ -191,10 +191,15 @@ def test_state_dict_per_worker(no_leaks):
     it = iter(collector)
     next(it)
     state = collector.state_dict()
-    assert set(state) == {"worker0", "worker1", "frames", "iter"} and state["frames"] == 40
+    assert set(state) == {"worker0", "worker1", "frames", "iter", "traj_pool"}
+    assert state["frames"] == 40 and state["iter"] == 0  # TorchRL's: the last batch's index
     assert "policy_state_dict" in state["worker0"] and state["worker1"]["frames"] == 20
+    assert "traj_pool" not in state["worker0"]  # one pool for the collector, as TorchRL's
     collector.load_state_dict(state)
-    assert len(list(it)) == 2
+    rest = list(it)
+    assert len(rest) == 2
+    saved = int(state["traj_pool"]["traj_id"])
+    assert (rest[0]["collector", "traj_ids"] >= saved).all(), "no id saved before is reused"
     collector.shutdown()
 
 

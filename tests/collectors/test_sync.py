@@ -475,12 +475,16 @@ def test_state_dict_roundtrip():
     next(it)
     state = collector.state_dict()
     assert set(state) == {"policy_state_dict", "env_state_dict", "frames", "iter", "traj_pool"}
-    assert state["frames"] == 10 and state["iter"] == 2
+    assert state["frames"] == 10 and state["iter"] == 1  # TorchRL's: the last batch's index
     other = SyncDataCollector(counter(), nn.Linear(1, 2), frames_per_batch=5, total_frames=20)
     other.load_state_dict(state)
     torch.testing.assert_close(other.policy.module.weight, policy.weight)
-    assert len(list(other)) == 2  # resumes: 10 of 20 frames left
-    assert other.state_dict()["traj_pool"]["count"] > state["traj_pool"]["count"]
+    saved = int(state["traj_pool"]["traj_id"])
+    assert int(other.state_dict()["traj_pool"]["traj_id"]) > saved
+    rest = list(other)
+    assert len(rest) == 2  # resumes: 10 of 20 frames left
+    # the running trajectory goes on under an id not saved before (TorchRL's)
+    assert (rest[0]["collector", "traj_ids"] >= saved).all()
     collector.shutdown()
     other.shutdown()
 

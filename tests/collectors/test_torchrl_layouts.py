@@ -17,6 +17,7 @@ if os.environ.get("HPCCOLLECT_REQUIRE_TORCHRL") != "1":
     pytest.importorskip("torchrl")
 
 from tensordict import LazyStackedTensorDict, NonTensorData, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 from torchrl.data import Bounded, Composite, NonTensor, Unbounded
 from torchrl.envs import EnvBase, GymEnv, StepCounter, Transform
 from torchrl.modules import RandomPolicy
@@ -174,3 +175,51 @@ def test_a_rank_refuses_batches_that_fit_no_buffers() -> None:
         DistributedCollector(
             [GrowingEnv], growing_policy(), frames_per_batch=10, total_frames=20, launcher="mp"
         )
+
+
+class _DeviceSpy(TensorDictModuleBase):
+    """Writes a zero action and remembers the device of each TensorDict it is given."""
+
+    in_keys = ["observation"]
+    out_keys = ["action"]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        self.seen.add(str(td.device))
+        return td.set("action", torch.zeros(*td.batch_size, 7))
+
+
+@pytest.mark.parametrize("env_has", [None, "cpu"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"env_device": "cpu"},
+        {"policy_device": "cpu"},
+        {"device": "cpu"},
+        {"env_device": "cpu", "policy_device": "cpu"},
+        {"storing_device": "cpu"},
+    ],
+    ids=["none", "env", "policy", "device", "env+policy", "storing"],
+)
+def test_devices_the_policy_and_the_batch_get_are_torchrls(kwargs, env_has) -> None:
+    from torchrl.collectors import Collector as TorchRLCollector
+    from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv
+
+    seen = []
+    for cls in (TorchRLCollector, Collector):
+        spy = _DeviceSpy()
+        c = cls(
+            ContinuousActionVecMockEnv(device=env_has),
+            spy,
+            frames_per_batch=4,
+            total_frames=8,
+            **kwargs,
+        )
+        batches = list(c)
+        c.shutdown()
+        seen.append((sorted(spy.seen), [str(b.device) for b in batches]))
+    assert seen[1] == seen[0]
