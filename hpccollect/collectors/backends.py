@@ -54,25 +54,24 @@ class ByBackend(abc.ABCMeta):
             return super().__call__(*args, **kwargs)
         if len(args) > 2:
             raise ArgumentTypeError(
-                "Collector takes create_env_fn and policy positionally; pass the rest by name."
+                "Collector takes at most create_env_fn and policy positionally; pass the rest "
+                "by name."
             )
-        if num_collectors is not None and (
-            isinstance(num_collectors, bool)
-            or not isinstance(num_collectors, int)
-            or num_collectors < 1
-        ):
-            raise ArgumentValueError(
-                f"num_collectors must be a positive int (how many collectors to run), got "
-                f"{num_collectors!r}."
-            )
+        _check_num_collectors(num_collectors)
         if backend is None:
             backend = "direct" if num_collectors is None else "process"
         backend = _ALIASES.get(backend, backend)
+        options = _options(backend_options, args, kwargs)
         if backend not in _OFFERED:
             raise ArgumentValueError(_unknown(backend))
-        options = _options(backend_options, args, kwargs)
         if backend == "direct":
-            if num_collectors not in (None, 1) or sync is not None or options:
+            if num_collectors not in (None, 1):
+                raise ArgumentValueError(
+                    f"backend='direct' supports at most one collector (it runs in this "
+                    f"process), got num_collectors={num_collectors}: use backend='process' for "
+                    "several."
+                )
+            if sync is not None or options:
                 raise ArgumentValueError(
                     "backend='direct' is one collector in this process: num_collectors, sync and "
                     "backend_options apply to the other backends ('process', 'distributed')."
@@ -95,6 +94,21 @@ class ByBackend(abc.ABCMeta):
         return target(*args, sync=sync, **kwargs)
 
 
+def _check_num_collectors(num_collectors: Any) -> None:
+    if num_collectors is None:
+        return
+    if isinstance(num_collectors, bool) or not isinstance(num_collectors, int):
+        raise ArgumentTypeError(
+            f"num_collectors must be a positive integer (how many collectors to run), got "
+            f"{num_collectors!r}."
+        )
+    if num_collectors < 1:
+        raise ArgumentValueError(
+            f"num_collectors must be a positive integer (how many collectors to run), got "
+            f"{num_collectors}."
+        )
+
+
 def _unknown(backend: Any) -> str:
     if backend in ("ray", "rpc"):
         return (
@@ -112,7 +126,8 @@ def _options(backend_options: Any, args: tuple, kwargs: dict) -> dict:
     clash = _SELECTORS & options.keys()
     if clash:
         raise ArgumentValueError(
-            f"backend_options may not hold {sorted(clash)}: pass them to Collector itself."
+            f"backend_options contains reserved selector keys {sorted(clash)}: pass them to "
+            "Collector itself."
         )
     given = set(kwargs) | {"create_env_fn", "policy"}.intersection(
         ("create_env_fn", "policy")[: len(args)]
@@ -120,7 +135,7 @@ def _options(backend_options: Any, args: tuple, kwargs: dict) -> dict:
     twice = options.keys() & given
     if twice:
         raise ArgumentValueError(
-            f"backend_options repeats arguments given to Collector: {sorted(twice)}; give "
+            f"backend_options duplicate top-level collector arguments {sorted(twice)}: give "
             "each once."
         )
     return options
@@ -153,8 +168,9 @@ def _env_per_collector(args: tuple, kwargs: dict, num_collectors: Any) -> tuple[
             raise ArgumentValueError("create_env_fn is an empty list; give at least one env.")
         if num_collectors is not None and num_collectors != len(env):
             raise ArgumentValueError(
-                f"num_collectors={num_collectors} but create_env_fn lists {len(env)} "
-                "constructors; give one per collector, or one constructor and num_collectors."
+                f"num_collectors does not match the number of env constructors: "
+                f"num_collectors={num_collectors} but create_env_fn lists {len(env)}; give one "
+                "per collector, or one constructor and num_collectors."
             )
         env = list(env)
     else:

@@ -77,8 +77,8 @@ def _from_list(fns: list, kwargs: dict, encoding: dict) -> Any:
         for env in made:
             env.close()
         raise ArgumentValueError(
-            f"create_env_fn lists {len(made)} TorchRL env constructors, but this collector runs "
-            "one env: give several to MultiSyncDataCollector/MultiaSyncDataCollector (one per "
+            f"create_env_fn lists {len(made)} TorchRL env constructors, but this collector "
+            "requires exactly one environment constructor: give several to MultiSyncDataCollector/MultiaSyncDataCollector (one per "
             "worker), or batch them in one env with SerialEnv/ParallelEnv."
         )
     envs = iter(made)

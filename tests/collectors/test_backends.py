@@ -91,27 +91,51 @@ def test_distributed_builds_the_distributed_collector() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"backend": "ray"}, "RayCollector"),
-        ({"backend": "rpc"}, "RPCCollector"),
-        ({"backend": "dask"}, "backend must be one of"),
-        ({"num_collectors": 0}, "num_collectors"),
-        ({"num_collectors": True}, "num_collectors"),
-        ({"backend": "direct", "sync": True}, "backend='direct'"),
-        ({"backend": "process", "sync": "yes"}, "sync"),
-        ({"backend": "process", "backend_options": {"num_workers": 2}}, "backend_options"),
-        ({"backend": "process", "backend_options": {"frames_per_batch": 4}}, "repeats"),
-        ({"backend": "submitit", "backend_options": {"launcher": "mp"}}, "submitit"),
+    ("kwargs", "error", "match"),
+    [  # the phrases TorchRL's own tests look for, and the fix
+        ({"backend": "ray"}, ArgumentValueError, "RayCollector"),
+        ({"backend": "rpc"}, ArgumentValueError, "RPCCollector"),
+        ({"backend": "dask"}, ArgumentValueError, "backend must be one of"),
+        ({"num_collectors": 0}, ArgumentValueError, "num_collectors must be a positive integer"),
+        ({"num_collectors": True}, ArgumentTypeError, "num_collectors must be a positive integer"),
+        ({"num_collectors": 2.0}, ArgumentTypeError, "num_collectors must be a positive integer"),
+        ({"backend": "direct", "sync": True}, ArgumentValueError, "backend='direct'"),
+        ({"backend": "direct", "num_collectors": 2}, ArgumentValueError, "at most one.*'process'"),
+        ({"backend": "process", "sync": "yes"}, ArgumentTypeError, "sync"),
+        (
+            {"backend": "process", "backend_options": {"num_workers": 2}},
+            ArgumentValueError,
+            r"reserved selector keys \['num_workers'\]",
+        ),
+        (
+            {"backend": "process", "backend_options": {"frames_per_batch": 4}},
+            ArgumentValueError,
+            r"duplicate top-level collector arguments \['frames_per_batch'\]",
+        ),
+        (  # a duplicate is named before the backend is refused
+            {"backend": "ray", "backend_options": {"frames_per_batch": 4}},
+            ArgumentValueError,
+            "duplicate",
+        ),
+        (
+            {"backend": "submitit", "backend_options": {"launcher": "mp"}},
+            ArgumentValueError,
+            "submitit",
+        ),
     ],
 )
-def test_bad_selections_are_named(kwargs: dict, match: str) -> None:
-    with pytest.raises((ArgumentValueError, ArgumentTypeError), match=match):
+def test_bad_selections_are_named(kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
         Collector(counter, None, frames_per_batch=8, **kwargs)
 
 
+def test_at_most_two_positional_arguments() -> None:
+    with pytest.raises(ArgumentTypeError, match="at most create_env_fn and policy"):
+        Collector(counter, None, 8)
+
+
 def test_num_collectors_must_match_the_env_list() -> None:
-    with pytest.raises(ArgumentValueError, match="num_collectors=3"):
+    with pytest.raises(ArgumentValueError, match="does not match.*num_collectors=3"):
         Collector([counter, counter], None, frames_per_batch=8, num_collectors=3)
 
 
