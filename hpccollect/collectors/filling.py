@@ -6,6 +6,9 @@ stops writing inside ``pause()``."""
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
+import shutil
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,12 +19,18 @@ from hpccollect.protocol import Command, Reply
 __all__ = ["ThreadFilling", "WorkerFilling", "inherited_buffer"]
 
 
-def inherited_buffer(buffer: Any, fake_batch: Callable[[], Any]) -> Any:
+def inherited_buffer(
+    buffer: Any, fake_batch: Callable[[], Any], policy_in_workers_only: bool = False
+) -> Any:
     """``buffer`` made ready to reach worker processes as one of their start arguments, or None
     when it does not go that way: a TorchRL replay buffer (it has ``share()``) is shared, its
     lazy storage laid out from ``fake_batch()`` first (as TorchRL does), since its shared
     counters travel only to a process being started. hpccollect's own buffer goes to the
-    workers at ``start()`` instead (``share_memory_``)."""
+    workers at ``start()`` instead (``share_memory_``).
+
+    A storage that lays itself out at its first write (TorchRL's ``shared_init``) is left to
+    the workers; so is one that can, when the policy exists only in the workers
+    (``policy_factory``), so that no policy is built here."""
     if (
         buffer is None
         or hasattr(buffer, "share_memory_")
@@ -30,12 +39,34 @@ def inherited_buffer(buffer: Any, fake_batch: Callable[[], Any]) -> Any:
         return None
     storage = getattr(buffer, "storage", None)
     if storage is not None and not getattr(storage, "initialized", True):
-        fake = fake_batch()
-        store(buffer, fake, True)
-        buffer.empty()
+        if not _first_writer_lays_out(storage, policy_in_workers_only):
+            fake = fake_batch()
+            store(buffer, fake, True)
+            buffer.empty()
     if not getattr(buffer, "shared", False):
         buffer.share()
     return buffer
+
+
+def _first_writer_lays_out(storage: Any, may_enable: bool) -> bool:
+    """Whether ``storage`` lays itself out in the process that writes first: TorchRL's
+    ``shared_init``, turned on here (as TorchRL's collector turns it on) if ``may_enable``."""
+    if getattr(storage, "shared_init", False):
+        return True
+    if (
+        not may_enable
+        or not hasattr(storage, "shared_init")
+        or not callable(getattr(storage, "_make_init_directory", None))
+        or getattr(storage, "_compilable", False)
+    ):
+        return False
+    storage._init_lock, storage._init_event = mp.Lock(), mp.Event()
+    storage._make_init_directory()
+    storage.shared_init = True
+    # the directory TorchRL's first writer lays the storage out in goes with the storage
+    # (TorchRL's collector leaves it in the temp folder)
+    weakref.finalize(storage, shutil.rmtree, storage.scratch_dir, True)
+    return True
 
 
 class ThreadFilling:

@@ -226,7 +226,9 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         if self._env_by_inheritance:
             whole = opts.trajs_per_batch is not None
             self._inherited = inherited_buffer(
-                replay_buffer, lambda: fake_worker_batch(args[0], whole)
+                replay_buffer,
+                lambda: fake_worker_batch(args[0], whole),
+                policy_in_workers_only=self._factories is not None,
             )
             for arg in args:
                 arg.append(self._inherited)

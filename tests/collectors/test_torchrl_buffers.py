@@ -7,6 +7,7 @@ HPCCOLLECT_REQUIRE_TORCHRL=1 (CI's torchrl run), where they fail.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 
@@ -114,3 +115,48 @@ def test_workers_write_whole_trajectories_into_a_torchrl_buffer() -> None:
         steps = (ids == traj).nonzero().squeeze(-1)
         assert (steps.diff() == 1).all(), "a trajectory is written in one piece"
         assert done[steps[-1]] and not done[steps[:-1]].any(), "and complete"
+
+
+class _RecordingFactory:
+    """Builds a policy that also writes ``policy_info``; notes each pid it runs in."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def __call__(self) -> TensorDictSequential:
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        policy = bias_policy()
+        policy[1].module.bias.data.fill_(1.0)  # counts up: trajectories end at max_steps
+        info = TensorDictModule(lambda x: x.float() * 2, ["observation"], ["policy_info"])
+        return TensorDictSequential(policy, info)
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_policy_factory_runs_only_in_the_workers_that_fill_the_buffer(tmp_path, storage) -> None:
+    log = tmp_path / "pids"
+    rb = ReplayBuffer(storage=storage(400))
+    c = MultiAsyncCollector(
+        [lambda: CountingEnv(max_steps=4)] * 2,
+        policy_factory=_RecordingFactory(str(log)),
+        replay_buffer=rb,
+        frames_per_batch=16,
+        total_frames=96,
+        trajs_per_batch=2,
+        traj_format="padded",
+    )
+    try:
+        for _ in c:
+            pass
+    finally:
+        c.shutdown()
+    pids = log.read_text().split()
+    assert str(os.getpid()) not in pids, "the storage is laid out by a worker, not from here"
+    assert len(set(pids)) == 2
+    data = rb[: len(rb)]
+    assert len(rb) > 0 and "policy_info" in data.keys()
+    torch.testing.assert_close(data["policy_info"], data["observation"].float() * 2)
+    scratch = getattr(rb.storage, "scratch_dir", None)
+    del rb, data, c
+    gc.collect()
+    assert scratch is None or not os.path.exists(scratch), "the storage's folder goes with it"
