@@ -38,11 +38,13 @@ def inherited_buffer(
     ):
         return None
     storage = getattr(buffer, "storage", None)
-    if storage is not None and not getattr(storage, "initialized", True):
-        if not _first_writer_lays_out(storage, policy_in_workers_only):
-            fake = fake_batch()
-            store(buffer, fake, True)
-            buffer.empty()
+    if (
+        storage is not None
+        and not getattr(storage, "initialized", True)
+        and not _first_writer_lays_out(storage, policy_in_workers_only)
+    ):
+        store(buffer, fake_batch(), True)
+        buffer.empty()
     if not getattr(buffer, "shared", False):
         buffer.share()
     return buffer
