@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from hpccollect.collectors.options import store
+from hpccollect.collectors.buffers import store
 from hpccollect.collectors.remote import Call, calls_here, resolve_attr
 from hpccollect.collectors.weights import (
     LocalWeightsUpdaterBase,

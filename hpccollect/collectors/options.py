@@ -32,7 +32,6 @@ __all__ = [
     "env_fns",
     "per_worker",
     "resolve_devices",
-    "store",
     "to_device",
 ]
 
@@ -230,16 +229,6 @@ def _checked_extend(raw: CollectorArgs) -> bool:
                     "(TorchRL refuses this combination too)."
                 )
     return extend
-
-
-def store(buffer: Any, batch: Any, extend: bool) -> None:
-    """Write a batch into a replay buffer: at once (``extend``), or a step at a time, each
-    ``[*env batch]`` step in time order (TorchRL's ``extend_buffer=False``)."""
-    if extend:
-        buffer.extend(batch)
-        return
-    for t in range(batch.shape[-1]):
-        buffer.add(batch[..., t])
 
 
 @dataclass(frozen=True)

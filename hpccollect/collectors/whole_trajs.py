@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDictBase, pad
 
 from hpccollect._checks import check_int
+from hpccollect.collectors.buffers import store
 from hpccollect.collectors.trajectories import flatten_unnamed
 from hpccollect.errors import ArgumentValueError
 
@@ -155,7 +156,7 @@ class TrajectoryAssembler:
                 self.drop_in_flight()
             if buffer is not None:
                 for trajs in self.writes():
-                    buffer.extend(trajs)
+                    store(buffer, trajs, True)
                 yield None
             else:
                 yield from self.ready()

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from hpccollect.collectors.buffers import store
 from hpccollect.collectors.channels import Channel, PipeChannel
-from hpccollect.collectors.options import store
 from hpccollect.collectors.remote import Call
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.whole_trajs import TrajectoryAssembler

@@ -23,7 +23,12 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 from torchrl.modules import RandomPolicy
 from torchrl.testing.mocking_classes import CountingEnv
 
-from hpccollect.collectors import AsyncCollector, MultiAsyncCollector, MultiSyncCollector
+from hpccollect.collectors import (
+    AsyncCollector,
+    Collector,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+)
 
 pytestmark = [
     pytest.mark.torchrl,
@@ -160,3 +165,30 @@ def test_policy_factory_runs_only_in_the_workers_that_fill_the_buffer(tmp_path, 
     del rb, data, c
     gc.collect()
     assert scratch is None or not os.path.exists(scratch), "the storage's folder goes with it"
+
+
+@pytest.mark.parametrize("trajs_per_batch", [None, 2])
+def test_batches_reach_the_buffer_on_its_storage_device(trajs_per_batch) -> None:
+    rb = ReplayBuffer(storage=LazyTensorStorage(200, device="cpu"))
+    devices = []
+    extend = rb.extend
+
+    def spy(td):
+        devices.append(td.device)
+        return extend(td)
+
+    rb.extend = spy
+    c = Collector(
+        lambda: CountingEnv(max_steps=4),
+        RandomPolicy(CountingEnv().action_spec),
+        replay_buffer=rb,
+        frames_per_batch=8,
+        total_frames=48,
+        trajs_per_batch=trajs_per_batch,
+        postproc=lambda td: td.clear_device_(),  # the device is gone, the tensors are on cpu
+    )
+    try:
+        list(c)
+    finally:
+        c.shutdown()
+    assert devices and all(d == torch.device("cpu") for d in devices)
