@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ from hpccollect._checks import check_callable, check_int
 from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
 from hpccollect.collectors.channels import Channel
 from hpccollect.collectors.filling import WorkerFilling, inherited_buffer
+from hpccollect.collectors.gathering import Gathering
 from hpccollect.collectors.options import (
     CollectorArgs,
     Devices,
@@ -77,10 +78,8 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
     (a collector that itself runs in a worker or a rank).
     """
 
-    #: whether ``cat_results`` may be something other than ``"stack"``
-    _concatenates = False
-    #: whether ``preemptive_threshold`` below 1 makes workers stop early
-    _preempts = False
+    #: how the workers' batches become the batches yielded (see ``gathering.py``)
+    gathering: type[Gathering] = Gathering
     #: what a failed worker does to collection: "raise", or "continue" without it
     on_worker_failure = "raise"
     #: whether workers are local processes, which a TorchRL env or EnvCreator reaches as a
@@ -149,6 +148,7 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         self._closed = True
         self._pool: WorkerPool | None = None
         self._threads_set: tuple[int, int] | None = None
+        self._gathering = self.gathering(self)
         self._weight_sync_schemes = dict(weight_sync_schemes or {})  # as given, by model id
         self._sends_weights = check_weight_schemes(
             type(self).__name__, weight_sync_schemes, weight_recv_schemes, leaf=False
@@ -161,10 +161,13 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         self._worker_class = worker_class(collector_class)
         self._init_fn = check_callable("init_fn", init_fn)
         self.worker_idx = None if worker_idx is None else check_int("worker_idx", worker_idx)
-        self.cat_results = check_cat_results(cat_results, type(self).__name__, self._concatenates)
+        gathering = self._gathering
+        self.cat_results = check_cat_results(
+            cat_results, type(self).__name__, gathering.concatenates
+        )
         self.preemptive_threshold = check_preemptive_threshold(preemptive_threshold)
         self.interruptor = (
-            SharedInterruptor() if self._preempts and self.preemptive_threshold < 1.0 else None
+            SharedInterruptor() if gathering.preempts and self.preemptive_threshold < 1.0 else None
         )
         if num_threads is not None:
             num_threads = check_int("num_threads", num_threads, minimum=1)
@@ -209,7 +212,7 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         threads = check_int("num_sub_threads", num_sub_threads, minimum=1)
         args = []
         for i in range(n):
-            fpb = self._worker_frames_per_batch(i)
+            fpb = self._gathering.worker_frames_per_batch(i)
             kwargs = self._worker_kwargs(i, fpb, devices[i], env_kwargs[i])
             if self._factories is not None:
                 kwargs["policy_factory"] = self._factories[i]
@@ -261,6 +264,7 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
             remote_weight_updater or self._weights_sender(template),
             weight_updater,
         )
+        self._gathering.check()
 
     def _shares_live_weights(self, module: nn.Module | None) -> bool:
         """Whether the workers run on ``module``'s own weights (see ``weight_buffers``)."""
@@ -336,10 +340,6 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
                 raise remote_exception(result, i, self.num_workers)
         return results
 
-    def _worker_frames_per_batch(self, index: int) -> int:
-        """Worker ``index``'s frames per batch (here: a whole batch each)."""
-        return self.options.frames_per_batch
-
     def _set_threads(self, num_threads: int | None) -> None:
         """Set the calling process's torch threads (TorchRL's ``num_threads``)."""
         before = torch.get_num_threads()
@@ -371,30 +371,29 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
             batch = batch.to(self.storing_device)
         if self.split_trajs:
             batch = split_trajectories(batch)
-            if self._time_named_split():
+            if self._gathering.time_named_split():
                 batch.names = [None] * (batch.ndim - 1) + ["time"]
         if self.postproc is not None:
             batch = self.postproc(batch)
         return self._sink(batch)
 
-    def _time_named_split(self) -> bool:
-        """Whether a split batch names its last dim "time" (TorchRL: MultiSync stacking or
-        concatenating along time); otherwise it keeps ``split_trajectories``' names."""
-        return False
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Batches as ``gathering`` yields them, until ``total_frames``."""
+        return self._gathering.iterator()
 
-    def _collect_round(self) -> tuple[TensorDictBase, int]:
-        """One batch as the iterator gathers it (before ``_finish``), and its real frames."""
-        raise NotImplementedError
+    def _buffer_parts(self, batch: TensorDictBase) -> tuple[TensorDictBase, ...]:
+        return self._gathering.buffer_parts(batch)
 
-    def _batch_template(self) -> TensorDictBase:
-        """A batch laid out as ``_collect_round`` gives them."""
-        return self._layouts[0]
+    def _stamp_rows(self, batch: TensorDictBase, workers: list[int]) -> TensorDictBase:
+        """``batch`` (one row per worker in ``workers``, or one worker's) as yielded: here
+        unchanged."""
+        return batch
 
     def _shared_batch(self) -> TensorDictBase:
         """The buffers ``_collect_counted`` writes each batch into, in shared memory, made once:
         what a worker running this collector announces (``collector_class`` in a worker)."""
         if self._shared is None:
-            self._shared = self._batch_template().clone().share_memory_()
+            self._shared = self._gathering.batch_template().clone().share_memory_()
         return self._shared
 
     def _use_batch_buffers(self, batch: TensorDictBase) -> None:
@@ -403,7 +402,7 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
 
     def _collect_counted(self) -> TensorDictBase:
         """One batch into ``_shared_batch()``, counted in ``frames`` (a worker's COLLECT)."""
-        batch, frames = self._collect_round()
+        batch, frames = self._gathering.collect_round()
         self._frames += frames
         self._iter += 1
         return self._shared_batch().update_(batch)

@@ -254,6 +254,12 @@ class SyncDataCollector(
         self._frames = 0
         self._iter = -1  # the last batch's index (TorchRL's)
 
+    @property
+    def _wrapped_policy(self) -> Any:
+        """The policy as this collector calls it (TorchRL's attribute): the given module, or
+        the ``TensorDictModule`` a plain ``nn.Module`` was wrapped in."""
+        return self._wrapped.module
+
     def _place_policy(self, policy: Any) -> tuple[WrappedPolicy, nn.Module | None]:
         """Wrap the policy; copy it to ``policy_device`` if it lives elsewhere (TorchRL does too)."""
         wrapped = self._wrap(policy)

@@ -2,8 +2,9 @@
 
 It is the multi-worker collector (``collectors/multi_base.py``) over ``RankChannel``s instead of
 pipes: the same protocol, pool, worker loop, seeds, state and weight fan-out. ``sync=True``
-gathers like ``MultiSyncDataCollector`` (one batch from every rank, stacked), ``sync=False``
-like ``MultiaSyncDataCollector`` (first ready, first served). A launcher plug-in starts the ranks
+gathers as ``MultiSyncDataCollector`` does (``SyncGathering``: one batch from every rank,
+stacked), ``sync=False`` as ``MultiaSyncDataCollector`` (``AsyncGathering``: first ready, first
+served). A launcher plug-in starts the ranks
 (``hpccollect/launchers``); this module never knows how.
 """
 
@@ -24,7 +25,7 @@ from torch import nn
 from hpccollect._checks import check_bool, check_int
 from hpccollect.collectors.channels import Channel
 from hpccollect.collectors.filling import ThreadFilling
-from hpccollect.collectors.multi import MultiaSyncDataCollector, MultiSyncDataCollector
+from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
@@ -97,11 +98,6 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     backend, or mpi4py where torch has none); an uncaught exception on any rank aborts the job.
     """
 
-    def __new__(cls, *args: Any, sync: bool = False, **kwargs: Any) -> DistributedDataCollector:
-        if cls is DistributedDataCollector:
-            cls = _SyncDistributed if check_bool("sync", sync) else _AsyncDistributed
-        return super().__new__(cls)
-
     def __init__(
         self,
         create_env_fn: Any,
@@ -146,6 +142,8 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         self._closed = True
         self._groups: RankGroups | None = None
         self.collector_class = check_collector_class(collector_class)
+        self.sync = check_bool("sync", sync)
+        self.gathering = SyncGathering if self.sync else AsyncGathering
         inner_processes = issubclass(self.collector_class, MultiCollectorBase)
         # launchers import this layer (their rank entry points); loaded here, either can come first
         from hpccollect.launchers import get_launcher
@@ -167,7 +165,6 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
                 "backend='mpi' moves data between the ranks of one MPI job: start the script "
                 "with mpiexec -n N and pass launcher='mpi', or use backend='gloo'."
             )
-        self.sync = check_bool("sync", sync)
         self.update_after_each_batch = check_bool(
             "update_after_each_batch", update_after_each_batch
         )
@@ -325,10 +322,11 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             self.policy_versions[i] += 1
             self._since_update[i] = 0
 
-    def _versioned(self, batch: TensorDictBase, versions: Sequence[int]) -> TensorDictBase:
-        """``batch`` with the per-frame policy version (``versions``: one per leading row, or a
-        single one) when ``track_policy_version``."""
+    def _stamp_rows(self, batch: TensorDictBase, workers: list[int]) -> TensorDictBase:
+        """``batch`` with the per-frame policy version (of each worker in ``workers``: one per
+        leading row, or a single one) when ``track_policy_version``."""
         if self.track_policy_version:
+            versions = [self._batch_versions[i] for i in workers]
             v = torch.tensor(versions, dtype=torch.int64)
             v = v.reshape(v.shape + (1,) * (batch.ndim - v.ndim)).expand(batch.shape)
             batch.set(POLICY_VERSION_KEY, v.clone())
@@ -404,23 +402,7 @@ def _rank_envs(create_env_fn: Any, num_ranks: int | None) -> list:
     return fns
 
 
-class _SyncDistributed(DistributedDataCollector, MultiSyncDataCollector):
-    """``sync=True``: one batch from every rank per iteration, stacked."""
-
-    def _gather(self, frames: list[int]) -> tuple[TensorDictBase, int]:
-        batch, real = super()._gather(frames)
-        return self._versioned(batch, [self._batch_versions[i] for i in self._active]), real
-
-
-class _AsyncDistributed(DistributedDataCollector, MultiaSyncDataCollector):
-    """``sync=False``: each rank's batch as soon as it is ready."""
-
-    def _next_ready(self) -> tuple[int, TensorDictBase]:
-        index, batch = super()._next_ready()
-        return index, self._versioned(batch, [self._batch_versions[index]])
-
-
-class DistributedSyncCollector(_SyncDistributed):
+class DistributedSyncCollector(DistributedDataCollector):
     """TorchRL's ``DistributedSyncCollector``: ``DistributedDataCollector`` with ``sync=True``
     fixed, and weights sent to every rank before each batch (``update_interval=1``) when the
     policy has weights. Takes ``DistributedDataCollector``'s keywords but ``sync``."""

@@ -691,3 +691,15 @@ def test_policy_inputs_follow_declared_in_keys():
     first(collector)
     assert {"observation", "done", "terminated", "truncated", "step_count"} <= keys
     collector.shutdown()
+
+
+def test_wrapped_policy_is_what_the_collector_calls():
+    """TorchRL's ``_wrapped_policy``: a plain module, wrapped to write the action."""
+    policy = nn.Linear(4, 2)
+    collector = SyncDataCollector("CartPole-v1", policy, frames_per_batch=4)
+    try:
+        wrapped = collector._wrapped_policy
+        assert isinstance(wrapped, TensorDictModule) and wrapped.out_keys == ["action"]
+        assert wrapped.module is policy
+    finally:
+        collector.shutdown()

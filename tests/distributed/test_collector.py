@@ -21,6 +21,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 from hpccollect import DistributedDataCollector, MultiSyncDataCollector
+from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
 from hpccollect.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -94,6 +95,8 @@ def test_layout_rows_and_trajectory_ids_across_ranks(sync, collector_class, k, s
         num_workers_per_collector=k,
         total_frames=240,
     )
+    assert type(collector) is DistributedDataCollector
+    assert type(collector._gathering) is (SyncGathering if sync else AsyncGathering)
     pids = rank_pids(collector)
     ids: dict[int, set] = {3: set(), 5: set()}
     try:
@@ -121,6 +124,8 @@ def test_sync_collects_what_multisync_collects_over_the_same_envs():
     ):
         collector = cls(fns, bias_policy(), frames_per_batch=64, total_frames=192, **extra)
         try:
+            # one class; the gathering is the strategy object sync chose (no class swap)
+            assert type(collector) is cls and isinstance(collector._gathering, SyncGathering)
             collector.set_seed(7)
             results.append([b.clone() for b in collector])
         finally:

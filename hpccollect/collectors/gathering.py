@@ -1,0 +1,260 @@
+"""How a collector with workers turns their batches into the batches it yields: a strategy
+object a collector holds, chosen by its class (``MultiSyncDataCollector``: ``SyncGathering``,
+``MultiaSyncDataCollector``: ``AsyncGathering``) or by an argument
+(``DistributedDataCollector(sync=...)``).
+
+A gathering drives the collector's worker pool through the collector (``_collect_from``,
+``_wait_batch``, ``_batch``) and hands each worker's rows to ``_stamp_rows`` before they are
+yielded, where a collector adds what it alone knows (the ranks' policy versions).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
+
+from hpccollect.collectors.rollout import TRAJ_KEY
+from hpccollect.errors import ArgumentValueError
+
+if TYPE_CHECKING:
+    from hpccollect.collectors.multi_base import MultiCollectorBase
+
+__all__ = ["AsyncGathering", "Gathering", "SyncGathering"]
+
+
+class Gathering:
+    """One batch per worker as soon as it is ready; subclasses say how batches are yielded."""
+
+    #: whether ``cat_results`` may be something other than ``"stack"``
+    concatenates = False
+    #: whether ``preemptive_threshold`` below 1 makes workers stop early
+    preempts = False
+
+    def __init__(self, collector: MultiCollectorBase) -> None:
+        self.c = collector
+
+    def worker_frames_per_batch(self, index: int) -> int:
+        """Worker ``index``'s frames per batch (here: a whole batch each)."""
+        return self.c.options.frames_per_batch
+
+    def check(self) -> None:
+        """Refuse, once the workers announced their layouts, what cannot be gathered."""
+
+    def time_named_split(self) -> bool:
+        """Whether a split batch names its last dim "time"."""
+        return False
+
+    def buffer_parts(self, batch: TensorDictBase) -> tuple[TensorDictBase, ...]:
+        """What goes into the replay buffer, one ``extend`` each."""
+        return (batch,)
+
+    def batch_template(self) -> TensorDictBase:
+        """A batch laid out as ``collect_round`` gives them."""
+        return self.c._layouts[0]
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        raise NotImplementedError
+
+    def collect_round(self) -> tuple[TensorDictBase, int]:
+        """One batch as the iterator gathers it (before ``_finish``), and its real frames."""
+        raise NotImplementedError
+
+
+class SyncGathering(Gathering):
+    """A batch from every worker per round, stacked ``[num_workers, T]`` or concatenated along
+    ``cat_results``; preemption pads (stack) or drops (cat) a stopped worker's missing steps."""
+
+    concatenates = True
+    preempts = True
+
+    def worker_frames_per_batch(self, index: int) -> int:
+        """Worker ``index``'s share of each round: its own value from a per-worker list, or an
+        equal share."""
+        c = self.c
+        if c._worker_fpb is not None:
+            return c._worker_fpb[index]
+        fpb, n = c.options.frames_per_batch, c.num_workers
+        if fpb % n and index == 0:
+            warnings.warn(
+                f"frames_per_batch ({fpb}) is not divisible by num_workers ({n}); each worker "
+                f"collects {-(-fpb // n)} frames per batch.",
+                stacklevel=3,
+            )
+        return -(-fpb // n)
+
+    def check(self) -> None:
+        """Batches are stacked or concatenated: every worker must produce the same layout."""
+        skip_time = self.c._worker_fpb is not None  # workers of their own lengths
+
+        def layout(td: TensorDictBase) -> dict:
+            time = td.batch_dims - 1
+            return {
+                k: (
+                    (*v.shape[:time], *v.shape[time + 1 :]) if skip_time else tuple(v.shape),
+                    v.dtype,
+                )
+                for k, v in td.items(True, True)
+            }
+
+        layouts = [layout(td) for td in self.c._layouts]
+        first = layouts[0]
+        for i, other in enumerate(layouts[1:], 1):
+            if other != first:
+                diff = sorted(
+                    str(k)
+                    for k in set(first) ^ set(other)
+                    | {k for k in first if k in other and other[k] != first[k]}
+                )
+                self.c.shutdown()
+                raise ArgumentValueError(
+                    f"worker {i}'s batches differ from worker 0's in {diff}, so they cannot be "
+                    "stacked: give every worker the same kind of env, or use "
+                    "MultiaSyncDataCollector, which yields each worker's batch on its own."
+                )
+
+    def time_named_split(self) -> bool:
+        return self.c.cat_results in ("stack", -1)
+
+    def buffer_parts(self, batch: TensorDictBase) -> tuple[TensorDictBase, ...]:
+        return batch.unbind(0) if self.c.cat_results == "stack" else (batch,)
+
+    def batch_template(self) -> TensorDictBase:
+        c = self.c
+        return self.gather([c._layouts[i].numel() for i in c._active])[0]
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """One round per iteration: every worker collects, then their batches are gathered."""
+        c = self.c
+        while c._more():
+            if c.update_at_each_batch:
+                c.update_policy_weights_()
+            yield c._finish(*self.collect_round())
+
+    def collect_round(self) -> tuple[TensorDictBase, int]:
+        c = self.c
+        c._drain(c._active)
+        if c.interruptor is not None:
+            c.interruptor.start_collection()  # before any worker can start
+        for i in list(c._active):
+            c._collect_from(i)
+        return self.gather(self._receive_round())
+
+    def gather(self, frames: list[int]) -> tuple[TensorDictBase, int]:
+        """The round's batch and its number of real frames (``frames``: per active worker)."""
+        c = self.c
+        parts = [c._batch(i) for i in c._active]
+        steps = [f // (p.numel() // p.shape[-1]) for f, p in zip(frames, parts, strict=True)]
+        short = [s < p.shape[-1] for s, p in zip(steps, parts, strict=True)]
+        copied = bool(c._by_value)  # batches sent by value are the collector's own
+        if c.cat_results == "stack":
+            if len({p.shape for p in parts}) > 1:  # workers of their own lengths: a lazy stack
+                own = [p if copied else p.clone() for p in parts]  # not the shared buffers
+                out = LazyStackedTensorDict.lazy_stack(own, 0)
+                copied = True
+            else:
+                out = torch.stack(parts, 0)
+            if not isinstance(out, TensorDict) and not copied:
+                out = out.contiguous()
+            if c.interruptor is not None:
+                _pad_preempted(out, steps, short)
+        else:
+            out = _concatenated(parts, steps, short, c.cat_results, copied)
+        out.names = [None] * (out.batch_dims - 1) + ["time"]
+        return c._stamp_rows(out, list(c._active)), sum(frames)
+
+    def _receive_round(self) -> list[int]:
+        """Each active worker's frame count for this round; with preemption, stop the
+        stragglers once enough workers have delivered."""
+        c = self.c
+        frames: dict[int, int] = {}
+        pending = set(c._in_flight)
+        n = len(c._active)
+        stop_after = int(n * c.preemptive_threshold) if c.interruptor else None
+        while pending:
+            if stop_after is not None and n - len(pending) >= stop_after:
+                c.interruptor.stop_collection()
+                stop_after = None
+            got = c._wait_batch(pending)
+            if got is None:  # a worker was lost: this round goes on without it
+                pending &= set(c._active)
+                continue
+            index, frames[index] = got
+            pending.discard(index)
+            c._in_flight.discard(index)
+        return [frames[i] for i in c._active]
+
+
+def _concatenated(
+    parts: list[TensorDictBase], steps: list[int], short: list[bool], dim: int, copied: bool
+) -> TensorDictBase:
+    """The workers' batches concatenated along ``dim``, a preempted worker's missing steps left
+    out."""
+    if any(short):
+        parts = [p[..., :s] for p, s in zip(parts, steps, strict=True)]
+    try:
+        out = torch.cat(parts, dim)
+    except RuntimeError as err:
+        raise RuntimeError(
+            f"the workers' batches cannot be concatenated along dim {dim} after preemption "
+            f"({err}); use cat_results=-1 or 'stack'."
+        ) from err
+    if not isinstance(out, TensorDict) and not copied:
+        out = out.contiguous()
+    return out
+
+
+def _pad_preempted(out: TensorDictBase, steps: list[int], short: list[bool]) -> None:
+    """Zero a stacked batch's missing steps, mark them with trajectory id -1, add the mask."""
+    for i, (taken, cut) in enumerate(zip(steps, short, strict=True)):
+        if cut:
+            out[i][..., taken:].zero_()
+            out.get(TRAJ_KEY)[i][..., taken:] = -1
+    out.set(("collector", "mask"), out.get(TRAJ_KEY) != -1)
+
+
+class AsyncGathering(Gathering):
+    """Each worker's batch as soon as it is ready (first ready, first served); a worker starts
+    its next batch as soon as its last one was copied out."""
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        c = self.c
+        while c._more():
+            index, batch = self._next_ready()
+            if c.update_at_each_batch:
+                c.update_policy_weights_(worker_ids=[index])
+            # the worker's next batch overlaps this one's split/postproc/buffer work
+            if self._wanted(c._in_flight | {index}):
+                c._collect_from(index)
+            yield c._finish(batch)
+
+    def collect_round(self) -> tuple[TensorDictBase, int]:
+        index, batch = self._next_ready()
+        self.c._collect_from(index)
+        return batch, batch.numel()
+
+    def _wanted(self, busy: set[int]) -> bool:
+        """Whether another batch can still count: the frames yielded and those ``busy`` workers
+        are collecting fall short of ``total_frames``. No worker collects a batch that would be
+        thrown away (a rank writing its own shard keeps every batch it collects)."""
+        c = self.c
+        coming = sum(c._layouts[i].numel() for i in busy)
+        return c.total_frames < 0 or c._frames + coming < c.total_frames
+
+    def _next_ready(self) -> tuple[int, TensorDictBase]:
+        """Set every idle worker collecting; the first finished batch (a copy) and its worker."""
+        c = self.c
+        got = None
+        while got is None:
+            for i in list(c._active):
+                if i not in c._in_flight and self._wanted(c._in_flight):
+                    c._collect_from(i)
+            got = c._wait_batch(c._in_flight)
+        index = got[0]
+        c._in_flight.discard(index)
+        batch = c._batch(index)
+        batch = batch if index in c._by_value else batch.clone()
+        return index, c._stamp_rows(batch, [index])
