@@ -55,10 +55,10 @@ from hpccollect import (
     MultiSyncDataCollector,
     SyncDataCollector,
 )
-from hpccollect.distributed.batches import FlatLayout
-from hpccollect.distributed.channels import RankChannel
-from hpccollect.distributed.groups import RankGroups, open_store
 from hpccollect.protocol import Command, Layout, Reply, message
+from hpccollect.transport.batches import FlatLayout
+from hpccollect.transport.groups import RankGroups, open_store
+from hpccollect.transport.rank_channel import RankChannel
 
 HOST = "127.0.0.1"
 TARGETS = {"collect": 0.8, "startup_s": 5.0, "transport": 0.8, "weights": 1.5}

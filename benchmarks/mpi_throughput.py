@@ -60,13 +60,13 @@ from distributed_throughput import (
 
 from hpccollect import DistributedDataCollector, MultiaSyncDataCollector
 from hpccollect.distributed import serve
-from hpccollect.distributed.batches import FlatLayout
-from hpccollect.distributed.channels import RankChannel
-from hpccollect.distributed.groups import RankGroups, open_store
-from hpccollect.distributed.mpi_transport import mpi4py_comm
-from hpccollect.distributed.mpi_waits import wait_request
-from hpccollect.distributed.rendezvous import share_from_root
 from hpccollect.protocol import Command, Layout, Reply, message
+from hpccollect.transport.batches import FlatLayout
+from hpccollect.transport.groups import RankGroups, open_store
+from hpccollect.transport.mpi4py_group import mpi4py_comm
+from hpccollect.transport.mpi_waits import wait_request
+from hpccollect.transport.rank_channel import RankChannel
+from hpccollect.transport.rendezvous import share_from_root
 
 HOST = "127.0.0.1"
 TARGETS = {"collect": 0.8, "startup_s": 5.0, "transport": 0.8}

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hpccollect.distributed.mpi_waits import recv_object, send_object
 from hpccollect.errors import CollectorTimeoutError
 from hpccollect.job import Stopped
+from hpccollect.transport.mpi_waits import recv_object, send_object
 
 __all__ = ["Describe", "JobEnded", "agree"]
 

@@ -37,8 +37,6 @@ from tensordict import TensorDictBase
 from hpccollect.agreement import Describe, agree
 from hpccollect.config import RunConfig
 from hpccollect.distributed import DistributedDataCollector
-from hpccollect.distributed.mpi_transport import abort_job, mpi4py_comm
-from hpccollect.distributed.rendezvous import detect, launched_ranks
 from hpccollect.errors import (
     ArgumentValueError,
     CollectorTimeoutError,
@@ -59,6 +57,8 @@ from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
 from hpccollect.resume import Attempt, remove_run_files, start_attempt
 from hpccollect.storage import merge_shards, open_dataset
 from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path
+from hpccollect.transport.mpi4py_group import abort_job, mpi4py_comm
+from hpccollect.transport.rendezvous import detect, launched_ranks
 
 __all__ = ["MPICollect", "launched_rank", "open_shard", "shard_name", "wants_mpi"]
 

@@ -58,7 +58,7 @@ ENTRY_MODULES = [
     "hpccollect.collectors.worker",
     "hpccollect.collectors.distributed",
     "hpccollect.distributed",
-    "hpccollect.distributed.rank",
+    "hpccollect.launchers.rank",
     "hpccollect.distributed.collector",
     "hpccollect.launchers",
     "hpccollect.launchers.base",

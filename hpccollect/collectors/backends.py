@@ -10,15 +10,25 @@ env constructor, ``"distributed"`` and ``"submitit"`` a ``DistributedDataCollect
 from __future__ import annotations
 
 import abc
+import importlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
-__all__ = ["ByBackend"]
+__all__ = ["ByBackend", "register_backend"]
 
 _OFFERED = ("direct", "process", "distributed", "submitit")
+#: the module that registers each backend's collector when it loads; a backend is loaded on its
+#: first use, so building a local collector never imports the distributed layer
+_PROVIDERS = {
+    "process": "hpccollect.collectors.multi",
+    "distributed": "hpccollect.distributed",
+    "submitit": "hpccollect.distributed",
+}
+#: backend -> (the class it builds, the constructor whose defaults it has)
+_REGISTERED: dict[str, tuple[type, Callable]] = {}
 _ALIASES = {"multiprocessing": "process"}  # TorchRL's long spelling, kept as an alias there
 _THEIRS = {"ray": "RayCollector", "rpc": "RPCCollector"}
 _SELECTORS = frozenset({"backend_options", "num_collectors", "num_workers", "sync"})
@@ -84,8 +94,8 @@ class ByBackend(abc.ABCMeta):
             raise ArgumentTypeError(f"sync must be True, False or None, got {sync!r}.")
         kwargs.update(options)
         args, kwargs = _env_per_collector(args, kwargs, num_collectors)
-        target = _target(backend)
-        _drop_defaults_the_target_has_otherwise(cls, target, kwargs)
+        target, init = _target(backend)
+        _drop_defaults_the_target_has_otherwise(cls, init, kwargs)
         if backend == "submitit" and kwargs.setdefault("launcher", "submitit") != "submitit":
             raise ArgumentValueError(
                 f"backend='submitit' runs its collectors as SLURM jobs: drop "
@@ -178,25 +188,24 @@ def _env_per_collector(args: tuple, kwargs: dict, num_collectors: Any) -> tuple[
     return _with_env(args, kwargs, positional, env)
 
 
-def _target(backend: str) -> type:
-    if backend == "process":
-        from hpccollect.collectors.multi import MultiCollector
-
-        return MultiCollector
-    from hpccollect.distributed import DistributedDataCollector
-
-    return DistributedDataCollector
+def register_backend(name: str, target: type, init: Callable | None = None) -> None:
+    """Make ``Collector(backend=name)`` build ``target``; ``init`` is the constructor whose
+    defaults it has when that is not ``target.__init__`` (a class that dispatches)."""
+    if name not in _PROVIDERS:
+        raise ArgumentValueError(f"backend must be one of {list(_PROVIDERS)}, got {name!r}.")
+    _REGISTERED[name] = (target, init or target.__init__)
 
 
-def _drop_defaults_the_target_has_otherwise(cls: type, target: type, kwargs: dict) -> None:
+def _target(backend: str) -> tuple[type, Callable]:
+    if backend not in _REGISTERED:
+        importlib.import_module(_PROVIDERS[backend])
+    return _REGISTERED[backend]
+
+
+def _drop_defaults_the_target_has_otherwise(cls: type, init: Callable, kwargs: dict) -> None:
     """An argument left at ``Collector``'s default is dropped where the target has no such
     argument or another default (a structured config lists every default, as TorchRL's)."""
     ours = inspect.signature(cls.__init__).parameters
-    init = getattr(target, "__init__", None)
-    if target.__name__ == "MultiCollector":  # a dispatcher: its targets share one signature
-        from hpccollect.collectors.multi_base import MultiCollectorBase
-
-        init = MultiCollectorBase.__init__
     theirs = inspect.signature(init).parameters
     for name in list(kwargs):
         mine = ours.get(name)

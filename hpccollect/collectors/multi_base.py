@@ -19,7 +19,6 @@ from torch import nn
 
 from hpccollect._checks import check_callable, check_int
 from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
-from hpccollect.collectors.channels import Channel
 from hpccollect.collectors.filling import WorkerFilling, inherited_buffer
 from hpccollect.collectors.gathering import Gathering
 from hpccollect.collectors.options import (
@@ -54,6 +53,7 @@ from hpccollect.collectors.worker_weights import (
 )
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, WorkerError
 from hpccollect.protocol import Command, RemoteError, Reply, Seed
+from hpccollect.transport.base import Channel
 
 __all__ = ["MultiCollectorBase"]
 
@@ -453,7 +453,7 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         self._active.remove(index)
         self._in_flight.discard(index)
         self.lost_workers.append(index)
-        self._pool.channels[index].kill()
+        self._pool.channels[index].life.kill()
 
     def _drain(self, indices: Sequence[int]) -> None:
         """Wait out batches already requested (an earlier iteration that stopped early)."""

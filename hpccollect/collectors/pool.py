@@ -18,7 +18,6 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
 
-from hpccollect.collectors.channels import Channel, wait_ready
 from hpccollect.errors import (
     ArgumentTypeError,
     CollectorTimeoutError,
@@ -26,6 +25,8 @@ from hpccollect.errors import (
     as_worker_error,
 )
 from hpccollect.protocol import Command, RemoteError, Reply, message
+from hpccollect.transport.at_exit import before_transports_close
+from hpccollect.transport.base import Channel, wait_ready
 
 __all__ = ["WorkerPool", "remote_exception"]
 
@@ -151,7 +152,7 @@ class WorkerPool:
     def death_error(self, index: int) -> WorkerError:
         """The error for worker ``index`` whose channel failed: how it ended, if known."""
         channel = self.channels[index]
-        how = channel.death(wait=1.0) or "closed its end of the channel"
+        how = channel.life.death(wait=1.0) or "closed its end of the channel"
         return WorkerError(
             f"{channel.describe()} {how}; collection cannot go on. "
             "Check the worker's memory use and the env's own logs.",
@@ -179,16 +180,16 @@ class WorkerPool:
         self._closed = True
         deadline = time.monotonic() + timeout
         for channel in self.channels:
-            if channel.death() is None:
+            if channel.life.death() is None:
                 with contextlib.suppress(Exception):
                     channel.send(message(Command.SHUTDOWN, bool(close_env)))
         for channel, responsive in zip(self.channels, self._responsive, strict=True):
             if not responsive:
-                channel.kill()
+                channel.life.kill()
         for channel in self.channels:
-            channel.join(deadline - time.monotonic())
+            channel.life.join(deadline - time.monotonic())
         for channel in self.channels:
-            channel.kill()
+            channel.life.kill()
             channel.close()
         _LIVE_POOLS.discard(self)
 
@@ -225,6 +226,7 @@ def remote_exception(
 
 
 @atexit.register
+@before_transports_close
 def shutdown_live_pools() -> None:
     """Shut down every pool still open (at exit; also called first by whatever must outlive
     them, such as the MPI transport's groups)."""

@@ -14,8 +14,8 @@ import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterator, Sequence
 
-from hpccollect.collectors.channels import PipeChannel
 from hpccollect.errors import ArgumentValueError
+from hpccollect.transport.pipe import PipeChannel
 
 __all__ = ["LAUNCHER_PREFIXES", "clean_env", "start_local_workers"]
 
@@ -80,11 +80,10 @@ def start_local_workers(
             channels.append(PipeChannel(parent, process))
             with clean_env():
                 process.start()
-            channels[-1].pid = process.pid
             child.close()
     except BaseException:
         for channel in channels:
-            channel.kill()
+            channel.life.kill()
             channel.close()
         raise
     return channels

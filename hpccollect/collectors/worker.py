@@ -31,12 +31,13 @@ import torch
 from tensordict import TensorDictBase
 
 from hpccollect.collectors.buffers import store
-from hpccollect.collectors.channels import Channel, PipeChannel
 from hpccollect.collectors.remote import Call
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.whole_trajs import TrajectoryAssembler
 from hpccollect.errors import ArgumentValueError
 from hpccollect.protocol import Command, Layout, Message, RemoteError, Reply, Seed, message
+from hpccollect.transport.base import Channel
+from hpccollect.transport.pipe import PipeChannel
 
 __all__ = ["WorkerSpec", "serve", "worker_main"]
 

@@ -6,9 +6,9 @@ uses the distributed collector loads it before anything can fail.
 """
 
 from hpccollect.distributed.collector import DistributedDataCollector, DistributedSyncCollector
-from hpccollect.distributed.groups import available_backends
-from hpccollect.distributed.rank import RankArgs, serve_rank
 from hpccollect.launchers.mpi import abort_on_uncaught_under_mpiexec, serve
+from hpccollect.launchers.rank import RankArgs, serve_rank
+from hpccollect.transport.backends import available_backends
 
 abort_on_uncaught_under_mpiexec()
 

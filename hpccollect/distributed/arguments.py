@@ -41,9 +41,7 @@ def check_collector_class(value: Any) -> type:
             )
         return _CLASSES[value]
     if isinstance(value, type) and issubclass(value, (SyncDataCollector, MultiCollectorBase)):
-        from hpccollect.distributed.collector import DistributedDataCollector
-
-        if issubclass(value, DistributedDataCollector):
+        if getattr(value, "starts_ranks", False):
             raise ArgumentValueError(
                 "collector_class cannot be a DistributedDataCollector: each rank runs a local "
                 "collector."

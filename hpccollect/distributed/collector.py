@@ -23,7 +23,7 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_bool, check_int
-from hpccollect.collectors.channels import Channel
+from hpccollect.collectors.backends import register_backend
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
 from hpccollect.collectors.multi_base import MultiCollectorBase
@@ -36,7 +36,6 @@ from hpccollect.distributed.arguments import (
     check_collector_kwargs,
     check_port,
 )
-from hpccollect.distributed.groups import RankGroups, check_backend
 from hpccollect.distributed.startup import start_ranks
 from hpccollect.distributed.weights import RankWeightsSender
 from hpccollect.errors import (
@@ -44,6 +43,9 @@ from hpccollect.errors import (
     ArgumentValueError,
     WorkerError,
 )
+from hpccollect.transport.backends import check_backend
+from hpccollect.transport.base import Channel
+from hpccollect.transport.groups import RankGroups
 
 __all__ = ["DistributedDataCollector", "DistributedSyncCollector"]
 
@@ -97,6 +99,8 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     collector rank (MPI ranks 1..N-1). ``backend="mpi"`` moves the data with MPI (torch's MPI
     backend, or mpi4py where torch has none); an uncaught exception on any rank aborts the job.
     """
+
+    starts_ranks = True  # never a rank's own collector_class
 
     def __init__(
         self,
@@ -414,3 +418,7 @@ class DistributedSyncCollector(DistributedDataCollector):
                 "DistributedDataCollector(sync=...)."
             )
         super().__init__(*args, sync=True, update_interval=update_interval, **kwargs)
+
+
+register_backend("distributed", DistributedDataCollector)
+register_backend("submitit", DistributedDataCollector)

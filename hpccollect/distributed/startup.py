@@ -9,10 +9,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from hpccollect.distributed.channels import RankChannel
-from hpccollect.distributed.groups import RankGroups, open_store
-from hpccollect.distributed.rank import RankArgs, ready_key
 from hpccollect.errors import CollectorTimeoutError, WorkerError
+from hpccollect.launchers.rank import RankArgs, ready_key
+from hpccollect.transport.groups import RankGroups, open_store
+from hpccollect.transport.rank_channel import RankChannel
 
 __all__ = ["start_ranks"]
 

@@ -13,10 +13,10 @@ from torch import nn
 
 from hpccollect.collectors.pool import WorkerPool
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
-from hpccollect.distributed.batches import FlatLayout
 from hpccollect.errors import ArgumentValueError, WorkerError
 from hpccollect.policy import copy_weights_
 from hpccollect.protocol import Reply
+from hpccollect.transport.batches import FlatLayout
 
 __all__ = ["RankWeightsSender"]
 
@@ -104,7 +104,7 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
                 )
             except Exception as err:
                 for i in ids:  # a rank that ended is the likely cause: name it
-                    if self.pool.channels[i].death(wait=1.0) is not None:
+                    if self.pool.channels[i].life.death(wait=1.0) is not None:
                         raise self.pool.death_error(i) from err
                 raise WorkerError(
                     f"the weight broadcast to the collector ranks failed ({err}).",

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
-from hpccollect.launchers.base import Launcher, RankProcess
+from hpccollect.launchers.base import Launcher
 from hpccollect.launchers.mp import MPLauncher
+from hpccollect.transport.base import PeerLife
 
-__all__ = ["LAUNCHERS", "Launcher", "MPLauncher", "RankProcess", "get_launcher"]
+__all__ = ["LAUNCHERS", "Launcher", "MPLauncher", "PeerLife", "get_launcher"]
 
 LAUNCHERS = ("mp", "mpi", "submitit", "submitit_delayed")
 

@@ -1,44 +1,16 @@
 """What a launcher is: it starts collector ranks 1..N somewhere and hands back what it knows of
-their processes. The collector never knows how ranks were started."""
+their processes (a ``PeerLife`` each, the transport's one interface for a peer's life). The
+collector never knows how ranks were started."""
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the ranks' entry points import launchers: no import back at run time
-    from hpccollect.distributed.rank import RankArgs
+from hpccollect.launchers.rank import RankArgs
+from hpccollect.transport.base import PeerLife
 
-__all__ = ["Launcher", "RankProcess"]
-
-
-class RankProcess(abc.ABC):
-    """What a launcher can do with one rank's process (rank 0's side)."""
-
-    host: str = ""
-    pid: int | None = None
-    #: an object ``multiprocessing.connection.wait`` sees become ready when the process ends,
-    #: or None when the launcher has none (the rank's connection closing tells instead)
-    sentinel: Any = None
-    #: where to look for the rank besides its host and pid (a scheduler's job and log), or ""
-    where: str = ""
-
-    @abc.abstractmethod
-    def death(self, wait: float = 0.0) -> str | None:
-        """None while it runs; otherwise how it ended."""
-
-    @abc.abstractmethod
-    def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for it to end; whether it has."""
-
-    @abc.abstractmethod
-    def kill(self) -> None:
-        """End it now (bounded)."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Release what watching it holds; idempotent."""
+__all__ = ["Launcher"]
 
 
 class Launcher(abc.ABC):
@@ -67,6 +39,6 @@ class Launcher(abc.ABC):
         """The address rank 0 listens on for its ranks."""
 
     @abc.abstractmethod
-    def start(self, ranks: Sequence[RankArgs]) -> list[RankProcess | None]:
+    def start(self, ranks: Sequence[RankArgs]) -> list[PeerLife | None]:
         """Start one process per entry, each running ``serve_rank(args)``; what is known of
         each (None where nothing is). On failure nothing started is left running."""

@@ -9,29 +9,30 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from hpccollect.collectors.channels import PipeChannel
 from hpccollect.collectors.processes import start_local_workers
-from hpccollect.distributed.rank import RankArgs, serve_rank
-from hpccollect.launchers.base import Launcher, RankProcess
+from hpccollect.launchers.base import Launcher
+from hpccollect.launchers.rank import RankArgs, serve_rank
+from hpccollect.transport.base import PeerLife
+from hpccollect.transport.pipe import PipeChannel
 
 __all__ = ["LocalRank", "MPLauncher"]
 
 
-class LocalRank(RankProcess):
+class LocalRank(PeerLife):
     """A rank in a child process: its sentinel tells its end at once; SIGKILL ends it."""
 
     def __init__(self, pipe: PipeChannel) -> None:
         self._pipe = pipe
-        self.host, self.pid, self.sentinel = pipe.host, pipe.pid, pipe.sentinel
+        self.host, self.pid, self.sentinel = pipe.host, pipe.pid, pipe.life.sentinel
 
     def death(self, wait: float = 0.0) -> str | None:
-        return self._pipe.death(wait)
+        return self._pipe.life.death(wait)
 
     def join(self, timeout: float) -> bool:
-        return self._pipe.join(timeout)
+        return self._pipe.life.join(timeout)
 
     def kill(self) -> None:
-        self._pipe.kill()
+        self._pipe.life.kill()
 
     def close(self) -> None:
         self._pipe.close()
@@ -49,7 +50,7 @@ class MPLauncher(Launcher):
     def address(self) -> str:
         return "127.0.0.1"
 
-    def start(self, ranks: Sequence[RankArgs]) -> list[RankProcess | None]:
+    def start(self, ranks: Sequence[RankArgs]) -> list[PeerLife | None]:
         pipes = start_local_workers(
             _rank_process,
             [(args,) for args in ranks],

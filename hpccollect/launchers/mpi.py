@@ -23,11 +23,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from hpccollect.distributed.mpi_transport import abort_job, mpi4py_comm, quiesce
-from hpccollect.distributed.mpi_waits import recv_object, send_object
-from hpccollect.distributed.rank import RankArgs, serve_rank
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
-from hpccollect.launchers.base import Launcher, RankProcess
+from hpccollect.launchers.base import Launcher
+from hpccollect.launchers.rank import RankArgs, serve_rank
+from hpccollect.transport.base import PeerLife
+from hpccollect.transport.mpi4py_group import abort_job, mpi4py_comm, quiesce
+from hpccollect.transport.mpi_waits import recv_object, send_object
 
 __all__ = ["MPILauncher", "serve"]
 
@@ -39,7 +40,7 @@ _EXIT_LIMIT = 60.0  # seconds a finalised collector rank's C exit handlers may t
 class MPILauncher(Launcher):
     """Rank 0 of an MPI job starts nothing: the other ranks exist already, and are told how to
     join. ``master_addr``/``interface`` choose where rank 0 listens (default: loopback when
-    every rank is on this node, see ``hpccollect.distributed.rendezvous``)."""
+    every rank is on this node, see ``hpccollect.transport.rendezvous``)."""
 
     mpi_world = True
 
@@ -62,7 +63,7 @@ class MPILauncher(Launcher):
         """Where rank 0 listens (only rank 0 asks: the ranks get it with their arguments, so no
         collective call is made whose presence would depend on rank 0's arguments)."""
         if self._rendezvous is None:
-            from hpccollect.distributed.rendezvous import detect
+            from hpccollect.transport.rendezvous import detect
 
             self._rendezvous = detect(
                 rank=self.comm.Get_rank(),
@@ -95,7 +96,7 @@ class MPILauncher(Launcher):
     def address(self) -> str:
         return self.rendezvous.master_addr
 
-    def start(self, ranks: Sequence[RankArgs]) -> list[RankProcess | None]:
+    def start(self, ranks: Sequence[RankArgs]) -> list[PeerLife | None]:
         for args in ranks:
             send_object(
                 self.comm,

@@ -29,10 +29,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpccollect.distributed.rank import RankArgs, serve_rank
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
-from hpccollect.launchers.base import Launcher, RankProcess
+from hpccollect.launchers.base import Launcher
+from hpccollect.launchers.rank import RankArgs, serve_rank
 from hpccollect.launchers.submitit_jobs import JobWatch, WatchedJob, cancel, slurm_nodes
+from hpccollect.transport.base import PeerLife
 
 __all__ = ["SubmititLauncher", "SubmititRank", "serve_job", "serve_task"]
 
@@ -41,7 +42,7 @@ CLUSTERS = ("slurm", "local")
 DEFAULT_TIMEOUT_MIN = {"slurm": 60, "local": 7 * 24 * 60}
 
 
-class SubmititRank(RankProcess):
+class SubmititRank(PeerLife):
     """One collector rank in a submitit job (a job of its own, or a task of the shared one)."""
 
     def __init__(self, watched: WatchedJob, rank: int, task: int) -> None:
@@ -149,17 +150,17 @@ class SubmititLauncher(Launcher):
             return self.master_addr
         if self.shares_host:
             return "127.0.0.1"
-        from hpccollect.distributed.rendezvous import _resolve
+        from hpccollect.transport.rendezvous import resolve_host
 
         host = socket.gethostname()
-        return _resolve(host, f"rank 0's host name {host!r}")
+        return resolve_host(host, f"rank 0's host name {host!r}")
 
-    def start(self, ranks: Sequence[RankArgs]) -> list[RankProcess | None]:
+    def start(self, ranks: Sequence[RankArgs]) -> list[PeerLife | None]:
         if not ranks:
             return []
         timeout = ranks[0].start_timeout
         slurm = self.cluster == "slurm"
-        started: list[RankProcess] = []
+        started: list[PeerLife] = []
         try:
             if self.delayed:
                 per_node = math.ceil(len(ranks) / int(self.parameters.get("nodes", 1)))

@@ -120,7 +120,7 @@ def main() -> None:
     if a.mode == "linger":
         from mpi4py import MPI
 
-        from hpccollect.distributed.mpi_transport import quiesce
+        from hpccollect.transport.mpi4py_group import quiesce
 
         quiesce()
         MPI.Finalize()  # the collector ranks leave now

@@ -259,7 +259,7 @@ def test_on_worker_failure_continue_goes_on_without_the_lost_rank(sync):
         next(it)
         os.kill(pids[1], signal.SIGKILL)
         # batches take milliseconds here: let it end (its threads take a moment after SIGKILL)
-        assert collector._pool.channels[1].join(10)
+        assert collector._pool.channels[1].life.join(10)
         with pytest.warns(RuntimeWarning, match="collector rank 2"):
             later = [next(it) for _ in range(6)]
         assert collector.lost_ranks == [2]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_mpi import MPIEXEC, assert_gone, job_pids, run_job
 
-from hpccollect.distributed.mpi_waits import Pace, wait_request
+from hpccollect.transport.mpi_waits import Pace, wait_request
 
 needs_mpiexec = pytest.mark.skipif(
     MPIEXEC is None and not os.environ.get("CI"),  # in CI the test runs, and fails

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import alive
 
-from hpccollect.distributed.rendezvous import (
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+from hpccollect.transport.rendezvous import (
     Rendezvous,
     detect,
     expand_nodelist,
@@ -24,7 +25,6 @@ from hpccollect.distributed.rendezvous import (
     interface_address,
     launched_ranks,
 )
-from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
@@ -294,7 +294,7 @@ _REPORT = """
 _DETECT_JOB = """
     import time
     from mpi4py import MPI
-    from hpccollect.distributed.rendezvous import detect, free_port, launched_ranks, share_from_root
+    from hpccollect.transport.rendezvous import detect, free_port, launched_ranks, share_from_root
 
     comm = MPI.COMM_WORLD
     rv = detect()
@@ -336,7 +336,7 @@ def test_detect_and_share_under_mpiexec(tmp_path):
 _TIMEOUT_JOB = """
     import time
     from mpi4py import MPI
-    from hpccollect.distributed.rendezvous import share_from_root
+    from hpccollect.transport.rendezvous import share_from_root
     from hpccollect.errors import CollectorTimeoutError
 
     comm = MPI.COMM_WORLD

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from hpccollect.distributed.mpi_transport import MPIGroup, mpi4py_comm, quiesce
+from hpccollect.transport.mpi4py_group import MPIGroup, mpi4py_comm, quiesce
 
 SIZES = (40, 59_000, 3_000_000)  # a header, a CartPole batch, a transfer that takes a while
 TAG = 3

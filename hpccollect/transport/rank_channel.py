@@ -25,9 +25,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from hpccollect.collectors.channels import Channel
-from hpccollect.distributed.batches import HEADER, FlatLayout
-from hpccollect.distributed.wire import (
+from hpccollect.protocol import Command, Layout, Message, Reply
+from hpccollect.transport.base import Channel, PeerLife
+from hpccollect.transport.batches import HEADER, FlatLayout
+from hpccollect.transport.wire import (
     CODE,
     CONTROL,
     KINDS,
@@ -38,7 +39,6 @@ from hpccollect.distributed.wire import (
     header,
     put_header,
 )
-from hpccollect.protocol import Command, Layout, Message, Reply
 
 __all__ = ["BATCH", "BATCH_REPLY", "MESSAGES", "Closed", "RankChannel"]
 
@@ -83,8 +83,8 @@ class RankChannel(Channel):
         self.groups, self.peer, self.process = groups, peer, process
         self.rank = peer
         self.device = torch.device(device)
-        self.host = getattr(process, "host", "") or "?"
-        self.pid = getattr(process, "pid", None)
+        self.life = _RankLife(self, process)
+        self.host = self.life.host
         self.local = False
         self.peer_weights_nbytes: int | None = None
         self._send_timeout = datetime.timedelta(seconds=send_timeout)
@@ -265,7 +265,8 @@ class RankChannel(Channel):
         size = max(wire.batch.nbytes, HEADER + CONTROL)
         flat = torch.zeros(size, dtype=torch.uint8, device=self.device)
         self.peer_weights_nbytes = wire.weights_nbytes
-        self.host, self.pid = wire.host, wire.pid
+        self.host = self.life.host = wire.host
+        self.life.pid = wire.pid
         batch = wire.batch.views(flat)
         self._recv_buf, self._in_head = flat, header(flat)
         return Layout(batch, wire.host, wire.pid)
@@ -364,34 +365,17 @@ class RankChannel(Channel):
         return "took"
 
     def handles(self) -> list[Any]:
-        sentinel = getattr(self.process, "sentinel", None)
+        sentinel = self.life.sentinel
         return [self._rfd] if sentinel is None else [self._rfd, sentinel]
 
     # ------------------------------------------------------------------ the peer's life
-    def death(self, wait: float = 0.0) -> str | None:
-        if self.process is not None:
-            how = self.process.death(wait)
-            if how is not None:
-                return how
-        receiving = self._thread is not None and self._thread.is_alive()
-        return self._failure if self._failure and not receiving else None
-
-    def join(self, timeout: float) -> bool:
-        if self.process is not None:
-            return self.process.join(timeout)
-        return self._join_peer(timeout)
-
     def _join_peer(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the peer's end, seen through the connection."""
         raise NotImplementedError
 
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-
     def describe(self) -> str:
         pid = f"pid {self.pid}, " if self.pid is not None else ""
-        where = getattr(self.process, "where", "")
+        where = self.life.where
         return f"collector rank {self.peer} ({pid}{self.host}{', ' + where if where else ''})"
 
     def join_threads(self, timeout: float) -> None:
@@ -410,5 +394,38 @@ class RankChannel(Channel):
             self._thread.join(0.2)  # ends when the peer does, or when the groups are aborted
         with self._fds:
             self._close_fds()
-        if self.process is not None:
-            self.process.close()
+        self.life.close()
+
+
+class _RankLife(PeerLife):
+    """A collector rank's life as rank 0 sees it: what the launcher's process tells (when it
+    has one), else the connection (a rank that closed it, or whose groups failed, is gone)."""
+
+    def __init__(self, channel: RankChannel, process: PeerLife | None) -> None:
+        self._channel, self._process = channel, process
+        self.host = getattr(process, "host", "") or "?"
+        self.pid = getattr(process, "pid", None)
+        self.sentinel = getattr(process, "sentinel", None)
+        self.where = getattr(process, "where", "")
+
+    def death(self, wait: float = 0.0) -> str | None:
+        if self._process is not None:
+            how = self._process.death(wait)
+            if how is not None:
+                return how
+        channel = self._channel
+        receiving = channel._thread is not None and channel._thread.is_alive()
+        return channel._failure if channel._failure and not receiving else None
+
+    def join(self, timeout: float) -> bool:
+        if self._process is not None:
+            return self._process.join(timeout)
+        return self._channel._join_peer(timeout)
+
+    def kill(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.close()

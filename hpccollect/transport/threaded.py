@@ -9,9 +9,9 @@ import threading
 from multiprocessing.connection import wait
 from typing import Any
 
-from hpccollect.distributed.channels import MESSAGES, Closed, RankChannel
-from hpccollect.distributed.wire import first_line
 from hpccollect.protocol import Command, Message
+from hpccollect.transport.rank_channel import MESSAGES, Closed, RankChannel
+from hpccollect.transport.wire import first_line
 
 __all__ = ["ThreadedRankChannel"]
 

@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass
 
 from hpccollect.collectors.worker import serve
-from hpccollect.distributed.groups import RankGroups, open_store
+from hpccollect.transport.groups import RankGroups, open_store
 
 __all__ = ["RankArgs", "ready_key", "serve_rank"]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from hpccollect.distributed.batches import FlatLayout
 from hpccollect.protocol import Command, Reply, message
+from hpccollect.transport.batches import FlatLayout
 
 __all__ = [
     "CODE",

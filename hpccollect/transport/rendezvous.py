@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpccollect.distributed.mpi_waits import wait_request
-from hpccollect.distributed.nodelist import expand_nodelist
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, CollectorTimeoutError
+from hpccollect.transport.mpi_waits import wait_request
+from hpccollect.transport.nodelist import expand_nodelist
 
 __all__ = [
     "Rendezvous",
@@ -41,6 +41,7 @@ __all__ = [
     "free_port",
     "interface_address",
     "launched_ranks",
+    "resolve_host",
     "share_from_root",
 ]
 
@@ -342,7 +343,7 @@ def _master_addr(
     for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         if "SLURM_STEP_NUM_TASKS" in environ and environ.get(name):
             host = next(expand_nodelist(environ[name], name))
-            return _resolve(host, f"the first host of {name}={environ[name]!r}")
+            return resolve_host(host, f"the first host of {name}={environ[name]!r}")
     raise ArgumentValueError(
         f"rank {rank} of {world_size}: cannot tell where rank 0 listens (no launcher says that "
         "every rank is on this node): pass master_addr= (--master-addr) or interface= "
@@ -370,7 +371,7 @@ def _slurm_nodes(environ: Mapping[str, str]) -> int | None:
     return None
 
 
-def _resolve(host: str, what: str) -> str:
+def resolve_host(host: str, what: str) -> str:
     """``host``'s address, refused when it is loopback: the job spans several nodes."""
     try:
         addr = socket.gethostbyname(host)
@@ -392,7 +393,7 @@ def _root_address(comm: Any, rank: int) -> str:
     if rank == 0:
         host = socket.gethostname()
         try:
-            shared = ("ok", _resolve(host, f"rank 0's host name {host!r}"))
+            shared = ("ok", resolve_host(host, f"rank 0's host name {host!r}"))
         except ArgumentValueError as err:
             shared = ("error", str(err))
     kind, text = share_from_root(comm, shared, _SHARE_TIMEOUT)

@@ -29,8 +29,9 @@ from typing import Any
 
 import torch
 
-from hpccollect.distributed.mpi_waits import IDLE_SLEEP, SPIN, Pace, wait_request
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
+from hpccollect.transport.at_exit import run_before_close
+from hpccollect.transport.mpi_waits import IDLE_SLEEP, SPIN, Pace, wait_request
 
 __all__ = ["MPIGroup", "abort_job", "mpi4py_comm", "quiesce"]
 
@@ -81,9 +82,7 @@ def quiesce(timeout: float = 2.0) -> None:
 def _quiesce_at_exit() -> None:
     if not _GROUPS:
         return
-    from hpccollect.collectors.pool import shutdown_live_pools
-
-    shutdown_live_pools()  # their ranks are told to stop first, over these groups
+    run_before_close()  # live collectors tell their ranks to stop first, over these groups
     quiesce()
 
 
@@ -102,7 +101,7 @@ def abort_job(comm: Any, code: int) -> None:
 def _loopback_ucx_on_one_node() -> None:
     if "UCX_NET_DEVICES" in os.environ or "mpi4py.MPI" in sys.modules:
         return
-    from hpccollect.distributed.rendezvous import detect
+    from hpccollect.transport.rendezvous import detect
 
     with contextlib.suppress(Exception):  # only a hint: MPI's defaults work too
         found = detect()

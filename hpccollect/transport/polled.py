@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from hpccollect.distributed.channels import BATCH, BATCH_REPLY, MESSAGES, RankChannel
-from hpccollect.distributed.mpi_waits import BUSY_SLEEP, IDLE_SLEEP, SPIN, wait_request
-from hpccollect.distributed.wire import WireLayout, first_line
 from hpccollect.errors import CollectorTimeoutError
 from hpccollect.protocol import Layout
+from hpccollect.transport.mpi_waits import BUSY_SLEEP, IDLE_SLEEP, SPIN, wait_request
+from hpccollect.transport.rank_channel import BATCH, BATCH_REPLY, MESSAGES, RankChannel
+from hpccollect.transport.wire import WireLayout, first_line
 
 __all__ = ["PolledRankChannel"]
 

@@ -1,0 +1,169 @@
+"""The transport contracts: ``Channel`` (protocol messages between a collector and one worker
+or rank, messages only), ``PeerLife`` (the peer's process: whether it lives, how it ended, ending
+it), and ``ProcessGroup``/``Work`` (the part of torch's process-group API the rank channels use,
+which every registered backend offers, ``backends.py``).``pipe.py`` has the local channel
+(a ``multiprocessing`` pipe, the worker process as its peer).
+
+The pool (``collectors/pool.py``) and the worker loop (``collectors/worker.py``) use only these
+interfaces. Contract: ``send``/``recv`` raise ``ConnectionError`` when the peer is gone;
+``handles()`` are objects that ``multiprocessing.connection.wait`` accepts and that become ready
+when a message arrives or the peer ends (a transport without such objects gives a pipe its
+receiving thread writes to).
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import wait
+from typing import Any, Protocol
+
+import torch
+
+from hpccollect.protocol import Message
+
+__all__ = [
+    "Channel",
+    "PeerLife",
+    "ProcessGroup",
+    "Work",
+    "wait_ready",
+]
+
+
+class Work(Protocol):
+    """A transfer under way."""
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        """Block until it is done (``timeout``: raise when it is not done by then)."""
+
+
+class ProcessGroup(Protocol):
+    """What a backend's process group offers the rank channels and the weight sender: tagged
+    point-to-point transfers and a broadcast of preallocated tensors, and an abort that ends
+    every transfer still pending (torch's ``ProcessGroupGloo`` is one as it is)."""
+
+    def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> Work: ...
+
+    def recv(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> Work: ...
+
+    def broadcast(self, tensor: Any, root: int) -> Work: ...
+
+    def abort(self) -> None: ...
+
+
+class PeerLife(abc.ABC):
+    """A peer's process as this side can watch and end it: a local worker, a rank a launcher
+    started, or a rank known only through its connection.
+
+    Attributes:
+        host: the peer's host as far as this side knows it.
+        pid: its process id when known, else None.
+        sentinel: what ``multiprocessing.connection.wait`` sees become ready when it ends, or
+            None (its connection closing tells instead).
+        where: where to look for it besides host and pid (a scheduler's job and log), or "".
+    """
+
+    host: str = ""
+    pid: int | None = None
+    sentinel: Any = None
+    where: str = ""
+
+    @abc.abstractmethod
+    def death(self, wait: float = 0.0) -> str | None:
+        """None while the peer lives; otherwise how it ended ("was killed by signal SIGKILL"),
+        waiting up to ``wait`` s for an end that is under way."""
+
+    @abc.abstractmethod
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the peer to end; whether it has."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """End the peer now if this side can (bounded); a no-op otherwise."""
+
+    def close(self) -> None:
+        """Release what watching the peer holds; idempotent."""
+        return None
+
+
+class Channel(abc.ABC):
+    """One end of a message link to a peer (a worker, or the collector seen from a worker);
+    ``life`` is the peer's process.
+
+    Attributes:
+        host: the peer's host as far as this side knows it.
+        local: whether the peer shares this machine's memory (``Command.local_only`` needs it).
+        rank: the peer's rank, for a collector rank.
+    """
+
+    host: str = ""
+    local: bool = False
+    #: its messages are seen by ``poll`` only, not by waiting on ``handles()`` (which then
+    #: tell only the peer's end and wake-ups)
+    polled: bool = False
+    rank: int | None = None
+    life: PeerLife
+
+    @abc.abstractmethod
+    def send(self, message: Message) -> None:
+        """Send one message; ``ConnectionError`` when the peer is gone."""
+
+    @abc.abstractmethod
+    def poll(self, timeout: float) -> bool:
+        """Whether ``recv()`` can return (a message, or the peer's end) within ``timeout`` s."""
+
+    @abc.abstractmethod
+    def recv(self) -> Message:
+        """The next message; ``ConnectionError`` when the peer is gone."""
+
+    @abc.abstractmethod
+    def handles(self) -> list[Any]:
+        """What ``multiprocessing.connection.wait`` watches for this channel."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release this end (and what watching the peer holds); idempotent."""
+
+    @property
+    def pid(self) -> int | None:
+        """The peer's process id when known."""
+        return self.life.pid
+
+    def describe(self) -> str:
+        """The peer, for messages."""
+        return f"the worker (pid {self.pid})" if self.pid is not None else "the worker"
+
+    def batch_buffers(self, batch: Any) -> Any:
+        """Where a worker's batches should be written: ``batch`` itself (the collector's own
+        buffers), or buffers laid out the same in this channel's memory, sent without a copy."""
+        return batch
+
+    def weights_buffer(self, policy: Any) -> Any:
+        """On a worker given no weights buffer: the one ``UPDATE_WEIGHTS`` loads, which this
+        channel fills when weights arrive; None when the transport passes none."""
+        return None
+
+
+def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
+    """The channels of ``channels`` with something to receive within ``timeout`` s (maybe none).
+    Polled channels are polled in turn with the others' handles, sleeping between rounds from
+    20 us up to 1 ms (the latency an idle wait adds)."""
+    owners = {}
+    for channel in channels:
+        for handle in channel.handles():
+            owners[id(handle)] = channel
+    polled = [c for c in channels if c.polled]
+    handles = [h for c in channels if not c.polled for h in c.handles()]
+    deadline = time.monotonic() + timeout
+    sleep = 20e-6
+    while True:
+        seen = {id(c): c for c in polled if c.poll(0)}
+        remaining = 0.0 if seen else max(0.0, deadline - time.monotonic())
+        for handle in wait(handles, min(remaining, sleep) if polled else remaining):
+            seen[id(owners[id(handle)])] = owners[id(handle)]
+        if seen or not polled or time.monotonic() >= deadline:
+            return [c for c in channels if id(c) in seen]
+        sleep = min(2 * sleep, 1e-3)

@@ -1,0 +1,106 @@
+"""The process groups of a job: the rendezvous store, and the two groups a collector job uses
+(messages and batches; weight broadcasts), opened through the registered backend.
+
+The groups are private to the collector (not torch's default group), so a trainer that uses
+torch.distributed for itself is not disturbed, and several collectors can live one after another
+in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
+from hpccollect.transport.backends import backend_named
+from hpccollect.transport.polled import PolledRankChannel
+from hpccollect.transport.rank_channel import RankChannel
+from hpccollect.transport.threaded import ThreadedRankChannel
+
+__all__ = ["RankGroups", "open_store"]
+
+
+def open_store(
+    host: str, port: int, world_size: int, is_master: bool, timeout: float
+) -> dist.TCPStore:
+    """The job's rendezvous store; rank 0 hosts it (``port`` 0: a free port, race-free),
+    listening on ``host`` only (torch's own store would listen on every interface)."""
+    listener = None
+    try:
+        if is_master:
+            listener = socket.create_server((host, port), backlog=4096)
+            port = listener.getsockname()[1]
+        store = dist.TCPStore(
+            host,
+            port,
+            world_size,
+            is_master,
+            timeout=datetime.timedelta(seconds=timeout),
+            wait_for_workers=False,
+            master_listen_fd=None if listener is None else listener.fileno(),
+        )
+    except (RuntimeError, OSError) as err:
+        if listener is not None:
+            listener.close()
+        if is_master:
+            raise ArgumentValueError(
+                f"cannot listen on {host}:{port} for the collector ranks ({err}); the port is "
+                "taken or the address is not this host's: pass another tcp_port, or leave it "
+                "None to take a free one."
+            ) from err
+        raise CollectorTimeoutError(
+            f"rank could not reach rank 0 at {host}:{port} within {timeout:g} s ({err})."
+        ) from err
+    if listener is not None:
+        listener.detach()  # the store owns the socket now
+    return store
+
+
+@dataclass
+class RankGroups:
+    """This process's place in a collector job: its rank, the store, and the process groups."""
+
+    rank: int
+    world_size: int
+    backend: str
+    store: Any
+    messages: Any = None  # point-to-point: commands, replies, batches, weights to some ranks
+    broadcast: Any = None  # weights to every rank at once
+    _closed: bool = field(default=False, repr=False)
+
+    @classmethod
+    def open(cls, backend: str, store: Any, rank: int, world_size: int) -> RankGroups:
+        """Join the job's groups (every rank calls this once; it returns when all have)."""
+        groups = cls(rank, world_size, backend, store)
+        open_group = backend_named(backend).open_group
+        for name in ("messages", "broadcast"):
+            prefixed = dist.PrefixStore(f"hpccollect/{name}", store)
+            setattr(groups, name, open_group(prefixed, rank, world_size, name))
+        return groups
+
+    def channel(
+        self, peer: int, *, process: Any = None, device: Any = "cpu", send_timeout: float = 600.0
+    ) -> RankChannel:
+        """This process's end of the link with rank ``peer`` (see ``RankChannel`` for the
+        arguments): polled where the messages group can be polled (the mpi4py transport),
+        otherwise with a thread that blocks in each receive."""
+        kind = (
+            PolledRankChannel if getattr(self.messages, "can_poll", False) else ThreadedRankChannel
+        )
+        return kind(self, peer, process=process, device=device, send_timeout=send_timeout)
+
+    def close(self) -> None:
+        """Abort both groups (ends receives still pending on them) and release the store."""
+        if self._closed:
+            return
+        self._closed = True
+        for group in (self.messages, self.broadcast):
+            if group is not None:
+                with contextlib.suppress(Exception):
+                    group.abort()
+        self.messages = self.broadcast = self.store = None

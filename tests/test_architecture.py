@@ -1,0 +1,154 @@
+"""The package's layers, read from its own imports: no import cycle (imports inside functions
+count; those under ``TYPE_CHECKING`` do not) and no import from a lower layer up. The README's
+"Layout" section draws the same picture."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import hpccollect
+
+ROOT = Path(hpccollect.__file__).parent
+
+#: lowest first; a module may import its own layer and those below it
+LAYERS = [
+    {"_version", "_compat", "_checks", "errors", "protocol"},
+    {"transport"},
+    {"envs"},
+    {"policy"},
+    {"storage"},
+    {"collectors"},
+    {"launchers"},
+    {"distributed"},
+    {"config", "progress", "report", "resume", "policy_option", "job", "agreement"},
+    {"distributed_job", "cli", "__main__"},
+]
+#: modules that only re-export names where users look for them
+FACADES = {
+    "hpccollect": "the public names",
+    "hpccollect.collectors.distributed": "TorchRL's torchrl.collectors.distributed path",
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        parts = ("hpccollect", *path.relative_to(ROOT).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _runtime_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    tree = ast.parse(path.read_text())
+    type_only = {
+        id(node)
+        for branch in ast.walk(tree)
+        if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
+        for node in ast.walk(branch)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+                break
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _runtime_imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    unit = parts[1] if len(parts) > 1 else parts[0]
+    for index, layer in enumerate(LAYERS):
+        if unit in layer:
+            return index
+    raise AssertionError(f"{module} is in no layer: add {unit!r} to LAYERS")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = _graph()
+    assert len(graph) > 50  # the whole package was read
+    cycles = _cycles(graph)
+    described = [
+        [f"{a} -> {b}" for a in cycle for b in sorted(graph[a] & set(cycle))] for cycle in cycles
+    ]
+    assert not cycles, described
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = [
+        f"{module} -> {imported}"
+        for module, imports in _graph().items()
+        if module not in FACADES
+        for imported in imports
+        if _layer(imported) > _layer(module)
+    ]
+    assert not upward, upward
+
+
+def test_the_checks_see_a_cycle_and_an_upward_import():
+    """The checks themselves can fail."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+    assert _layer("hpccollect.transport.base") < _layer("hpccollect.collectors.pool")
+
+
+def test_the_transport_layer_knows_nothing_above_it():
+    above = {
+        f"{module} -> {imported}"
+        for module, imports in _graph().items()
+        if module.startswith("hpccollect.transport")
+        for imported in imports
+        if not imported.startswith("hpccollect.transport") and _layer(imported) > 0
+    }
+    assert not above, above
