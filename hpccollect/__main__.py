@@ -1,8 +1,8 @@
-"""``python -m hpccollect``: see ``hpccollect.cli``."""
+"""``python -m hpccollect``: see ``hpccollect.app.cli``."""
 
 import sys
 
-from hpccollect.cli import main
+from hpccollect.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

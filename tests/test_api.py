@@ -65,8 +65,8 @@ ENTRY_MODULES = [
     "hpccollect.launchers.mp",
     "hpccollect.launchers.mpi",
     "hpccollect.launchers.submitit",
-    "hpccollect.distributed_job",
-    "hpccollect.cli",
+    "hpccollect.app.mpi_job",
+    "hpccollect.app.cli",
 ]
 
 

@@ -21,8 +21,7 @@ LAYERS = [
     {"collectors"},
     {"launchers"},
     {"distributed"},
-    {"config", "progress", "report", "resume", "policy_option", "job", "agreement"},
-    {"distributed_job", "cli", "__main__"},
+    {"app", "__main__"},
 ]
 #: modules that only re-export names where users look for them
 FACADES = {

@@ -1,21 +1,49 @@
-"""Where collected data goes: the in-memory ReplayBuffer and HDF5 datasets for offline RL."""
+"""Where collected data goes: the in-memory ReplayBuffer and datasets for offline RL, written
+through the ``Sink`` contract (``sink.py``); HDF5 is the registered format."""
 
 from hpccollect.storage.exports import export_d4rl, export_memmap, export_minari
 from hpccollect.storage.hdf5_reader import H5Dataset, TransitionDataset, open_dataset
-from hpccollect.storage.hdf5_writer import HDF5Writer
+from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path
 from hpccollect.storage.merge import merge_shards
 from hpccollect.storage.repair import repair
 from hpccollect.storage.replay_buffer import ReplayBuffer
+from hpccollect.storage.sink import (
+    EpisodeTally,
+    Sink,
+    StorageFormat,
+    dataset_format,
+    open_sink,
+    register_format,
+)
+
+register_format(
+    StorageFormat(
+        name="hdf5",
+        suffixes=(".h5", ".hdf5"),
+        writer=HDF5Writer,
+        open=open_dataset,
+        merge=merge_shards,
+        repair=repair,
+        partial_path=partial_path,
+    )
+)
 
 __all__ = [
+    "EpisodeTally",
     "H5Dataset",
     "HDF5Writer",
     "ReplayBuffer",
+    "Sink",
+    "StorageFormat",
     "TransitionDataset",
+    "dataset_format",
     "export_d4rl",
     "export_memmap",
     "export_minari",
     "merge_shards",
     "open_dataset",
+    "open_sink",
+    "partial_path",
+    "register_format",
     "repair",
 ]

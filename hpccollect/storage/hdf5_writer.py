@@ -31,6 +31,7 @@ from hpccollect.storage.layout import (
     keymap_to_json,
 )
 from hpccollect.storage.metadata import env_metadata
+from hpccollect.storage.sink import Sink
 from hpccollect.storage.spaces_json import describe
 
 __all__ = ["DEFAULT_EXPECTED_ROWS", "FORMAT_VERSION", "HDF5Writer", "chunk_rows", "partial_path"]
@@ -47,7 +48,7 @@ def partial_path(path: str | os.PathLike) -> Path:
     return path.with_name(path.name + ".partial")
 
 
-class HDF5Writer:
+class HDF5Writer(Sink):
     """Writes collector batches to one HDF5 file (one shard per writing process).
 
     Use it as a collector's ``replay_buffer`` (so ``start()`` streams to disk), or call

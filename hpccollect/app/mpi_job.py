@@ -2,7 +2,7 @@
 command; rank 0 is a ``DistributedDataCollector`` (``launcher="mpi"``) and ranks 1..N-1 its
 collector ranks, each running the ``--collector`` over ``--num-workers``/``--num-envs``.
 
-Start-up is agreed before any collector starts (``hpccollect.agreement``): every rank builds the
+Start-up is agreed before any collector starts (``hpccollect.app.agreement``): every rank builds the
 MPI launcher, rank 0 reads the run to resume (``--resume``) and checks the env, the output and the
 policy, and every rank ends at once with the first error's code if any rank found one. Once the collector exists, a failure on any rank
 aborts the whole MPI job (``MPI_Abort``): a rank that just returned would leave the others
@@ -24,39 +24,23 @@ import functools
 import os
 import signal
 import socket
-import statistics
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from tensordict import TensorDictBase
-
-from hpccollect.agreement import Describe, agree
-from hpccollect.config import RunConfig
+from hpccollect.app.agreement import Describe, agree
+from hpccollect.app.config import RunConfig
+from hpccollect.app.lifecycle import Job, Progress
+from hpccollect.app.preflight import check_output, env_maker, probe_policy, record, resolve_env
+from hpccollect.app.resume import Attempt, remove_run_files, start_attempt
+from hpccollect.app.signals import StopSignals
+from hpccollect.app.summary import Summary
 from hpccollect.distributed import DistributedDataCollector
-from hpccollect.errors import (
-    ArgumentValueError,
-    CollectorTimeoutError,
-    HpcCollectError,
-    StorageError,
-)
-from hpccollect.job import (
-    Stopped,
-    StopSignals,
-    Summary,
-    check_output,
-    env_maker,
-    probe_policy,
-    record,
-    resolve_env,
-)
+from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
 from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
-from hpccollect.resume import Attempt, remove_run_files, start_attempt
-from hpccollect.storage import merge_shards, open_dataset
-from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path
+from hpccollect.storage import EpisodeTally, Sink, dataset_format, open_sink
 from hpccollect.transport.mpi4py_group import abort_job, mpi4py_comm
 from hpccollect.transport.rendezvous import detect, launched_ranks
 
@@ -91,40 +75,19 @@ def shard_name(rank: int, attempt: Attempt | None = None) -> str:
 
 def open_shard(
     folder: str, rank: int, *, names: Callable[[int], str], imports: tuple[str, ...], **writer: Any
-) -> HDF5Writer:
+) -> Sink:
     """The shard collector rank ``rank`` writes (called there, as ``rank_sink``)."""
     resolve_env(writer["env"], imports)  # the env's module registers it on this rank too
-    return HDF5Writer(Path(folder) / names(rank), shard=rank, **writer)
-
-
-class _Tally:
-    """Episodes and returns from the batches rank 0 receives, for the progress line when the
-    ranks write the data (``--shards``)."""
-
-    def __init__(self) -> None:
-        self.running: dict[int, float] = {}
-        self.returns: list[float] = []
-
-    def extend(self, batch: TensorDictBase) -> None:
-        ids = batch.get(("collector", "traj_ids")).reshape(-1).numpy()
-        rewards = batch.get(("next", "reward")).reshape(ids.shape[0], -1)[:, 0].double().numpy()
-        done = batch.get(("next", "done")).reshape(-1).numpy()
-        keep = ids >= 0
-        ids, rewards, done = ids[keep], rewards[keep], done[keep]
-        unique, inverse = np.unique(ids, return_inverse=True)
-        sums = np.bincount(inverse, weights=rewards, minlength=len(unique))
-        ended = np.zeros(len(unique), dtype=bool)
-        ended[inverse[done]] = True
-        for tid, total, end in zip(unique.tolist(), sums.tolist(), ended.tolist(), strict=True):
-            total += self.running.pop(tid, 0.0)
-            if end:
-                self.returns.append(total)
-            else:
-                self.running[tid] = total
+    return open_sink(Path(folder) / names(rank), shard=rank, **writer)
 
 
 class MPICollect:
-    """This rank's part of a distributed ``collect``; ``run()`` on every rank."""
+    """This rank's part of a distributed ``collect``; ``run()`` on every rank. On rank 0 it is
+    the job's ``Part`` (``lifecycle.py``): the collector is a ``DistributedDataCollector``
+    over the MPI job's other ranks, the sink rank 0's dataset (or, with ``--shards``, a tally
+    while each rank writes its own shard)."""
+
+    who = "a collector rank"
 
     def __init__(self, cfg: RunConfig, resolve: Callable[[], RunConfig] | None = None) -> None:
         """``resolve``: rank 0 calls it during its start-up checks for the run's options
@@ -139,15 +102,9 @@ class MPICollect:
         if self.rank:  # the launcher forwards signals to every rank; rank 0 decides
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-        self.collector: Any = None
-        self.writer: HDF5Writer | None = None
-        self.published = False
+        self.describe_error: Describe | None = None
         self.announce: Callable[[MPICollect], None] | None = None
-        self.tally = _Tally()
-        self.frames = 0
         self.run_id = uuid.uuid4().hex
-        self.start = time.perf_counter()
-        self.collect_start = self.last_batch = self.start
 
     @property
     def ranks(self) -> int:
@@ -159,37 +116,71 @@ class MPICollect:
         if self.size > 1:
             abort_job(self.comm, code)
 
-    # ------------------------------------------------------------------ start-up
     def run(
         self,
-        on_progress: Callable | None,
+        on_progress: Progress | None,
         describe: Describe,
         announce: Callable[[MPICollect], None] | None = None,
     ) -> Summary | None:
         """Rank 0: collect and return the summary. Other ranks serve rank 0 and end the process
         when it is done (None if that ever returns). ``JobEnded`` when start-up failed.
         ``announce(self)``: on rank 0 once every rank passed its start-up checks."""
-        self.announce = announce
+        self.describe_error, self.announce = describe, announce
         if self.rank:
             launcher = agree(self.comm, self._launcher, describe)
             DistributedDataCollector(env_maker(self.cfg), None, **self._arguments(launcher))
             return None
-        stop = StopSignals()
-        with stop.installed():
-            try:
-                self._start(stop, describe)
-                self._collect(stop, on_progress)
-            except Stopped:
-                self._close(discard=True)
-            except KeyboardInterrupt:
-                stop.signal = stop.signal or "SIGINT"
-            except CollectorTimeoutError as err:
-                if not stop.collecting:  # start-up: its message names start_timeout already
-                    raise
-                raise self._timeout(err) from err
-            finally:
-                self._close()
-        return self._summary(stop.signal)
+        return Job(self).run(on_progress)
+
+    # ------------------------------------------------------------------ rank 0: the job's part
+    def build(self, stop: StopSignals) -> Any:
+        """Agree with every rank to start, then build the collector."""
+
+        def checks() -> tuple[Any, Any]:
+            with stop.deferred():  # collective calls: every rank must take part
+                launcher = self._launcher()
+            return launcher, self._check()
+
+        launcher, policy = agree(self.comm, checks, self.describe_error, stop)
+        if self.announce is not None:
+            self.announce(self)
+        if self.cfg.overwrite:  # an earlier run's shards go, so none is taken for this run's
+            remove_run_files(self.cfg.output)
+        with stop.deferred():  # cut in half, the ranks' state would be unknown
+            return DistributedDataCollector(
+                env_maker(self.cfg), policy, **self._arguments(launcher)
+            )
+
+    def open_sink(self, stop: StopSignals) -> Sink:
+        cfg = self.cfg
+        if cfg.shards:
+            return EpisodeTally()
+        with stop.deferred():
+            return open_sink(
+                cfg.output if self.attempt is None else self.attempt.output,
+                expected_rows=cfg.total_frames,
+                **self._writer_args(),
+            )
+
+    def shut_down(self, collector: Any, discard: bool) -> None:
+        """Stop the collector ranks (each closes its shard); ``discard``: a stop before the
+        first batch keeps no shard."""
+        collector.shutdown()
+        if discard and self.cfg.shards:
+            for path in self._await_shards():
+                path.unlink(missing_ok=True)
+            if not any(self.cfg.shards_dir.iterdir()):
+                self.cfg.shards_dir.rmdir()
+
+    def where(self) -> Path:
+        return self.cfg.shards_dir if self.cfg.shards else self.cfg.output
+
+    def kept(self, sink: Sink, frames: int) -> tuple[int, int, list[float], Path] | None:
+        if sink.path is not None:
+            return sink.committed_episodes, sink.committed_steps, list(sink.returns), sink.path
+        if not frames:
+            return None
+        return (*self._merge(), self.cfg.output)
 
     def _launcher(self) -> Any:
         if self.size == 1 and launched_ranks() > 1:
@@ -205,32 +196,6 @@ class MPICollect:
                 "process."
             )
         return MPILauncher(master_addr=self.cfg.master_addr, interface=self.cfg.interface)
-
-    def _start(self, stop: StopSignals, describe: Describe) -> None:
-        """Agree with every rank to start, then build the collector and the dataset."""
-
-        def checks() -> tuple[Any, Any]:
-            with stop.deferred():  # collective calls: every rank must take part
-                launcher = self._launcher()
-            return launcher, self._check()
-
-        launcher, policy = agree(self.comm, checks, describe, stop)
-        if self.announce is not None:
-            self.announce(self)
-        cfg = self.cfg
-        if cfg.overwrite:
-            self._clear_shards()
-        with stop.deferred():  # cut in half, the ranks' state would be unknown
-            self.collector = DistributedDataCollector(
-                env_maker(cfg), policy, **self._arguments(launcher)
-            )
-            self.collector.set_seed(cfg.seed)
-            if not cfg.shards:
-                self.writer = HDF5Writer(
-                    cfg.output if self.attempt is None else self.attempt.output,
-                    expected_rows=cfg.total_frames,
-                    **self._writer_args(),
-                )
 
     def _check(self) -> Any:
         """Rank 0's checks before anything starts (the run to resume, env, output, shards
@@ -297,55 +262,12 @@ class MPICollect:
             overwrite=cfg.overwrite,
         )
 
-    def _clear_shards(self) -> None:
-        """``--overwrite``: an earlier run's shards go, so none is taken for this run's."""
-        remove_run_files(self.cfg.output)
-
-    # ------------------------------------------------------------------ collecting (rank 0)
-    def _collect(self, stop: StopSignals, on_progress: Callable | None) -> None:
-        stop.collecting = True
-        self.collect_start = self.last_batch = time.perf_counter()
-        if on_progress is not None:
-            on_progress(0, 0, None)
-        for batch in self.collector:
-            if self.writer is not None:
-                self.writer.extend(batch)
-            else:
-                self.tally.extend(batch)
-            self.frames += batch.numel()
-            self.last_batch = time.perf_counter()
-            if on_progress is not None:
-                returns = self.writer.returns if self.writer is not None else self.tally.returns
-                mean = statistics.fmean(returns[-100:]) if returns else None
-                on_progress(self.frames, len(returns), mean)
-            if stop.signal is not None:
-                break
-
-    def _close(self, discard: bool = False) -> None:
-        """Stop the collector ranks (each closes its shard) and close rank 0's dataset;
-        ``discard``: a stop before the first batch keeps no dataset."""
-        if self.collector is not None:
-            self.collector.shutdown()
-            self.collector = None
-            if discard and self.cfg.shards:
-                for path in self._await_shards():
-                    path.unlink(missing_ok=True)
-                if not any(self.cfg.shards_dir.iterdir()):
-                    self.cfg.shards_dir.rmdir()
-        if self.writer is not None:
-            path = self.writer.close()
-            if discard and self.frames == 0:
-                path.unlink(missing_ok=True)
-                self.writer = None
-            elif self.attempt is not None and not self.published and self.writer.failed is None:
-                self.published = True  # a failed file stays out: the next --resume repairs it
-                self.attempt.publish([path])
-
     def _await_shards(self) -> list[Path]:
         """The ranks' shard files once each rank has closed its own (they do after rank 0's
         shutdown)."""
         folder = self.cfg.shards_dir
         paths = [folder / shard_name(rank, self.attempt) for rank in range(1, self.size)]
+        partial_path = dataset_format(self.cfg.output).partial_path
         deadline = time.monotonic() + _SHARD_WAIT
         while True:
             open_ = [p for p in paths if partial_path(p).exists() or not p.exists()]
@@ -359,36 +281,20 @@ class MPICollect:
                 )
             time.sleep(_POLL)
 
-    def _timeout(self, err: CollectorTimeoutError) -> CollectorTimeoutError:
-        where = self.cfg.shards_dir if self.cfg.shards else self.cfg.output
-        return CollectorTimeoutError(
-            f"a collector rank stopped answering: {str(err).split(';')[0]} (--worker-timeout "
-            f"{self.cfg.worker_timeout:g}); the committed episodes are kept in {where}. Raise "
-            "--worker-timeout for slow envs or large batches."
-        )
-
-    def _summary(self, stopped_by: str | None) -> Summary:
-        collecting, elapsed = self.last_batch - self.collect_start, time.perf_counter() - self.start
-        if self.writer is None and not (self.cfg.shards and self.frames):
-            return Summary(0, 0, 0, [], collecting, elapsed, None, stopped_by)
-        w = self.writer
-        kept = (w.committed_episodes, w.committed_steps, list(w.returns)) if w else self._merge()
-        held = None if self.attempt is None else self.attempt.held()
-        return Summary(self.frames, *kept, collecting, elapsed, self.cfg.output, stopped_by, held)
-
     def _merge(self) -> tuple[int, int, list[float]]:
         """Write ``--out`` as the merged view over the ranks' shards; its episodes, steps and
         returns."""
+        fmt = dataset_format(self.cfg.output)
         shards = []
         for path in self._await_shards():
-            with open_dataset(path) as ds:
+            with fmt.open(path) as ds:
                 if ds.keymap:  # a rank stopped before its first batch has no columns
                     shards.append(path)
         if self.attempt is not None:
             self.attempt.publish(shards)
         else:
-            merge_shards(shards, self.cfg.output, overwrite=self.cfg.overwrite)
-        with open_dataset(self.cfg.output) as ds:
+            fmt.merge(shards, self.cfg.output, overwrite=self.cfg.overwrite)
+        with fmt.open(self.cfg.output) as ds:
             return ds.committed_episodes, len(ds), ds.returns().tolist()
 
     def describe(self) -> str:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_job_signals import committed, wait_for
 
-from hpccollect.cli import main
+from hpccollect.app.cli import main
 from hpccollect.storage import open_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

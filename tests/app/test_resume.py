@@ -15,8 +15,8 @@ import pytest
 import torch
 from test_job_signals import committed, start, wait_for
 
-from hpccollect.cli import main
-from hpccollect.resume import SEED_STRIDE
+from hpccollect.app.cli import main
+from hpccollect.app.resume import SEED_STRIDE
 from hpccollect.storage import open_dataset
 
 pytestmark = [pytest.mark.slow]

@@ -12,7 +12,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from hpccollect.config import BACKENDS, COLLECTORS, COMPRESSIONS, LAUNCHERS, RunConfig, load_toml
+from hpccollect.app.config import (
+    BACKENDS,
+    COLLECTORS,
+    COMPRESSIONS,
+    LAUNCHERS,
+    RunConfig,
+    load_toml,
+)
+from hpccollect.app.progress import show_warning_line
+from hpccollect.app.resume import RUN_OPTIONS, RunComplete, resumed_config
 from hpccollect.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -20,8 +29,6 @@ from hpccollect.errors import (
     HpcCollectError,
     PolicyError,
 )
-from hpccollect.progress import show_warning_line
-from hpccollect.resume import RUN_OPTIONS, RunComplete, resumed_config
 
 __all__ = ["main"]
 
@@ -257,7 +264,7 @@ class _Output:
         self.speaks = True
         self.job = None  # the distributed collect job, once MPI runs
         if collect:
-            from hpccollect.distributed_job import launched_rank
+            from hpccollect.app.mpi_job import launched_rank
 
             self.speaks = launched_rank() == 0
 
@@ -279,7 +286,7 @@ def _collect(ns: argparse.Namespace, out: _Output) -> int:
         options = {k: v for k, v in options.items() if k in RUN_OPTIONS}
         toml = {k: v for k, v in toml.items() if k.replace("-", "_") in RUN_OPTIONS}
     cfg = RunConfig.from_sources(toml, options)
-    from hpccollect.distributed_job import wants_mpi
+    from hpccollect.app.mpi_job import wants_mpi
 
     if wants_mpi(cfg):  # rank 0 alone reads a run to resume, during its start-up checks
         return _collect_distributed(cfg, ns.quiet, out, resolve)
@@ -287,8 +294,8 @@ def _collect(ns: argparse.Namespace, out: _Output) -> int:
     if resolve is not None:
         cfg = resolve()
     cfg.check_local()
-    from hpccollect.job import run_collect
-    from hpccollect.progress import Progress
+    from hpccollect.app.local_job import run_collect
+    from hpccollect.app.progress import Progress
 
     print(
         f"collecting {cfg.total_frames} frames of {cfg.env} with {cfg.collector} "
@@ -321,9 +328,9 @@ def _collect_distributed(
     cfg: RunConfig, quiet: bool, out: _Output, resolve: Callable[[], RunConfig] | None
 ) -> int:
     """Rank 0 collects and reports; the other ranks serve it and print only their errors."""
-    from hpccollect.agreement import JobEnded
-    from hpccollect.distributed_job import MPICollect
-    from hpccollect.progress import Progress
+    from hpccollect.app.agreement import JobEnded
+    from hpccollect.app.mpi_job import MPICollect
+    from hpccollect.app.progress import Progress
 
     job = MPICollect(cfg, resolve)
     alone = job.size == 1 and not out.speaks  # torchrun: every process is MPI's rank 0
@@ -359,7 +366,7 @@ def _inspect(ns: argparse.Namespace) -> int:
     """Describe a file; one still being written is read as of its last commit (no lock taken)."""
     import time
 
-    from hpccollect.report import description, unfinished_hint
+    from hpccollect.app.report import description, unfinished_hint
     from hpccollect.storage import open_dataset
 
     unfinished_hint(ns.file)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import alive, descendants
 
-from hpccollect.cli import main
+from hpccollect.app.cli import main
 from hpccollect.storage import open_dataset
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.usefixtures("no_mpich_segments_left")]

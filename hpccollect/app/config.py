@@ -58,7 +58,7 @@ class RunConfig:
     master_addr: str | None = None
     interface: str | None = None
     shards: bool = False
-    resume: str | None = None  # a run to continue (see hpccollect.resume)
+    resume: str | None = None  # a run to continue (see hpccollect.app.resume)
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "num_workers", "frames_per_batch", "total_frames"):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpccollect.config import RunConfig
+from hpccollect.app.config import RunConfig
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
 from hpccollect.storage import merge_shards, open_dataset, repair
 

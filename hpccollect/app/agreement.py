@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hpccollect.app.signals import Stopped
 from hpccollect.errors import CollectorTimeoutError
-from hpccollect.job import Stopped
 from hpccollect.transport.mpi_waits import recv_object, send_object
 
 __all__ = ["Describe", "JobEnded", "agree"]

@@ -1,0 +1,78 @@
+"""How a job meets SIGTERM and SIGINT (SLURM's preemption, ``scancel``, the time limit,
+``timeout``, Ctrl-C), the same on a local and a distributed job.
+
+* during start-up (env probe, worker start, before the first batch) nothing is worth finishing:
+  ``Stopped`` is raised, the workers are stopped at once and no dataset is written;
+* while collecting, SIGTERM and a first SIGINT stop the run after the current batch; a second
+  SIGINT interrupts at once (committed data is still kept).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["StopSignals", "Stopped"]
+
+
+class Stopped(BaseException):
+    """A stop signal during start-up (a BaseException, so ``except Exception`` lets it pass)."""
+
+
+class StopSignals:
+    """SIGTERM/SIGINT: raise ``Stopped`` during start-up, set ``signal`` while collecting; a
+    second SIGINT while collecting raises ``KeyboardInterrupt``. Each raises at most once, so
+    the shutdown that follows is not interrupted."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self.collecting = False
+        self._raised = self._deferred = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        first = self.signal is None
+        self.signal = self.signal or signal.Signals(signum).name
+        if self._raised or self._deferred or (first and self.collecting):
+            return
+        if not self.collecting:
+            self._raised = True
+            raise Stopped
+        if signum == signal.SIGINT:
+            self._raised = True
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A start-up step that must not be cut in half: a signal stops after it."""
+        self._deferred = True
+        try:
+            yield
+        finally:
+            self._deferred = False
+        if self.signal is not None and not self.collecting and not self._raised:
+            self._raised = True
+            raise Stopped
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A step during which a signal is only recorded in ``signal``: the caller decides."""
+        self._deferred = True
+        try:
+            yield
+        finally:
+            self._deferred = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopSignals]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)

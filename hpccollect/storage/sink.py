@@ -1,0 +1,147 @@
+"""Where a job's batches go: the ``Sink`` contract every dataset format's writer fulfils, the
+formats registered by name (writer, reader, merge, repair), and ``EpisodeTally``, a sink that
+keeps nothing but the episode count and returns.
+
+The application reaches datasets only through this module: a new format (Zarr, Minari's Arrow
+layout, Parquet) is one module with a ``Sink`` and a ``register_format`` call.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tensordict import TensorDictBase
+
+from hpccollect.errors import ArgumentValueError, StorageError
+
+__all__ = [
+    "EpisodeTally",
+    "Sink",
+    "StorageFormat",
+    "dataset_format",
+    "open_sink",
+    "register_format",
+]
+
+
+class Sink(abc.ABC):
+    """Takes a collector's batches and keeps whole episodes, safe against crashes: what it has
+    committed stays readable whatever happens to the process.
+
+    Attributes:
+        path: the dataset's final name (None for a sink that keeps no data).
+        failed: the first write error, after which nothing more is written.
+        committed_steps: steps written and committed.
+        committed_episodes: episodes written and committed.
+        returns: each committed episode's return, in commit order.
+    """
+
+    path: Path | None = None
+    failed: StorageError | None = None
+    committed_steps: int = 0
+    committed_episodes: int = 0
+    returns: list[float]
+
+    @abc.abstractmethod
+    def extend(self, batch: TensorDictBase) -> None:
+        """Take one collector batch (``[T]``, ``[N, T]``, ``[W, N, T]`` or split trajectories)."""
+
+    @abc.abstractmethod
+    def close(self) -> Path | None:
+        """Keep the episodes still open as truncated and finish the dataset; where it is (its
+        final name, or the unfinished file after a write error)."""
+
+    def __enter__(self) -> Sink:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class EpisodeTally(Sink):
+    """Counts the episodes that end and their returns, keeping no data: where the data is
+    written elsewhere (each collector rank writes its own shard) and this process still shows
+    progress."""
+
+    def __init__(self) -> None:
+        self.returns = []
+        self._running: dict[int, float] = {}
+
+    def extend(self, batch: TensorDictBase) -> None:
+        ids = batch.get(("collector", "traj_ids")).reshape(-1).numpy()
+        rewards = batch.get(("next", "reward")).reshape(ids.shape[0], -1)[:, 0].double().numpy()
+        done = batch.get(("next", "done")).reshape(-1).numpy()
+        keep = ids >= 0
+        ids, rewards, done = ids[keep], rewards[keep], done[keep]
+        unique, inverse = np.unique(ids, return_inverse=True)
+        sums = np.bincount(inverse, weights=rewards, minlength=len(unique))
+        ended = np.zeros(len(unique), dtype=bool)
+        ended[inverse[done]] = True
+        for tid, total, end in zip(unique.tolist(), sums.tolist(), ended.tolist(), strict=True):
+            total += self._running.pop(tid, 0.0)
+            if end:
+                self.returns.append(total)
+            else:
+                self._running[tid] = total
+        self.committed_episodes = len(self.returns)
+        self.committed_steps += int(keep.sum())
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class StorageFormat:
+    """One dataset format: how its files are written, read, merged and repaired.
+
+    Attributes:
+        name: what ``open_sink(format=...)`` calls it.
+        suffixes: the file name endings that are this format (the first one is the default).
+        writer: ``writer(path, **options) -> Sink``.
+        open: ``open(path)``: a reader of a finished (or partial) dataset.
+        merge: ``merge(shards, out, overwrite=...)``: one dataset over several shards.
+        repair: ``repair(path)``: a crashed writer's file made readable, its committed part kept.
+        partial_path: where a dataset is written until it is closed.
+    """
+
+    name: str
+    suffixes: tuple[str, ...]
+    writer: Callable[..., Sink]
+    open: Callable[[Path], Any]
+    merge: Callable[..., Any]
+    repair: Callable[[Path], Any]
+    partial_path: Callable[[str | os.PathLike], Path]
+
+
+_FORMATS: dict[str, StorageFormat] = {}
+
+
+def register_format(fmt: StorageFormat) -> None:
+    """Offer ``fmt`` under its name and its file name endings."""
+    _FORMATS[fmt.name] = fmt
+
+
+def dataset_format(path: str | os.PathLike | None = None, name: str | None = None) -> StorageFormat:
+    """The format called ``name``, or the one whose file name ending ``path`` has (a
+    ``.partial`` file is its format's too); HDF5 for a name with no known ending."""
+    if name is not None:
+        if name not in _FORMATS:
+            raise ArgumentValueError(f"format must be one of {list(_FORMATS)}, got {name!r}.")
+        return _FORMATS[name]
+    file = str(path or "").removesuffix(".partial")
+    for fmt in _FORMATS.values():
+        if file.endswith(fmt.suffixes):
+            return fmt
+    return _FORMATS["hdf5"]
+
+
+def open_sink(path: str | os.PathLike, *, format: str | None = None, **options: Any) -> Sink:
+    """A sink that writes a new dataset at ``path`` in ``format`` (by default the one its file
+    name ending says); ``options`` are that format's writer's."""
+    return dataset_format(path, format).writer(path, **options)
