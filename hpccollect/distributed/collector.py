@@ -216,7 +216,6 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         n = len(fns)
         self.policy_versions = [0] * n
         self._since_update = [0] * n
-        self._batch_versions = [0] * n
         if num_threads is None and not self.launcher.shares_host:
             num_threads = torch.get_num_threads()  # the ranks run elsewhere
         super().__init__(
@@ -318,7 +317,6 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         except WorkerError as err:
             self._lose(err)
             return
-        self._batch_versions[index] = self.policy_versions[index]
         self._since_update[index] += 1
 
     def _delivered(self, worker_ids: Sequence[int]) -> None:
@@ -330,7 +328,9 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         """``batch`` with the per-frame policy version (of each worker in ``workers``: one per
         leading row, or a single one) when ``track_policy_version``."""
         if self.track_policy_version:
-            versions = [self._batch_versions[i] for i in workers]
+            # each rank says which weights it collected with: an update that reached it while
+            # its batch was requested but not yet begun counts for that batch
+            versions = [self._pool.channels[i].batch_version for i in workers]
             v = torch.tensor(versions, dtype=torch.int64)
             v = v.reshape(v.shape + (1,) * (batch.ndim - v.ndim)).expand(batch.shape)
             batch.set(POLICY_VERSION_KEY, v.clone())

@@ -141,7 +141,8 @@ class PolledRankChannel(RankChannel):
         """Put the message just received into ``_recv_buf`` into the inbox (a batch's header
         is read inline: the hot path)."""
         head = self._in_head
-        if head[0] == BATCH and head[3] <= self._broadcasts_in:
+        if head[0] == BATCH:  # from a collector rank: the weights version it was collected with
+            self.batch_version = head[3]
             self._inbox.append((BATCH_REPLY, head[2]))
         else:
             self._inbox.append(self._read_message())

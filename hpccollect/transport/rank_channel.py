@@ -100,6 +100,10 @@ class RankChannel(Channel):
         self._weights_arrived = threading.Condition()
         self._broadcast_queued = False  # an UPDATE_WEIGHTS from a broadcast awaits the loop
         self._silent_acks = 0  # acknowledgements of broadcast updates, not sent
+        # a collector rank's weight updates handed to its loop (the version its batches are
+        # collected with, sent in each batch's header); on rank 0, the last batch's
+        self._broadcasts_taken = self._updates_taken = 0
+        self.batch_version = 0
         self._inbox: deque = deque()
         self._broadcaster: threading.Thread | None = None
         self._rfd, self._wfd = os.pipe()
@@ -126,6 +130,7 @@ class RankChannel(Channel):
             head = self._out_head
             head[0] = BATCH
             head[2] = payload
+            head[3] = self._broadcasts_taken + self._updates_taken
             self._send_batch(flat)
             return
         if kind is Reply.ACK and self._silent_acks:
@@ -237,14 +242,15 @@ class RankChannel(Channel):
         """The message whose header was just received into ``_recv_buf``, with the rest of its
         payload (and the weights it announces) received from the peer."""
         code, length, value, broadcasts, inline = self._in_head.tolist()
+        if code == BATCH:  # from a collector rank: the weights version it was collected with
+            self.batch_version = broadcasts
+            return BATCH_REPLY, value
         if broadcasts > self._broadcasts_in:  # sent after a weight broadcast: hand that over first
             with self._waiting(), self._weights_arrived:
                 if not self._weights_arrived.wait_for(
                     lambda: self._broadcasts_in >= broadcasts, self._send_timeout.total_seconds()
                 ):
                     raise ConnectionError("a weight broadcast announced by rank 0 never came")
-        if code == BATCH:
-            return BATCH_REPLY, value
         kind = KINDS[code]
         blob = self._recv_buf[HEADER : HEADER + inline].cpu().numpy().tobytes()
         if length > len(blob):
@@ -345,6 +351,9 @@ class RankChannel(Channel):
                 if item is _BROADCAST_UPDATE:
                     self._broadcast_queued = False
                     self._silent_acks += 1
+                    self._broadcasts_taken = self._broadcasts_in  # it loads the newest weights
+                elif item.__class__ is not Closed and item[0] is Command.UPDATE_WEIGHTS:
+                    self._updates_taken += 1
         if item.__class__ is Closed:
             inbox.appendleft(item)  # every later recv fails the same way
             raise ConnectionError(item.why)
