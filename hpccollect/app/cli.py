@@ -144,7 +144,8 @@ def _parser(quiet: bool = False) -> argparse.ArgumentParser:
     mpi.add_argument(
         "--backend",
         choices=BACKENDS,
-        help="how batches and weights travel between ranks: gloo (TCP, default) or mpi",
+        help="how batches and weights travel between ranks: gloo (TCP, default), mpi (MPI "
+        "itself), or another backend this torch build has",
     )
     mpi.add_argument(
         "--master-addr",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hpccollect.errors import ArgumentValueError
+from hpccollect.transport.backends import backend_names
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,7 +26,7 @@ __all__ = ["BACKENDS", "COLLECTORS", "LAUNCHERS", "RunConfig", "data_dir", "load
 COLLECTORS = ("sync", "multi-sync", "multi-async")
 COMPRESSIONS = ("none", "gzip", "lzf")
 LAUNCHERS = ("local", "mpi")
-BACKENDS = ("gloo", "mpi")
+BACKENDS = backend_names()
 #: options that only a distributed run (mpiexec/srun, or --launcher mpi) uses
 DISTRIBUTED_OPTIONS = ("shards", "backend", "master_addr", "interface")
 

@@ -20,7 +20,14 @@ import torch.distributed as dist
 
 from hpccollect.errors import ArgumentValueError
 
-__all__ = ["Backend", "available_backends", "backend_named", "check_backend", "register_backend"]
+__all__ = [
+    "Backend",
+    "available_backends",
+    "backend_named",
+    "backend_names",
+    "check_backend",
+    "register_backend",
+]
 
 #: how long a rank may stay idle in one receive (the pool's own deadlines are what bound waits;
 #: a process group timeout would close the connection for good, so it must never fire first)
@@ -54,6 +61,11 @@ def backend_named(name: str) -> Backend:
     if name not in _BACKENDS:
         raise ArgumentValueError(f"backend must be one of {list(_BACKENDS)}, got {name!r}.")
     return _BACKENDS[name]
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every backend hpccollect can use where it is available (the one list of them)."""
+    return tuple(name for name, b in _BACKENDS.items() if b.unsupported is None)
 
 
 def available_backends() -> list[str]:
