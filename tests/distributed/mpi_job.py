@@ -86,6 +86,7 @@ def main() -> None:
         sync=bool(a.sync),
         start_timeout=60,
         worker_timeout=60,
+        track_policy_version=a.mode == "weights",
     )
     collector.set_seed(7)
     batches = []

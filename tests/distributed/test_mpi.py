@@ -109,6 +109,9 @@ def test_weights_reach_every_rank_under_mpiexec(tmp_path, backend):
     assert saved["versions"] == [1, 1]
     actions = [b["action"][..., 1].float().mean().item() for b in batches(out)]
     assert actions[:2] == [0.0, 0.0] and set(actions[2:]) == {1.0}, actions
+    # every frame's policy_version names the weights it was collected with (each rank says)
+    versions = [b["policy_version"].float().mean().item() for b in batches(out)]
+    assert versions == actions, (versions, actions)
     assert_gone(job_pids(out))
     assert seconds < 60
 
