@@ -25,10 +25,15 @@ class ProcessLife(PeerLife):
     def __init__(self, process: Any = None) -> None:
         self.process = process
         self.host = socket.gethostname()
+        self._pid: int | None = None
 
     @property
     def pid(self) -> int | None:  # type: ignore[override]
-        return None if self.process is None else self.process.pid
+        """Known once the process started; kept after it was closed."""
+        if self._pid is None and self.process is not None:
+            with contextlib.suppress(ValueError):  # closed before it started
+                self._pid = self.process.pid
+        return self._pid
 
     @property
     def sentinel(self) -> Any:  # type: ignore[override]
