@@ -153,9 +153,14 @@ class WorkerPool:
         """The error for worker ``index`` whose channel failed: how it ended, if known."""
         channel = self.channels[index]
         how = channel.life.death(wait=1.0) or "closed its end of the channel"
+        hint = (
+            "Check the worker's memory use and the env's own logs."
+            if "signal" in how
+            else "Its own error is on its standard error, above; a worker that fails while it "
+            "starts (an env or policy it cannot rebuild, an import) ends before it can report."
+        )
         return WorkerError(
-            f"{channel.describe()} {how}; collection cannot go on. "
-            "Check the worker's memory use and the env's own logs.",
+            f"{channel.describe()} {how}; collection cannot go on. {hint}",
             worker=index,
             host=channel.host,
             num_workers=len(self),

@@ -27,8 +27,12 @@ __all__ = [
 
 
 def shares_state(create_env_fn: Any) -> bool:
-    """A TorchRL env or ``EnvCreator``: what may hold shared memory and locks that only a
-    process argument passes on (a cloudpickled copy would lose them, or fail on a lock)."""
+    """A TorchRL env or ``EnvCreator`` instance: what may hold shared memory and locks that
+    only a process argument passes on (a cloudpickled copy would lose them, or fail on a lock).
+    A class holds no such state and is cloudpickled: one defined in ``__main__`` (a notebook,
+    ``python -c``) cannot be found by name in a spawned worker."""
+    if isinstance(create_env_fn, type):
+        return False
     return envbase.is_torchrl_env(create_env_fn) or envbase.from_torchrl(create_env_fn)
 
 

@@ -706,3 +706,57 @@ def test_an_env_creator_shares_its_state_with_every_worker() -> None:
     list(collector)
     collector.shutdown()
     assert float(count) > before + 50
+
+
+_MAIN_ENV_SCRIPT = """
+import torch
+from tensordict import TensorDict
+from torchrl.data import Composite, Unbounded
+from torchrl.envs import EnvBase
+from torchrl.modules import RandomPolicy
+from hpccollect.collectors import {cls}
+
+
+class DefinedInMain(EnvBase):
+    def __init__(self):
+        super().__init__()
+        self.observation_spec = Composite(observation=Unbounded((1,)))
+        self.action_spec = Unbounded((1,))
+        self.reward_spec = Unbounded((1,))
+
+    def _reset(self, tensordict, **kwargs):
+        return self.full_observation_spec.zero().update(self.full_done_spec.zero())
+
+    def _step(self, tensordict, **kwargs):
+        out = self.full_observation_spec.zero().update(self.full_done_spec.zero())
+        return out.update(self.full_reward_spec.zero())
+
+    def _set_seed(self, seed):
+        return seed
+
+
+if __name__ == "__main__":
+    c = {cls}([DefinedInMain], RandomPolicy(DefinedInMain().action_spec), frames_per_batch=5,
+             total_frames=10)
+    print("frames", sum(batch.numel() for batch in c))
+    c.shutdown()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cls", ["MultiSyncCollector", "MultiAsyncCollector"])
+def test_an_env_class_defined_in_main_reaches_spawned_workers(cls):
+    """An EnvBase subclass defined in ``python -c`` (or a notebook) goes to the workers by value,
+    as with TorchRL (a worker cannot import ``__main__``'s classes by name)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _MAIN_ENV_SCRIPT.format(cls=cls)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "frames 10" in out.stdout
