@@ -1,17 +1,65 @@
-"""How collector ranks are started: one plug-in per launcher, chosen by name."""
+"""How collector ranks are started: one plug-in per launcher, registered by name.
+
+A launcher's module is imported on its first use, so ``launcher="mp"`` never loads mpi4py or
+submitit. A new launcher is one module with a ``Launcher`` subclass plus one
+``register_launcher`` call naming it.
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from dataclasses import dataclass
 from typing import Any
 
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
-from hpccollect.launchers.base import Launcher
+from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.mp import MPLauncher
 from hpccollect.transport.base import PeerLife
 
-__all__ = ["LAUNCHERS", "Launcher", "MPLauncher", "PeerLife", "get_launcher"]
+__all__ = [
+    "LAUNCHERS",
+    "LaunchRequest",
+    "Launcher",
+    "MPLauncher",
+    "PeerLife",
+    "get_launcher",
+    "job_launchers",
+    "launcher_names",
+    "register_launcher",
+]
 
-LAUNCHERS = ("mp", "mpi", "submitit", "submitit_delayed")
+
+@dataclass(frozen=True)
+class _Entry:
+    target: str  # "module:Class", imported on first use
+    requires: str | None  # a package the launcher imports; checked first, for a clear error
+    ranks_exist: bool  # whether the job's ranks exist before the collector (mpiexec, srun)
+
+
+_LAUNCHERS: dict[str, _Entry] = {}
+
+
+def register_launcher(
+    name: str, target: str, *, requires: str | None = None, ranks_exist: bool = False
+) -> None:
+    """Offer ``DistributedDataCollector(launcher=name)``: ``target`` is ``"module:Class"`` of a
+    ``Launcher`` subclass, built with ``Class.from_request(LaunchRequest)``; ``requires``, a
+    package it needs; ``ranks_exist``: every rank runs the job's own command (mpiexec/srun
+    started them), which makes it a ``--launcher`` of ``python -m hpccollect collect`` too."""
+    if ":" not in target:
+        raise ArgumentValueError(f"target must be 'module:Class', got {target!r}.")
+    _LAUNCHERS[name] = _Entry(target, requires, ranks_exist)
+
+
+def launcher_names() -> tuple[str, ...]:
+    """Every registered launcher (the one list of them)."""
+    return tuple(_LAUNCHERS)
+
+
+def job_launchers() -> tuple[str, ...]:
+    """The launchers whose ranks all run the job's own command: those ``collect`` runs under."""
+    return tuple(name for name, entry in _LAUNCHERS.items() if entry.ranks_exist)
 
 
 def get_launcher(
@@ -24,24 +72,29 @@ def get_launcher(
         return launcher
     if not isinstance(launcher, str):
         raise ArgumentTypeError(
-            f"launcher must be a name {list(LAUNCHERS)} or an hpccollect.launchers.Launcher, "
+            f"launcher must be a name {list(_LAUNCHERS)} or an hpccollect.launchers.Launcher, "
             f"got {type(launcher).__name__}."
         )
-    if launcher == "mp":
-        return MPLauncher(daemon=not starts_processes)
-    if launcher == "mpi":
-        from hpccollect.launchers.mpi import MPILauncher  # imports mpi4py: only when asked
+    entry = _LAUNCHERS.get(launcher)
+    if entry is None:
+        raise ArgumentValueError(f"launcher must be one of {list(_LAUNCHERS)}, got {launcher!r}.")
+    if entry.requires is not None and importlib.util.find_spec(entry.requires) is None:
+        raise ArgumentValueError(
+            f"launcher={launcher!r} needs the {entry.requires} package: pip install "
+            f"{entry.requires}, or pass launcher='mp' to run the collector ranks as local "
+            "processes."
+        )
+    module, _, name = entry.target.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    return cls.from_request(LaunchRequest(launcher, starts_processes, slurm_kwargs))
 
-        return MPILauncher()
-    if launcher in ("submitit", "submitit_delayed"):
-        try:
-            import submitit  # noqa: F401 - only a check that it is there
-        except ImportError as err:
-            raise ArgumentValueError(
-                f"launcher={launcher!r} needs the submitit package: pip install submitit, or "
-                "pass launcher='mp' to run the collector ranks as local processes."
-            ) from err
-        from hpccollect.launchers.submitit import SubmititLauncher
 
-        return SubmititLauncher(slurm_kwargs, delayed=launcher == "submitit_delayed")
-    raise ArgumentValueError(f"launcher must be one of {list(LAUNCHERS)}, got {launcher!r}.")
+register_launcher("mp", "hpccollect.launchers.mp:MPLauncher")
+register_launcher("mpi", "hpccollect.launchers.mpi:MPILauncher", ranks_exist=True)
+register_launcher("submitit", "hpccollect.launchers.submitit:SubmititLauncher", requires="submitit")
+register_launcher(
+    "submitit_delayed", "hpccollect.launchers.submitit:SubmititLauncher", requires="submitit"
+)
+
+#: the launchers hpccollect brings (``launcher_names()`` also lists those registered later)
+LAUNCHERS = launcher_names()

@@ -6,11 +6,23 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from hpccollect.launchers.rank import RankArgs
 from hpccollect.transport.base import PeerLife
 
-__all__ = ["Launcher"]
+__all__ = ["LaunchRequest", "Launcher"]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What ``DistributedDataCollector(launcher=name, ...)`` asks of the launcher it names."""
+
+    name: str
+    #: whether the ranks' collectors start processes of their own
+    starts_processes: bool = False
+    #: the submitit launchers' executor parameters
+    slurm_kwargs: dict | None = None
 
 
 class Launcher(abc.ABC):
@@ -27,6 +39,11 @@ class Launcher(abc.ABC):
     default_port: int = 0
     #: whether the launcher passes ``slurm_kwargs`` on
     uses_slurm_kwargs: bool = False
+
+    @classmethod
+    def from_request(cls, request: LaunchRequest) -> Launcher:
+        """The launcher ``DistributedDataCollector(launcher=request.name)`` uses."""
+        return cls()
 
     def enter(self, start_timeout: float) -> None:
         """Called first on every process that constructs the collector. A launcher whose ranks

@@ -10,7 +10,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from hpccollect.collectors.processes import start_local_workers
-from hpccollect.launchers.base import Launcher
+from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.rank import RankArgs, serve_rank
 from hpccollect.transport.base import PeerLife
 from hpccollect.transport.pipe import PipeChannel
@@ -46,6 +46,11 @@ class MPLauncher(Launcher):
 
     def __init__(self, start_method: str = "spawn", daemon: bool = True) -> None:
         self.start_method, self.daemon = start_method, daemon
+
+    @classmethod
+    def from_request(cls, request: LaunchRequest) -> MPLauncher:
+        # a daemonic process cannot start processes: ranks running Multi collectors are not
+        return cls(daemon=not request.starts_processes)
 
     def address(self) -> str:
         return "127.0.0.1"

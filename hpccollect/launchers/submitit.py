@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
-from hpccollect.launchers.base import Launcher
+from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.rank import RankArgs, serve_rank
 from hpccollect.launchers.submitit_jobs import JobWatch, WatchedJob, cancel, slurm_nodes
 from hpccollect.transport.base import PeerLife
@@ -84,6 +84,10 @@ class SubmititLauncher(Launcher):
     ``master_addr``: where rank 0 listens, when the default (above) does not suit."""
 
     uses_slurm_kwargs = True
+
+    @classmethod
+    def from_request(cls, request: LaunchRequest) -> SubmititLauncher:
+        return cls(request.slurm_kwargs, delayed=request.name == "submitit_delayed")
 
     def __init__(
         self,
