@@ -297,7 +297,7 @@ def main() -> None:
         print(f"first batch after {seconds:.3f} s at {time.time():.3f}", flush=True)
         return
     parts = args.only or list(PARTS)
-    collect_args = ["--collector", "sync", "--frames-per-batch", "500", "--env", "CartPole-v1"]
+    collect_args = ["--collector", "single", "--frames-per-batch", "500", "--env", "CartPole-v1"]
     cluster = Cluster()
     work = Path(tempfile.mkdtemp(prefix="hpccollect-bench-jobs-"))
     try:

@@ -17,6 +17,7 @@ from hpccollect.app.config import (
     COLLECTORS,
     COMPRESSIONS,
     LAUNCHERS,
+    RENAMED,
     RunConfig,
     load_toml,
 )
@@ -54,6 +55,11 @@ class _Parser(argparse.ArgumentParser):
     def _print_message(self, message: str, file=None) -> None:
         if not self.quiet:
             super()._print_message(message, file)
+
+
+def _spellings(option: str, words: tuple[str, ...]) -> tuple[str, ...]:
+    """``words`` and the earlier spellings still accepted (left out of the help)."""
+    return (*words, *RENAMED.get(option, {}))
 
 
 def _parser(quiet: bool = False) -> argparse.ArgumentParser:
@@ -100,7 +106,12 @@ def _parser(quiet: bool = False) -> argparse.ArgumentParser:
         type=int,
         help=f"worker processes of multi-* collectors (default {d.num_workers})",
     )
-    collect.add_argument("--collector", choices=COLLECTORS, help=f"default {d.collector}")
+    collect.add_argument(
+        "--collector",
+        choices=_spellings("collector", COLLECTORS),
+        metavar="{" + ",".join(COLLECTORS) + "}",
+        help=f"default {d.collector}",
+    )
     collect.add_argument("--frames-per-batch", type=int, help=f"default {d.frames_per_batch}")
     collect.add_argument("--total-frames", type=int, help=f"default {d.total_frames}")
     collect.add_argument("--max-steps", type=int, help="truncate episodes after this many steps")
@@ -137,9 +148,10 @@ def _parser(quiet: bool = False) -> argparse.ArgumentParser:
     )
     mpi.add_argument(
         "--launcher",
-        choices=LAUNCHERS,
+        choices=_spellings("launcher", LAUNCHERS),
+        metavar="{" + ",".join(LAUNCHERS) + "}",
         help="mpi: run distributed (the default when mpiexec, srun or torchrun started more than "
-        "one process); local: one process as without a launcher (each process its own job)",
+        "one process); none: one process as without a launcher (each process its own job)",
     )
     mpi.add_argument(
         "--backend",
@@ -237,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = _parser(quiet=not out.speaks).parse_args(args)
         with warnings.catch_warnings():
             warnings.showwarning = show_warning_line
+            if not out.speaks:  # rank 0 alone warns of what every rank finds alike
+                warnings.simplefilter("ignore", FutureWarning)
             return commands[ns.command](ns)
     except _UsageError as err:
         return out.fail(2, str(err))
@@ -291,7 +305,7 @@ def _collect(ns: argparse.Namespace, out: _Output) -> int:
 
     if wants_mpi(cfg):  # rank 0 alone reads a run to resume, during its start-up checks
         return _collect_distributed(cfg, ns.quiet, out, resolve)
-    out.speaks = True  # --launcher local: every process runs its own job
+    out.speaks = True  # --launcher none: every process runs its own job
     if resolve is not None:
         cfg = resolve()
     cfg.check_local()
@@ -300,7 +314,7 @@ def _collect(ns: argparse.Namespace, out: _Output) -> int:
 
     print(
         f"collecting {cfg.total_frames} frames of {cfg.env} with {cfg.collector} "
-        f"({cfg.num_workers if cfg.collector != 'sync' else 1} process(es) x {cfg.num_envs} env(s)) "
+        f"({cfg.num_workers if cfg.collector != 'single' else 1} process(es) x {cfg.num_envs} env(s)) "
         f"-> {cfg.output}",
         file=sys.stderr,
     )

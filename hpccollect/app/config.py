@@ -9,11 +9,14 @@ import dataclasses
 import math
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpccollect.collectors.kinds import COLLECTOR_KINDS
 from hpccollect.errors import ArgumentValueError
+from hpccollect.launchers import job_launchers
 from hpccollect.transport.backends import backend_names
 
 if sys.version_info >= (3, 11):
@@ -21,11 +24,24 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["BACKENDS", "COLLECTORS", "LAUNCHERS", "RunConfig", "data_dir", "load_toml"]
+__all__ = [
+    "BACKENDS",
+    "COLLECTORS",
+    "LAUNCHERS",
+    "RunConfig",
+    "current_spelling",
+    "data_dir",
+    "load_toml",
+]
 
-COLLECTORS = ("sync", "multi-sync", "multi-async")
+COLLECTORS = tuple(COLLECTOR_KINDS)
 COMPRESSIONS = ("none", "gzip", "lzf")
-LAUNCHERS = ("local", "mpi")
+#: ``none``: one process runs the whole job; a launcher's name: every rank it started runs it
+LAUNCHERS = ("none", *job_launchers())
+#: the earlier spellings, still accepted (option -> {old: new}): ``--collector sync`` meant
+#: ``single``, where TorchRL's ``collector_class="sync"`` means MultiSync; ``--launcher local``
+#: was no launcher at all, where the library's local launcher is ``mp``
+RENAMED = {"collector": {"sync": "single"}, "launcher": {"local": "none"}}
 BACKENDS = backend_names()
 #: options that only a distributed run (mpiexec/srun, or --launcher mpi) uses
 DISTRIBUTED_OPTIONS = ("shards", "backend", "master_addr", "interface")
@@ -55,7 +71,7 @@ class RunConfig:
     overwrite: bool = False
     worker_timeout: float = 600.0
     imports: tuple[str, ...] = ()
-    launcher: str | None = None  # None: mpi when a launcher started several ranks, else local
+    launcher: str | None = None  # None: mpi when a launcher started several ranks, else none
     backend: str | None = None  # None: gloo
     master_addr: str | None = None
     interface: str | None = None
@@ -75,6 +91,8 @@ class RunConfig:
             raise ArgumentValueError(
                 f"--max-steps must be a positive integer, got {self.max_steps!r}."
             )
+        for name in RENAMED:  # a config built in code: as from_sources, without the warning
+            object.__setattr__(self, name, current_spelling(name, getattr(self, name)))
         if self.collector not in COLLECTORS:
             raise ArgumentValueError(
                 f"--collector must be one of {', '.join(COLLECTORS)}; got {self.collector!r}."
@@ -193,11 +211,27 @@ class RunConfig:
                         f"unknown option {key!r} in {where}; known: {', '.join(sorted(names))}."
                     )
                 if value is not None:
-                    values[name] = value
+                    values[name] = current_spelling(name, value, warn=True)
         return cls(**values)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def current_spelling(name: str, value: Any, warn: bool = False) -> Any:
+    """``value`` of option ``name`` in today's words (``RENAMED``); with ``warn``, a
+    ``FutureWarning`` for an old one."""
+    new = RENAMED.get(name, {}).get(value) if isinstance(value, str) else None
+    if new is None:
+        return value
+    if warn:
+        flag = "--" + name.replace("_", "-")
+        warnings.warn(
+            f"{flag} {value} is now spelled {flag} {new}; the old word will stop being accepted.",
+            FutureWarning,
+            stacklevel=3,
+        )
+    return new
 
 
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:

@@ -1,9 +1,9 @@
-"""The local part of a collection job: this process collects with ``--collector`` (``sync``:
+"""The local part of a collection job: this process collects with ``--collector`` (``single``:
 here; ``multi-sync``/``multi-async``: over ``--num-workers`` worker processes) and writes the
 dataset itself (``lifecycle.py`` runs it).
 
 Reproducibility: ``seed`` seeds the envs, the random policy, torch's generator before the default
-MLP is built (its weights) and during sampling (in this process for ``sync``, in each worker for
+MLP is built (its weights) and during sampling (in this process for ``single``, in each worker for
 the multi-process collectors).
 """
 
@@ -19,7 +19,8 @@ from hpccollect.app.preflight import check_output, env_maker, probe_policy, reco
 from hpccollect.app.resume import Attempt, remove_run_files, start_attempt
 from hpccollect.app.signals import StopSignals
 from hpccollect.app.summary import Summary
-from hpccollect.collectors import MultiaSyncDataCollector, MultiSyncDataCollector, SyncDataCollector
+from hpccollect.collectors.kinds import collector_kind
+from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.storage import Sink, open_sink
 
 __all__ = ["LocalPart", "run_collect"]
@@ -96,7 +97,7 @@ def _collector(cfg: RunConfig, make: Callable, policy: Any) -> Any:
         total_frames=cfg.total_frames,
         max_frames_per_traj=cfg.max_steps,
     )
-    if cfg.collector == "sync":
-        return SyncDataCollector(make, policy, **common)
-    cls = MultiSyncDataCollector if cfg.collector == "multi-sync" else MultiaSyncDataCollector
+    cls = collector_kind(cfg.collector)
+    if not issubclass(cls, MultiCollectorBase):
+        return cls(make, policy, **common)
     return cls([make] * cfg.num_workers, policy, worker_timeout=cfg.worker_timeout, **common)

@@ -48,14 +48,13 @@ __all__ = ["MPICollect", "launched_rank", "open_shard", "shard_name", "wants_mpi
 
 _SHARD_WAIT = 60.0  # s rank 0 waits for the ranks to close their shards after shutdown
 _POLL = 0.02
-_CLASSES = {"sync": "single", "multi-sync": "sync", "multi-async": "async"}
 
 
 def wants_mpi(cfg: RunConfig) -> bool:
     """Whether ``collect`` runs distributed: ``--launcher``, else whether a launcher (mpiexec,
     srun, torchrun) started more than one rank."""
     if cfg.launcher is not None:
-        return cfg.launcher == "mpi"
+        return cfg.launcher != "none"
     return launched_ranks() > 1
 
 
@@ -187,7 +186,7 @@ class MPICollect:
             raise ArgumentValueError(
                 f"the launcher started {launched_ranks()} processes but MPI sees only this one: "
                 "start the job with the mpiexec of the MPI library mpi4py uses (or srun with "
-                "its PMI plug-in), or pass --launcher local to run one job per process."
+                "its PMI plug-in), or pass --launcher none to run one job per process."
             )
         if self.size == 1:
             raise ArgumentValueError(
@@ -220,7 +219,7 @@ class MPICollect:
     def _arguments(self, launcher: Any) -> dict[str, Any]:
         """The ``DistributedDataCollector`` arguments; the same on every rank."""
         cfg = self.cfg
-        multi = cfg.collector != "sync"
+        multi = cfg.collector != "single"
         sink = None
         if cfg.shards and self.rank == 0:
             sink = functools.partial(
@@ -235,7 +234,7 @@ class MPICollect:
             frames_per_batch=cfg.frames_per_batch,
             total_frames=cfg.total_frames,
             max_frames_per_traj=-1 if cfg.max_steps is None else cfg.max_steps,
-            collector_class=_CLASSES[cfg.collector],
+            collector_class=cfg.collector,
             collector_kwargs={"worker_timeout": cfg.worker_timeout} if multi else None,
             num_workers_per_collector=cfg.num_workers if multi else 1,
             sync=False,
@@ -302,7 +301,7 @@ class MPICollect:
         cfg = self.cfg
         inner = (
             f"{cfg.num_workers} process(es) x {cfg.num_envs} env(s)"
-            if cfg.collector != "sync"
+            if cfg.collector != "single"
             else f"{cfg.num_envs} env(s)"
         )
         where = f"{cfg.output} (shards in {cfg.shards_dir})" if cfg.shards else str(cfg.output)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpccollect.app.config import RunConfig
+from hpccollect.app.config import RunConfig, current_spelling
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
 from hpccollect.storage import merge_shards, open_dataset, repair
 
@@ -163,7 +163,7 @@ def resumed_config(resume: str, sources: Sequence[dict[str, Any]]) -> RunConfig:
     line's) on top; an option that defines the data and differs from the record is refused."""
     run = find_run(resume)
     recorded = _recorded_options(run)
-    values = {k: recorded[k] for k in _RECORDED if k in recorded}
+    values = {k: current_spelling(k, recorded[k]) for k in _RECORDED if k in recorded}
     values["imports"] = tuple(values.get("imports", ()))
     for source in sources:
         for key, value in source.items():

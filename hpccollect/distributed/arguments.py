@@ -6,18 +6,14 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from hpccollect.collectors.multi import MultiaSyncDataCollector, MultiSyncDataCollector
+from hpccollect.collectors.kinds import COLLECTOR_KINDS, TORCHRL_KINDS, collector_kind
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["accepted_kwargs", "check_collector_class", "check_collector_kwargs", "check_port"]
 
-_CLASSES = {
-    "single": SyncDataCollector,
-    "sync": MultiSyncDataCollector,
-    "async": MultiaSyncDataCollector,
-}
+_KINDS = [*COLLECTOR_KINDS, *TORCHRL_KINDS]
 #: collector arguments the ranks' collectors get from this one; collector_kwargs cannot set them
 _OWN = (
     "frames_per_batch",
@@ -34,12 +30,11 @@ _OWN = (
 
 def check_collector_class(value: Any) -> type:
     if isinstance(value, str):
-        if value not in _CLASSES:
+        if value not in _KINDS:
             raise ArgumentValueError(
-                f"collector_class must be a collector class or one of {list(_CLASSES)}, got "
-                f"{value!r}."
+                f"collector_class must be a collector class or one of {_KINDS}, got {value!r}."
             )
-        return _CLASSES[value]
+        return collector_kind(value, torchrl_names=True)
     if isinstance(value, type) and issubclass(value, (SyncDataCollector, MultiCollectorBase)):
         if getattr(value, "starts_ranks", False):
             raise ArgumentValueError(
@@ -49,7 +44,7 @@ def check_collector_class(value: Any) -> type:
         return value
     raise ArgumentTypeError(
         "collector_class must be SyncDataCollector, MultiSyncDataCollector, "
-        f"MultiaSyncDataCollector (or a subclass), or 'single'/'sync'/'async'; got {value!r}."
+        f"MultiaSyncDataCollector (or a subclass), or one of {_KINDS}; got {value!r}."
     )
 
 

@@ -37,7 +37,7 @@ def on_path(folder):
 def small(*extra):
     return [
         "--collector",
-        "sync",
+        "single",
         "--total-frames",
         400,
         "--frames-per-batch",
@@ -426,7 +426,7 @@ def _arrays(path):
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("collector", ["sync", "multi-sync"])
+@pytest.mark.parametrize("collector", ["single", "multi-sync"])
 def test_same_seed_same_dataset(tmp_path, collector):
     """The default MLP policy (weights and sampling) is seeded: same --seed, same data."""
     common = ["--collector", collector, "--num-workers", 2, "--total-frames", 1000]
@@ -498,7 +498,7 @@ def test_an_env_failing_in_a_worker_gets_one_line_and_exit_code_2(tmp_path):
         "gym.register('FailsInWorker-v0', entry_point=FailsInWorker, max_episode_steps=50)\n"
     )
     args = small("--env", "workerfail:FailsInWorker-v0", "--out", "a.h5")
-    args[args.index("sync")] = "multi-sync"
+    args[args.index("single")] = "multi-sync"
     done = run(*args, "--num-workers", 1, cwd=tmp_path, env=on_path(tmp_path))
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = [line for line in done.stderr.splitlines() if line.startswith("hpccollect:")]

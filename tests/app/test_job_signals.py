@@ -120,7 +120,7 @@ def workers_of(proc: subprocess.Popen) -> list[int]:
     [
         ("multi-sync", signal.SIGTERM),
         ("multi-async", signal.SIGTERM),
-        ("sync", signal.SIGTERM),
+        ("single", signal.SIGTERM),
         ("multi-sync", signal.SIGINT),
     ],
 )
@@ -139,7 +139,7 @@ def test_signal_to_the_process_group_is_a_clean_stop(tmp_path, collector, sig):
     try:
         wait_for(proc, committed(tmp_path / "long.h5.partial", 1500), 150, "a few batches")
         processes = descendants(proc.pid)
-        if collector != "sync":
+        if collector != "single":
             assert len(workers_of(proc)) == 2
         os.killpg(proc.pid, sig)  # what SLURM, scancel, timeout and a terminal's Ctrl-C do
         out, err = proc.communicate(timeout=60)

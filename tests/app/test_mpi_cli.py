@@ -110,8 +110,8 @@ def episodes(path: Path) -> tuple[int, np.ndarray]:
 @pytest.mark.parametrize(
     ("extra", "shards"),
     [
-        (["--collector", "sync", "--backend", "mpi"], False),
-        (["--collector", "sync", "--num-envs", "2", "--shards"], True),
+        (["--collector", "single", "--backend", "mpi"], False),
+        (["--collector", "single", "--num-envs", "2", "--shards"], True),
     ],
     ids=["rank-0-writes-mpi-backend", "shards-gloo"],
 )
@@ -149,7 +149,7 @@ def test_collect_under_mpiexec_keeps_every_episode_of_every_rank(tmp_path, capsy
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("shards", [False, True], ids=["rank-0-writes", "shards"])
 def test_sigterm_to_mpiexec_keeps_the_committed_episodes(tmp_path, capsys, shards):
-    args = ["--env", "CartPole-v1", "--collector", "sync", "--frames-per-batch", "100"]
+    args = ["--env", "CartPole-v1", "--collector", "single", "--frames-per-batch", "100"]
     args += ["--total-frames", "100000000", "--out", "run.h5"] + (["--shards"] if shards else [])
     job = Job(tmp_path, *args)
     collecting = re.compile(r"\] [1-9]\d*/100000000 frames")
@@ -177,7 +177,7 @@ def test_sigterm_to_mpiexec_keeps_the_committed_episodes(tmp_path, capsys, shard
     [
         (["--frames-per-batch", "7"], "hpccollect: error: --frames-per-batch 7 cannot be split"),
         # found on rank 0 only, after MPI started: the others must not wait for it forever
-        (["--collector", "sync", "--out", "taken.h5"], "hpccollect: error: taken.h5 already"),
+        (["--collector", "single", "--out", "taken.h5"], "hpccollect: error: taken.h5 already"),
     ],
     ids=["every-rank", "rank-0-only"],
 )
@@ -213,7 +213,7 @@ def test_distributed_options_without_a_launcher_are_refused(tmp_path, capsys):
 @pytest.mark.timeout(360)
 def test_a_run_stopped_under_mpiexec_resumes_with_new_shards(tmp_path, capsys):
     total = 16_000
-    args = ["--env", "CartPole-v1", "--collector", "sync", "--frames-per-batch", "200"]
+    args = ["--env", "CartPole-v1", "--collector", "single", "--frames-per-batch", "200"]
     job = Job(tmp_path, *args, "--total-frames", str(total), "--out", "run.h5", "--shards")
     collecting = re.compile(rf"\] [1-9]\d*/{total} frames")
     started = job.watch(150, lambda: bool(collecting.search(job.stderr())))

@@ -110,7 +110,7 @@ def test_a_run_stopped_by_sigterm_resumes_to_exactly_its_total(tmp_path):
 def test_a_killed_run_is_repaired_and_resumed(tmp_path):
     total, batch = 30_000, 500
     proc = stop_midway(
-        tmp_path, signal.SIGKILL, "--collector", "sync", "--total-frames", total,
+        tmp_path, signal.SIGKILL, "--collector", "single", "--total-frames", total,
         "--frames-per-batch", batch,
     )  # fmt: skip
     assert proc.returncode == -signal.SIGKILL
@@ -126,7 +126,7 @@ def test_a_killed_run_is_repaired_and_resumed(tmp_path):
 
 
 def small_run(tmp_path: Path, out: str, *extra: str) -> None:
-    args = ["collect", "--quiet", "--collector", "sync", "--policy", "random"]
+    args = ["collect", "--quiet", "--collector", "single", "--policy", "random"]
     args += ["--total-frames", "400", "--frames-per-batch", "200", "--out", out, *extra]
     assert main(args) == 0
 

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "jobs" / "collect.sh"
 Cluster = Any  # slurm_cluster.Cluster: the slurm_cluster fixture
-SMALL = ["--collector", "sync", "--frames-per-batch", "200", "--seed", "3"]
+SMALL = ["--collector", "single", "--frames-per-batch", "200", "--seed", "3"]
 
 
 def _inspect(path: Path) -> str:

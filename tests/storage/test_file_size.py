@@ -66,7 +66,7 @@ def test_cli_run_of_4000_frames_makes_a_small_file(tmp_path):
     out = tmp_path / "cli.h5"
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "hpccollect", "--env", "CartPole-v1", "--collector", "sync"),
+            *(sys.executable, "-m", "hpccollect", "--env", "CartPole-v1", "--collector", "single"),
             *("--frames-per-batch", "1000", "--total-frames", "4000", "--out", str(out), "--quiet"),
         ],
         capture_output=True,

@@ -200,7 +200,7 @@ def test_cli_merge_of_two_runs_then_inspect_is_clean(tmp_path):
         assert done.returncode == code, done.stderr
         return done
 
-    run = ("--collector", "sync", "--total-frames", 400, "--frames-per-batch", 200, "--quiet")
+    run = ("--collector", "single", "--total-frames", 400, "--frames-per-batch", 200, "--quiet")
     cli("collect", *run, "--seed", 1, "--out", "a.h5")
     cli("collect", *run, "--seed", 2, "--out", "b.h5")
     cli("merge", "a.h5", "b.h5", "--out", "all.h5")

@@ -118,7 +118,7 @@ def test_env_kwargs_on_the_command_line_reach_the_minari_export(tmp_path, monkey
 
     cli(
         "collect", "--env", "FrozenLake-v1", "--env-kwargs", json.dumps(LAKE),
-        "--collector", "sync", "--policy", "random", "--total-frames", 400,
+        "--collector", "single", "--policy", "random", "--total-frames", 400,
         "--frames-per-batch", 200, "--quiet", "--out", out,
     )  # fmt: skip
     with open_dataset(out) as ds:

@@ -168,7 +168,7 @@ def test_full_disk_on_the_command_line_is_one_line_and_exit_1(tiny_disk, tmp_pat
     out = tiny_disk / "run.h5"
     env = {k: v for k, v in os.environ.items() if k != "HPCCOLLECT_DATA_DIR"}
     done = subprocess.run(
-        [sys.executable, "-m", "hpccollect", "--collector", "sync", "--env", "Pendulum-v1",
+        [sys.executable, "-m", "hpccollect", "--collector", "single", "--env", "Pendulum-v1",
          "--total-frames", "40000", "--frames-per-batch", "2000", "--quiet", "--out", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150,
     )  # fmt: skip

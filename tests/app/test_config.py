@@ -1,0 +1,75 @@
+"""One vocabulary: the collector kinds and launchers the command line takes are the library's
+own words, and the earlier spellings still work, with a warning."""
+
+from __future__ import annotations
+
+import warnings
+
+import h5py
+import pytest
+
+from hpccollect import MultiaSyncDataCollector, MultiSyncDataCollector, SyncDataCollector
+from hpccollect.app.cli import main
+from hpccollect.app.config import COLLECTORS, LAUNCHERS, RunConfig
+from hpccollect.app.mpi_job import wants_mpi
+from hpccollect.collectors.kinds import COLLECTOR_KINDS, collector_kind
+from hpccollect.distributed.arguments import check_collector_class
+from hpccollect.errors import ArgumentValueError
+from hpccollect.launchers import job_launchers
+
+
+def test_the_command_line_uses_the_librarys_lists():
+    assert COLLECTORS == tuple(COLLECTOR_KINDS) == ("single", "multi-sync", "multi-async")
+    assert ("none", *job_launchers()) == LAUNCHERS
+
+
+@pytest.mark.parametrize(
+    "kind, cls",
+    [
+        ("single", SyncDataCollector),
+        ("multi-sync", MultiSyncDataCollector),
+        ("multi-async", MultiaSyncDataCollector),
+    ],
+)
+def test_a_kind_names_one_class_everywhere(kind, cls):
+    assert collector_kind(kind) is cls
+    assert check_collector_class(kind) is cls  # collector_class="multi-sync" as --collector
+
+
+def test_torchrls_collector_class_words_keep_torchrls_meaning():
+    assert check_collector_class("sync") is MultiSyncDataCollector
+    assert check_collector_class("async") is MultiaSyncDataCollector
+    with pytest.raises(ArgumentValueError, match="collector kind must be one of"):
+        collector_kind("sync")  # not a kind of the command line: it meant 'single' there
+
+
+@pytest.mark.parametrize(
+    "option, old, new", [("collector", "sync", "single"), ("launcher", "local", "none")]
+)
+def test_an_earlier_spelling_is_accepted_with_a_warning(option, old, new):
+    with pytest.warns(FutureWarning, match=f"--{option} {old} is now spelled --{option} {new}"):
+        cfg = RunConfig.from_sources({}, {option: old})
+    assert getattr(cfg, option) == new
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert getattr(RunConfig.from_sources({option: new}, {}), option) == new
+
+
+def test_launcher_none_runs_one_process_even_under_a_launcher(monkeypatch):
+    monkeypatch.setenv("PMI_SIZE", "3")  # as mpiexec -n 3 sets it
+    monkeypatch.setenv("PMI_RANK", "0")
+    assert wants_mpi(RunConfig(launcher="none")) is False
+    assert wants_mpi(RunConfig(launcher="mpi")) is True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_collector_sync_on_the_command_line_still_runs_single(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--collector", "sync", "--total-frames", "200", "--frames-per-batch", "100"]
+    code = main([*argv, "--quiet", "--out", "x.h5"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "hpccollect: warning: --collector sync is now spelled --collector single" in err
+    with h5py.File(tmp_path / "x.h5") as f:
+        assert '"collector": "single"' in f.attrs["collector_config"]
