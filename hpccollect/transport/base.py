@@ -94,12 +94,10 @@ class Channel(abc.ABC):
     ``life`` is the peer's process.
 
     Attributes:
-        host: the peer's host as far as this side knows it.
         local: whether the peer shares this machine's memory (``Command.local_only`` needs it).
         rank: the peer's rank, for a collector rank.
     """
 
-    host: str = ""
     local: bool = False
     #: its messages are seen by ``poll`` only, not by waiting on ``handles()`` (which then
     #: tell only the peer's end and wake-ups)
@@ -131,6 +129,11 @@ class Channel(abc.ABC):
     def pid(self) -> int | None:
         """The peer's process id when known."""
         return self.life.pid
+
+    @property
+    def host(self) -> str:
+        """The peer's host as far as this side knows it."""
+        return self.life.host
 
     def describe(self) -> str:
         """The peer, for messages."""

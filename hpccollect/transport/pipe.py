@@ -85,7 +85,6 @@ class PipeChannel(Channel):
     def __init__(self, conn: Connection, process: Any = None) -> None:
         self.conn, self.process = conn, process
         self.life = ProcessLife(process)
-        self.host = self.life.host
         self._closed = False
         _OPEN_PIPES.add(self)
 

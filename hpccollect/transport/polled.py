@@ -147,7 +147,7 @@ class PolledRankChannel(RankChannel):
         else:
             self._inbox.append(self._read_message())
 
-    def _join_peer(self, timeout: float) -> bool:
+    def join_peer(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout  # receive until the peer's goodbye
         while self._failure is None and not self._closed and time.monotonic() < deadline:
             self._take(deadline - time.monotonic())

@@ -80,11 +80,10 @@ class RankChannel(Channel):
         device: Any = "cpu",
         send_timeout: float = 600.0,
     ) -> None:
-        self.groups, self.peer, self.process = groups, peer, process
+        self.groups, self.peer = groups, peer
         self.rank = peer
         self.device = torch.device(device)
         self.life = _RankLife(self, process)
-        self.host = self.life.host
         self.local = False
         self.peer_weights_nbytes: int | None = None
         self._send_timeout = datetime.timedelta(seconds=send_timeout)
@@ -271,7 +270,7 @@ class RankChannel(Channel):
         size = max(wire.batch.nbytes, HEADER + CONTROL)
         flat = torch.zeros(size, dtype=torch.uint8, device=self.device)
         self.peer_weights_nbytes = wire.weights_nbytes
-        self.host = self.life.host = wire.host
+        self.life.host = wire.host
         self.life.pid = wire.pid
         batch = wire.batch.views(flat)
         self._recv_buf, self._in_head = flat, header(flat)
@@ -378,9 +377,14 @@ class RankChannel(Channel):
         return [self._rfd] if sentinel is None else [self._rfd, sentinel]
 
     # ------------------------------------------------------------------ the peer's life
-    def _join_peer(self, timeout: float) -> bool:
+    def join_peer(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the peer's end, seen through the connection."""
         raise NotImplementedError
+
+    def gone(self) -> str | None:
+        """How the connection ended, once nothing more can arrive on it; None while open."""
+        receiving = self._thread is not None and self._thread.is_alive()
+        return self._failure if self._failure and not receiving else None
 
     def describe(self) -> str:
         pid = f"pid {self.pid}, " if self.pid is not None else ""
@@ -422,14 +426,12 @@ class _RankLife(PeerLife):
             how = self._process.death(wait)
             if how is not None:
                 return how
-        channel = self._channel
-        receiving = channel._thread is not None and channel._thread.is_alive()
-        return channel._failure if channel._failure and not receiving else None
+        return self._channel.gone()
 
     def join(self, timeout: float) -> bool:
         if self._process is not None:
             return self._process.join(timeout)
-        return self._channel._join_peer(timeout)
+        return self._channel.join_peer(timeout)
 
     def kill(self) -> None:
         if self._process is not None:

@@ -65,6 +65,6 @@ class ThreadedRankChannel(RankChannel):
         with contextlib.suppress(OSError):
             os.read(self._rfd, 1)
 
-    def _join_peer(self, timeout: float) -> bool:
+    def join_peer(self, timeout: float) -> bool:
         self._thread.join(max(0.0, timeout))
         return not self._thread.is_alive()
