@@ -22,14 +22,9 @@ from tensordict import TensorDictBase
 from hpccollect._version import __version__
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, StorageError
 from hpccollect.storage.diskspace import describe_os_error
+from hpccollect.storage.episodes import EpisodeAssembler, Episodes
 from hpccollect.storage.h5append import DEFAULT_EXPECTED_ROWS, RowAppender, chunk_rows
-from hpccollect.storage.layout import (
-    EPISODE,
-    SQUEEZED,
-    Key,
-    keymap_for,
-    keymap_to_json,
-)
+from hpccollect.storage.layout import EPISODE, SQUEEZED, keymap_to_json
 from hpccollect.storage.metadata import env_metadata
 from hpccollect.storage.sink import Sink
 from hpccollect.storage.spaces_json import describe
@@ -37,8 +32,6 @@ from hpccollect.storage.spaces_json import describe
 __all__ = ["DEFAULT_EXPECTED_ROWS", "FORMAT_VERSION", "HDF5Writer", "chunk_rows", "partial_path"]
 
 FORMAT_VERSION = 1
-_TRAJ: Key = ("collector", "traj_ids")
-_MASK: Key = ("collector", "mask")
 _COMPRESSIONS = (None, "gzip", "lzf")
 
 
@@ -129,8 +122,7 @@ class HDF5Writer(Sink):
             )
         except (OSError, RuntimeError) as err:
             raise StorageError(f"cannot create {self.partial}: {describe_os_error(err)}") from err
-        self._pending: dict[int, list[dict[str, np.ndarray]]] = {}
-        self._keymap: dict[str, Key] | None = None
+        self._episodes = EpisodeAssembler()
         self.committed_steps = self.committed_episodes = 0
         self.returns: list[float] = []
         self._appends = 0
@@ -186,131 +178,22 @@ class HDF5Writer(Sink):
             raise ArgumentValueError(f"{self.path} is closed; open a new HDF5Writer to write more.")
         if not isinstance(batch, TensorDictBase):
             raise ArgumentTypeError(f"extend() takes a TensorDict, got {type(batch).__name__}.")
-        if _TRAJ not in batch.keys(True, True):
-            raise ArgumentValueError(
-                "the batch has no ('collector', 'traj_ids'): HDF5Writer needs a collector's output "
-                "to group steps into episodes."
-            )
-        keys = [k if isinstance(k, tuple) else (k,) for k in batch.keys(True, True)]
-        keys = [k for k in keys if k != _MASK]
-        if self._keymap is None:
-            self._keymap = keymap_for(keys)
-        arrays, ids, done, row_end = self._flatten(batch, keys)
-        if not len(ids):
-            return
-        # segments: runs of one trajectory id within one env row
-        cut = np.flatnonzero((ids[1:] != ids[:-1]) | row_end[:-1]) + 1
-        starts = np.concatenate([[0], cut])
-        stops = np.concatenate([cut, [len(ids)]])
-        ended = done[stops - 1]
-        closes = ended | ~row_end[stops - 1]  # done, or followed by another trajectory in its row
-        row_start = np.ones(len(ids), dtype=bool)
-        row_start[1:] = row_end[:-1]
-        # only a row's first segment (it may continue a pending episode) and a segment that
-        # stays open need Python; every other segment is a whole episode inside this batch
-        special = np.flatnonzero(row_start[starts] | ~closes)
-        fresh = np.ones(len(starts), dtype=bool)
-        episodes: list[tuple[int, dict[str, Any]]] = []
-        for k in special:
-            tid = int(ids[starts[k]])
-            if tid in self._pending or not closes[k]:
-                fresh[k] = False
-                view = {p: a[starts[k] : stops[k]] for p, a in arrays.items()}
-                if closes[k]:  # the episode ends here: join its earlier parts, no extra copy
-                    self._pending[tid].append(view)
-                    episodes.append(self._episode(tid, not ended[k]))
-                else:  # still open: keep a copy (the batch's buffers may be reused)
-                    self._pending.setdefault(tid, []).append({p: v.copy() for p, v in view.items()})
-        if fresh.any():
-            episodes += self._gather(arrays, ids, starts[fresh], stops[fresh], ended[fresh])
-        if episodes:
+        episodes = self._episodes.take(batch)
+        if episodes is not None:
             self._commit(episodes)
 
-    def _flatten(self, batch: TensorDictBase, keys: list[Key]):
-        """Row-major arrays over every env row: {path: [R*T, ...]}, ids, done, row ends."""
-        paths = self._keymap
-        if set(paths.values()) != set(keys):
-            raise ArgumentValueError(
-                "this batch's keys differ from the first batch's: "
-                f"{sorted(map(str, set(keys) ^ set(paths.values())))}; one writer takes one layout."
-            )
-        time_len = batch.shape[-1]
-        flat = batch.reshape(-1, time_len) if batch.batch_dims != 1 else batch.unsqueeze(0)
-        rows = flat.shape[0]
-        keep = None
-        if _MASK in batch.keys(True, True):
-            keep = flat.get(_MASK).numpy().reshape(-1)
-        row_end = np.zeros((rows, time_len), dtype=bool)
-        row_end[:, -1] = True
-        row_end = row_end.reshape(-1)
-        arrays = {}
-        for p, k in paths.items():
-            value = flat.get(k).detach().cpu().numpy()
-            arrays[p] = value.reshape(rows * time_len, *value.shape[2:])
-        ids = flat.get(_TRAJ).numpy().reshape(-1)
-        done = flat.get(("next", "done")).numpy().reshape(-1)
-        if keep is not None:  # split trajectories: drop padding, a row ends at its last real step
-            last = np.zeros_like(keep)
-            counts = keep.reshape(rows, time_len).sum(1)
-            ends = np.flatnonzero(counts) * time_len + counts[counts > 0] - 1
-            last[ends] = True
-            arrays = {p: a[keep] for p, a in arrays.items()}
-            ids, done, row_end = ids[keep], done[keep], last[keep]
-        return arrays, ids, done, row_end
-
-    def _gather(self, arrays, ids, starts, stops, ended):
-        """Whole episodes that lie inside this batch, taken with one index per dataset."""
-        lengths = stops - starts
-        index = np.repeat(starts - np.cumsum(np.concatenate([[0], lengths[:-1]])), lengths)
-        index += np.arange(lengths.sum())
-        block = {p: a[index] for p, a in arrays.items()}
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        for k in np.flatnonzero(~ended):  # cut short (a reset): record as truncated
-            self._mark_truncated(block, offsets[k + 1] - 1)
-        return [(-1, {"__block__": block, "__ids__": ids[starts], "__lengths__": lengths})]
-
-    def _episode(self, tid: int, cut: bool) -> tuple[int, dict[str, np.ndarray]]:
-        """The pending segments of ``tid`` as one episode (truncated at its end if ``cut``)."""
-        segments = self._pending.pop(tid)
-        episode = {p: np.concatenate([s[p] for s in segments]) for p in segments[0]}
-        if cut:  # ended without done (end of run, or a reset): record it as truncated
-            self._mark_truncated(episode, -1)
-        return tid, episode
-
-    def _mark_truncated(self, data: dict[str, np.ndarray], row: int) -> None:
-        for path, key in self._keymap.items():
-            if key in (("next", "truncated"), ("next", "done")):
-                data[path][row] = True
-
     # ------------------------------------------------------------------ output
-    def _commit(self, episodes: list[tuple[int, dict[str, Any]]]) -> None:
-        """Append whole episodes, flush, then move the committed counters and flush again.
-
-        Each item is (traj id, arrays) for one episode, or a block of several episodes
-        (``__block__`` arrays with their ``__ids__`` and ``__lengths__``).
-        """
-        parts, tids, lengths = [], [], []
-        for tid, episode in episodes:
-            if "__block__" in episode:
-                parts.append(episode["__block__"])
-                tids.append(episode["__ids__"])
-                lengths.append(episode["__lengths__"])
-            else:
-                parts.append(episode)
-                tids.append(np.array([tid]))
-                lengths.append(np.array([len(next(iter(episode.values())))]))
-        if len(parts) == 1:
-            data = dict(parts[0])
-        else:
-            data = {p: np.concatenate([part[p] for part in parts]) for p in parts[0]}
-        data = {p: (a.reshape(len(a)) if p in SQUEEZED else a) for p, a in data.items()}
-        tids, lengths = np.concatenate(tids), np.concatenate(lengths)
+    def _commit(self, episodes: Episodes) -> None:
+        """Append whole episodes, flush, then move the committed counters and flush again."""
+        data = {p: (a.reshape(len(a)) if p in SQUEEZED else a) for p, a in episodes.data.items()}
+        tids, lengths = episodes.ids, episodes.lengths
         data[EPISODE] = np.repeat(tids.astype(np.int64), lengths)
         start, n = self.committed_steps, len(data[EPISODE])
         try:
             if "keymap" not in self._file.attrs:
-                self._file.attrs["keymap"] = keymap_to_json(self._keymap)
-                self._file.attrs["squeezed"] = sorted(SQUEEZED & set(self._keymap))
+                keymap = self._episodes.keymap
+                self._file.attrs["keymap"] = keymap_to_json(keymap)
+                self._file.attrs["squeezed"] = sorted(SQUEEZED & set(keymap))
             self._rows.append(data, start)  # raises before writing when the disk is too full
             self._file.flush()  # the rows are written before any counter covers them
             self._appends += 1
@@ -322,9 +205,7 @@ class HDF5Writer(Sink):
             raise self._fail(err) from err
         self.committed_steps += n
         self.committed_episodes += len(tids)
-        if "rewards" in data:
-            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-            self.returns += np.add.reduceat(data["rewards"].astype(np.float64), starts).tolist()
+        self.returns += episodes.returns()
 
     def _fail(self, err: BaseException) -> StorageError:
         """Remember the first write error; the file keeps its committed rows and stays partial."""
@@ -340,7 +221,7 @@ class HDF5Writer(Sink):
     @property
     def open_episodes(self) -> int:
         """Episodes started but not ended yet (written as truncated at close)."""
-        return len(self._pending)
+        return self._episodes.open_episodes
 
     def close(self) -> Path:
         """Write open episodes as truncated, fsync, close, and rename to the final name.
@@ -352,8 +233,9 @@ class HDF5Writer(Sink):
             return self.path if self.failed is None else self.partial
         try:
             if self.failed is None:
-                if self._pending:
-                    self._commit([self._episode(tid, True) for tid in list(self._pending)])
+                rest = self._episodes.finish()
+                if rest is not None:
+                    self._commit(rest)
                 try:
                     self._file.attrs["complete"] = True
                     self._file.flush()
@@ -379,12 +261,6 @@ class HDF5Writer(Sink):
         except (OSError, RuntimeError) as err:
             self._fail(err)
         self._rows.release()
-
-    def __enter__(self) -> HDF5Writer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __len__(self) -> int:
         return self.committed_steps

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from tensordict import TensorDictBase
@@ -29,10 +29,13 @@ __all__ = [
     "register_format",
 ]
 
+_S = TypeVar("_S", bound="Sink")
+
 
 class Sink(abc.ABC):
     """Takes a collector's batches and keeps whole episodes, safe against crashes: what it has
-    committed stays readable whatever happens to the process.
+    committed stays readable whatever happens to the process. A writer cuts batches into
+    episodes with ``storage.episodes.EpisodeAssembler`` and writes what that hands it.
 
     Attributes:
         path: the dataset's final name (None for a sink that keeps no data).
@@ -57,7 +60,7 @@ class Sink(abc.ABC):
         """Keep the episodes still open as truncated and finish the dataset; where it is (its
         final name, or the unfinished file after a write error)."""
 
-    def __enter__(self) -> Sink:
+    def __enter__(self: _S) -> _S:
         return self
 
     def __exit__(self, *exc: Any) -> None:
