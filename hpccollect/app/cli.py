@@ -382,11 +382,11 @@ def _inspect(ns: argparse.Namespace) -> int:
     import time
 
     from hpccollect.app.report import description, unfinished_hint
-    from hpccollect.storage import open_dataset
+    from hpccollect.storage import read_dataset
 
     unfinished_hint(ns.file)
     for attempt in range(3):
-        with open_dataset(ns.file) as ds:
+        with read_dataset(ns.file) as ds:
             problems = ds.check()
             if problems and not ds.complete and attempt < 2:
                 time.sleep(0.2)  # read while its writer was mid-flush: look again
@@ -401,14 +401,14 @@ def _inspect(ns: argparse.Namespace) -> int:
 
 
 def _repair(ns: argparse.Namespace) -> int:
-    from hpccollect.storage import open_dataset, repair
+    from hpccollect.storage import read_dataset, repair_dataset
 
     path = Path(ns.file)
     partial = path if path.name.endswith(".partial") else path.with_name(path.name + ".partial")
     if not path.exists() and not partial.exists():
         raise ArgumentValueError(f"{ns.file} does not exist (nor {partial.name}).")
-    out = repair(path)
-    with open_dataset(out) as ds:
+    out = repair_dataset(path)
+    with read_dataset(out) as ds:
         problems = ds.check()
         print(f"repaired {out}: {len(ds)} committed frames, {ds.committed_episodes} episodes kept")
     if problems:
@@ -418,10 +418,10 @@ def _repair(ns: argparse.Namespace) -> int:
 
 
 def _merge(ns: argparse.Namespace) -> int:
-    from hpccollect.storage import merge_shards, open_dataset
+    from hpccollect.storage import merge_datasets, read_dataset
 
-    out = merge_shards(ns.shards, ns.out, overwrite=ns.overwrite, allow_partial=ns.allow_partial)
-    with open_dataset(out) as ds:
+    out = merge_datasets(ns.shards, ns.out, overwrite=ns.overwrite, allow_partial=ns.allow_partial)
+    with read_dataset(out) as ds:
         print(
             f"merged {len(ns.shards)} shards into {out}: {len(ds)} frames, {ds.committed_episodes} episodes"
         )

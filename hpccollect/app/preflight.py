@@ -23,7 +23,7 @@ from hpccollect.app.progress import show_warning_line
 from hpccollect.app.resume import Attempt, run_files
 from hpccollect.envs.gym import GymEnv
 from hpccollect.errors import ArgumentValueError
-from hpccollect.storage import partial_path
+from hpccollect.storage import dataset_format
 
 __all__ = ["check_output", "env_maker", "probe_policy", "record", "resolve_env"]
 
@@ -98,7 +98,9 @@ def probe_policy(cfg: RunConfig, make: Callable[[], gym.Env], seed: int | None =
 def check_output(out: Path, overwrite: bool) -> None:
     """Refuse an existing output, or an earlier run's files beside it (unless ``overwrite``),
     and an output that cannot be written."""
-    earlier = [p for p in (out, partial_path(out)) if p.exists()] + run_files(out)
+    earlier = [p for p in (out, dataset_format(out).partial_path(out)) if p.exists()] + run_files(
+        out
+    )
     if earlier and not overwrite:
         raise ArgumentValueError(
             f"{earlier[0]} already exists; pass --overwrite to replace it (or --resume {out} to "

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hpccollect.errors import ArgumentValueError
-from hpccollect.storage import H5Dataset
 
 __all__ = ["description", "unfinished_hint"]
 
 
-def description(ds: H5Dataset, file: str) -> list[str]:
-    """What ``inspect`` prints above the integrity line."""
+def description(ds: Any, file: str) -> list[str]:
+    """What ``inspect`` prints above the integrity line (``ds``: a dataset reader, as
+    ``storage.read_dataset`` opens it)."""
     lines: list[str] = []
     meta = ds.metadata
     state = (

@@ -31,7 +31,7 @@ from typing import Any
 
 from hpccollect.app.config import RunConfig, current_spelling
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
-from hpccollect.storage import merge_shards, open_dataset, repair
+from hpccollect.storage import merge_datasets, read_dataset, repair_dataset
 
 __all__ = [
     "RUN_OPTIONS",
@@ -116,7 +116,7 @@ class Attempt:
         """What the run holds now, for the summary."""
         if not self.run.exists():
             return f"attempt {self.number}: nothing kept yet"
-        with open_dataset(self.run) as ds:
+        with read_dataset(self.run) as ds:
             files = len(json.loads(ds.file.attrs.get("merged_from", "[]")))
             return (
                 f"attempt {self.number}: {self.run.name} holds {len(ds)} of {self.run_total} "
@@ -196,7 +196,7 @@ def start_attempt(cfg: RunConfig) -> Attempt:
     try:
         for partial in [run.with_name(run.name + ".partial"), *folder.glob("*.h5.partial")]:
             if partial.exists():
-                repair(partial)
+                repair_dataset(partial)
         if run.exists() and not _is_view(run):
             folder.mkdir(exist_ok=True)
             target = folder / "attempt-0.h5"
@@ -215,7 +215,7 @@ def start_attempt(cfg: RunConfig) -> Attempt:
         _publish(run, pieces)
     before = 0
     for piece in pieces:
-        with open_dataset(piece) as ds:
+        with read_dataset(piece) as ds:
             before += ds.committed_steps
     number = 1 + max((_attempt_of(p) for p in pieces), default=0)
     fpb = cfg.frames_per_batch
@@ -259,7 +259,7 @@ def _files_of(run: Path) -> bool:
 
 
 def _is_view(path: Path) -> bool:
-    with open_dataset(path) as ds:
+    with read_dataset(path) as ds:
         return "merged_from" in ds.file.attrs
 
 
@@ -284,11 +284,11 @@ def _pieces(folder: Path) -> list[Path]:
 def _publish(run: Path, files: Sequence[Path]) -> Path:
     kept = []
     for path in files:
-        with open_dataset(path) as ds:
+        with read_dataset(path) as ds:
             if ds.keymap:  # a rank stopped before its first batch has no columns
                 kept.append(path)
     if kept:
-        merge_shards(kept, run, overwrite=True)
+        merge_datasets(kept, run, overwrite=True)
     return run
 
 
@@ -302,7 +302,7 @@ def _recorded_options(run: Path) -> dict[str, Any]:
     for path in candidates:
         if not path.exists() or (path == run and _is_view(run)):
             continue
-        with open_dataset(path) as ds:
+        with read_dataset(path) as ds:
             config = ds.metadata.get("collector_config")
         if isinstance(config, dict) and "env" in config:
             return config

@@ -12,8 +12,11 @@ from hpccollect.storage.sink import (
     Sink,
     StorageFormat,
     dataset_format,
+    merge_datasets,
     open_sink,
+    read_dataset,
     register_format,
+    repair_dataset,
 )
 
 register_format(
@@ -40,10 +43,13 @@ __all__ = [
     "export_d4rl",
     "export_memmap",
     "export_minari",
+    "merge_datasets",
     "merge_shards",
     "open_dataset",
     "open_sink",
     "partial_path",
+    "read_dataset",
     "register_format",
     "repair",
+    "repair_dataset",
 ]

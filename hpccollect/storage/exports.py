@@ -27,6 +27,7 @@ from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.hdf5_reader import H5Dataset
 from hpccollect.storage.layout import dataset_path
 from hpccollect.storage.metadata import ENV_ATTRS, recorded_env
+from hpccollect.storage.sink import read_dataset
 
 __all__ = ["export_d4rl", "export_memmap", "export_minari"]
 
@@ -74,7 +75,7 @@ def export_d4rl(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bo
     """
     out = Path(out)
     _check_out(out, overwrite)
-    with H5Dataset(src) as ds:
+    with read_dataset(src) as ds:
         n = len(ds)
         if not n:
             raise ArgumentValueError(f"{src} has no committed rows to export.")
@@ -137,7 +138,7 @@ def export_memmap(
     """Every committed row as a memory-mapped TensorDict folder."""
     out = Path(out)
     _check_out(out, overwrite)
-    with H5Dataset(src) as ds:
+    with read_dataset(src) as ds:
         ds.to_tensordict().memmap(out, existsok=overwrite)
     return out
 
@@ -172,7 +173,7 @@ def export_minari(
     root = Path(root)
     target = root / dataset_id
     _check_out(target, overwrite)
-    with H5Dataset(src) as ds:
+    with read_dataset(src) as ds:
         obs_space, act_space = ds.observation_space, ds.action_space
         if obs_space is None:
             raise ArgumentValueError(

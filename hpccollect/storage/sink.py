@@ -25,8 +25,11 @@ __all__ = [
     "Sink",
     "StorageFormat",
     "dataset_format",
+    "merge_datasets",
     "open_sink",
+    "read_dataset",
     "register_format",
+    "repair_dataset",
 ]
 
 _S = TypeVar("_S", bound="Sink")
@@ -142,6 +145,21 @@ def dataset_format(path: str | os.PathLike | None = None, name: str | None = Non
         if file.endswith(fmt.suffixes):
             return fmt
     return _FORMATS["hdf5"]
+
+
+def read_dataset(path: str | os.PathLike) -> Any:
+    """A reader of the dataset at ``path``, in the format its file name ending says."""
+    return dataset_format(path).open(Path(path))
+
+
+def repair_dataset(path: str | os.PathLike) -> Path:
+    """The crashed writer's file at ``path`` made readable, in its format; where it now is."""
+    return dataset_format(path).repair(Path(path))
+
+
+def merge_datasets(shards: Any, out: str | os.PathLike, **options: Any) -> Path:
+    """One dataset at ``out`` over ``shards``, in the format ``out``'s ending says."""
+    return dataset_format(out).merge(shards, out, **options)
 
 
 def open_sink(path: str | os.PathLike, *, format: str | None = None, **options: Any) -> Sink:
