@@ -149,75 +149,109 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         self._pool: WorkerPool | None = None
         self._threads_set: tuple[int, int] | None = None
         self._gathering = self.gathering(self)
-        self._weight_sync_schemes = dict(weight_sync_schemes or {})  # as given, by model id
-        self._sends_weights = check_weight_schemes(
-            type(self).__name__, weight_sync_schemes, weight_recv_schemes, leaf=False
+        fns, devices, env_kwargs = self._check_arguments(arguments)
+        template = self._weights_template(policy)
+        self._live_weights = self._shares_live_weights(template)
+        self._weights = self._weight_buffers(template)
+        threads = check_int("num_sub_threads", num_sub_threads, minimum=1)
+        args = self._worker_args(fns, devices, env_kwargs, template, threads)
+        #: workers still collecting (all of them unless some were lost, see ``_lose``)
+        self._active = list(range(self.num_workers))
+        self.lost_workers: list[int] = []
+        #: called after the pool's shutdown (also at garbage collection)
+        self._closers: list = []
+        self._start(args, arguments)
+        self._set_weight_updaters(
+            local_weight_updater,
+            remote_weight_updater or self._weights_sender(template),
+            weight_updater,
         )
-        fns = env_fns(create_env_fn, num_workers)
+        self._gathering.check()
+
+    def _check_arguments(self, a: dict[str, Any]) -> tuple[list, list[Devices], list]:
+        """Check the constructor's arguments (``a``) and keep what they decide; the workers'
+        env constructors, devices and env kwargs."""
+        name = type(self).__name__
+        self._weight_sync_schemes = dict(a["weight_sync_schemes"] or {})  # as given, by model
+        self._sends_weights = check_weight_schemes(
+            name, a["weight_sync_schemes"], a["weight_recv_schemes"], leaf=False
+        )
+        fns = env_fns(a["create_env_fn"], a["num_workers"])
         self.num_workers = n = len(fns)
         self._factories = factories(
-            policy, policy_factory, n, with_policy=weight_sync_schemes is not None
+            a["policy"], a["policy_factory"], n, with_policy=a["weight_sync_schemes"] is not None
         )
-        self._worker_class = worker_class(collector_class)
-        self._init_fn = check_callable("init_fn", init_fn)
+        self._worker_class = worker_class(a["collector_class"])
+        self._init_fn = check_callable("init_fn", a["init_fn"])
+        worker_idx = a["worker_idx"]
         self.worker_idx = None if worker_idx is None else check_int("worker_idx", worker_idx)
         gathering = self._gathering
-        self.cat_results = check_cat_results(
-            cat_results, type(self).__name__, gathering.concatenates
-        )
-        self.preemptive_threshold = check_preemptive_threshold(preemptive_threshold)
+        self.cat_results = check_cat_results(a["cat_results"], name, gathering.concatenates)
+        self.preemptive_threshold = check_preemptive_threshold(a["preemptive_threshold"])
         self.interruptor = (
             SharedInterruptor() if gathering.preempts and self.preemptive_threshold < 1.0 else None
         )
-        if num_threads is not None:
-            num_threads = check_int("num_threads", num_threads, minimum=1)
-        self._use_buffers = use_buffers
+        if a["num_threads"] is not None:
+            a["num_threads"] = check_int("num_threads", a["num_threads"], minimum=1)
+        self._use_buffers = a["use_buffers"]
         #: TorchRL's per-worker ``frames_per_batch`` (a list), or None
-        self._worker_fpb = per_worker_frames(frames_per_batch, n)
+        self._worker_fpb = per_worker_frames(a["frames_per_batch"], n)
         if self._worker_fpb is not None:
-            arguments["frames_per_batch"] = sum(self._worker_fpb)
-        self.options = opts = CollectorArgs.check(arguments, policy)
+            a["frames_per_batch"] = sum(self._worker_fpb)
+        self.options = opts = CollectorArgs.check(a, a["policy"])
         self.trajs_per_batch, self.trajs_per_write = opts.trajs_per_batch, opts.trajs_per_write
         self.traj_format = opts.traj_format
         self.trust_policy = opts.trust_policy
         devices = [opts.devices(i, n) for i in range(n)]
-        env_kwargs = [per_worker("create_env_kwargs", create_env_kwargs, i, n) for i in range(n)]
-        self.worker_timeout, self.start_timeout = float(worker_timeout), float(start_timeout)
-        for name, value in (("worker_timeout", worker_timeout), ("start_timeout", start_timeout)):
-            if not float(value) > 0:
-                raise ArgumentValueError(f"{name} must be > 0 seconds, got {value}.")
+        env_kwargs = [
+            per_worker("create_env_kwargs", a["create_env_kwargs"], i, n) for i in range(n)
+        ]
+        for key in ("worker_timeout", "start_timeout"):
+            if not float(a[key]) > 0:
+                raise ArgumentValueError(f"{key} must be > 0 seconds, got {a[key]}.")
+        self.worker_timeout, self.start_timeout = (
+            float(a["worker_timeout"]),
+            float(a["start_timeout"]),
+        )
         self.frames_per_batch = opts.frames_per_batch
         self.total_frames = opts.total_frames
-        self.replay_buffer = replay_buffer
-        self.update_at_each_batch = update_at_each_batch
+        self.replay_buffer = a["replay_buffer"]
+        self.update_at_each_batch = a["update_at_each_batch"]
         self.postproc, self.split_trajs = opts.postproc, opts.split_trajs
         self.storing_device = devices[0].storing
         self._policy_devices = [d.policy for d in devices]
-        self.policy = policy
+        self.policy = a["policy"]
         self._frames, self._iter = 0, -1  # ``_iter``: the last batch's index (TorchRL's)
         self._in_flight: set[int] = set()
         self._shared: TensorDictBase | None = None
         self._filling = False
-        # the weights' layout: the policy's; with policy_factory, local workers make their
-        # buffers from the policy they build, ranks need one laid out here first: that of a
-        # policy made here once (as TorchRL's distributed collector does), never sent
+        return fns, devices, env_kwargs
+
+    def _weights_template(self, policy: Any) -> nn.Module | None:
+        """The module whose weights the workers' buffers are laid out as: the policy's; with
+        ``policy_factory``, local workers make their buffers from the policy they build, ranks
+        need one laid out here first: that of a policy made here once (as TorchRL's
+        distributed collector does), never sent."""
         if self._factories is None:
             template = policy
         else:
             template = None if self._env_by_inheritance else self._factories[0]()
         if not isinstance(template, nn.Module) or TensorDict.from_module(template).is_empty():
-            template = None
-        self._live_weights = self._shares_live_weights(template)
-        self._weights = self._weight_buffers(template)
-        threads = check_int("num_sub_threads", num_sub_threads, minimum=1)
+            return None
+        return template
+
+    def _worker_args(
+        self, fns: list, devices: list[Devices], env_kwargs: list, template: Any, threads: int
+    ) -> list[list]:
+        """What each worker process is started with."""
         args = []
-        for i in range(n):
+        for i in range(self.num_workers):
             fpb = self._gathering.worker_frames_per_batch(i)
             kwargs = self._worker_kwargs(i, fpb, devices[i], env_kwargs[i])
             if self._factories is not None:
                 kwargs["policy_factory"] = self._factories[i]
             spec = self._worker_spec(
-                i, fns[i], None if self._factories else policy, kwargs, threads
+                i, fns[i], None if self._factories else self.policy, kwargs, threads
             )
             spec.init_fn = self._init_fn
             spec.weights_template = template if self._factories is not None else None
@@ -227,29 +261,31 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
                 env, spec.create_env_fn = spec.create_env_fn, None
             args.append([spec.dumps(), self._weights[i], self.interruptor, env])
         if self._env_by_inheritance:
-            whole = opts.trajs_per_batch is not None
+            whole = self.options.trajs_per_batch is not None
             self._inherited = inherited_buffer(
-                replay_buffer,
+                self.replay_buffer,
                 lambda: fake_worker_batch(args[0], whole),
                 policy_in_workers_only=self._factories is not None,
             )
             for arg in args:
                 arg.append(self._inherited)
-        #: workers still collecting (all of them unless some were lost, see ``_lose``)
-        self._active = list(range(n))
-        self.lost_workers: list[int] = []
-        #: called after the pool's shutdown (also at garbage collection)
-        self._closers: list = []
-        self._set_threads(num_threads)
+        return args
+
+    def _start(self, args: list[list], a: dict[str, Any]) -> None:
+        """Start the workers and take the layout each announces."""
+        self._set_threads(a["num_threads"])
         try:
-            self._pool = WorkerPool(self._start_workers(args, mp_start_method))
+            self._pool = WorkerPool(self._start_workers(args, a["mp_start_method"]))
         except BaseException:
             self._restore_threads()
             raise
         self._finalizer = weakref.finalize(self, _close, self._pool, self._closers)
         self._closed = False
         try:
-            layouts = [self._pool.recv(i, Reply.LAYOUT, self.start_timeout) for i in range(n)]
+            layouts = [
+                self._pool.recv(i, Reply.LAYOUT, self.start_timeout)
+                for i in range(self.num_workers)
+            ]
         except BaseException:
             self.shutdown()
             raise
@@ -259,12 +295,6 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
         #: workers whose batches travel by value (``Layout.by_value``), and their last batch
         self._by_value = {i for i, layout in enumerate(layouts) if layout.by_value}
         self._received: dict[int, TensorDictBase] = {}
-        self._set_weight_updaters(
-            local_weight_updater,
-            remote_weight_updater or self._weights_sender(template),
-            weight_updater,
-        )
-        self._gathering.check()
 
     def _shares_live_weights(self, module: nn.Module | None) -> bool:
         """Whether the workers run on ``module``'s own weights (see ``weight_buffers``)."""
