@@ -142,37 +142,8 @@ class SyncDataCollector(
         arguments = locals()
         self._closed = True  # until construction succeeds, shutdown() has nothing to do
         self._background: BackgroundThread | None = None
-        check_weight_schemes(
-            type(self).__name__, weight_sync_schemes, weight_recv_schemes, leaf=True
-        )
+        opts = self._check_arguments(arguments)
         factory = factories(policy, policy_factory, 1)
-        self.worker_idx = None if worker_idx is None else check_int("worker_idx", worker_idx)
-        self.options = opts = CollectorArgs.check(arguments, policy)
-        self.devices = opts.devices()
-        self.track_traj_ids = check_bool("track_traj_ids", track_traj_ids)
-        self._versions = make_stamp(opts.track_policy_version)
-        #: TorchRL's attributes, settable: called before and after each batch
-        self.pre_collect_hook = opts.pre_collect_hook
-        self.post_collect_hook = opts.post_collect_hook
-        self.trajs_per_batch, self.trajs_per_write = opts.trajs_per_batch, opts.trajs_per_write
-        self.traj_format = opts.traj_format
-        for name in ("split_trajs", "trajs_per_batch"):
-            if getattr(opts, name) and not self.track_traj_ids:
-                raise ArgumentValueError(
-                    f"{name}={getattr(opts, name)!r} needs the trajectory ids: drop "
-                    "track_traj_ids=False (TorchRL refuses this combination too)."
-                )
-        self._use_buffers = use_buffers
-        self.trust_policy = opts.trust_policy
-        self.max_frames_per_traj = 0 if max_frames_per_traj is None else int(max_frames_per_traj)
-        self.reset_at_each_iter = opts.reset_at_each_iter
-        if interruptor is not None and not callable(
-            getattr(interruptor, "collection_stopped", None)
-        ):
-            raise ArgumentTypeError(
-                "interruptor must have a collection_stopped() method "
-                f"(hpccollect.collectors.Interruptor), got {type(interruptor).__name__}."
-            )
         pool = TrajIdPool(opts.traj_id_offset, opts.traj_id_stride)
         self.env = make_env(
             create_env_fn,
@@ -203,6 +174,43 @@ class SyncDataCollector(
             weight_updater,
         )
         self._closed = False
+
+    def _check_arguments(self, a: dict[str, Any]) -> CollectorArgs:
+        """Check the constructor's arguments (``a``) and keep what they decide."""
+        check_weight_schemes(
+            type(self).__name__, a["weight_sync_schemes"], a["weight_recv_schemes"], leaf=True
+        )
+        worker_idx = a["worker_idx"]
+        self.worker_idx = None if worker_idx is None else check_int("worker_idx", worker_idx)
+        self.options = opts = CollectorArgs.check(a, a["policy"])
+        self.devices = opts.devices()
+        self.track_traj_ids = check_bool("track_traj_ids", a["track_traj_ids"])
+        self._versions = make_stamp(opts.track_policy_version)
+        #: TorchRL's attributes, settable: called before and after each batch
+        self.pre_collect_hook = opts.pre_collect_hook
+        self.post_collect_hook = opts.post_collect_hook
+        self.trajs_per_batch, self.trajs_per_write = opts.trajs_per_batch, opts.trajs_per_write
+        self.traj_format = opts.traj_format
+        for name in ("split_trajs", "trajs_per_batch"):
+            if getattr(opts, name) and not self.track_traj_ids:
+                raise ArgumentValueError(
+                    f"{name}={getattr(opts, name)!r} needs the trajectory ids: drop "
+                    "track_traj_ids=False (TorchRL refuses this combination too)."
+                )
+        self._use_buffers = a["use_buffers"]
+        self.trust_policy = opts.trust_policy
+        most = a["max_frames_per_traj"]
+        self.max_frames_per_traj = 0 if most is None else int(most)
+        self.reset_at_each_iter = opts.reset_at_each_iter
+        interruptor = a["interruptor"]
+        if interruptor is not None and not callable(
+            getattr(interruptor, "collection_stopped", None)
+        ):
+            raise ArgumentTypeError(
+                "interruptor must have a collection_stopped() method "
+                f"(hpccollect.collectors.Interruptor), got {type(interruptor).__name__}."
+            )
+        return opts
 
     def _prepare_torchrl_env(self, env: Any) -> Any:
         """A TorchRL env as TorchRL's collector prepares it: moved to ``env_device``, and with a
