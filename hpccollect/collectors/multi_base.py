@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -46,19 +45,20 @@ from hpccollect.collectors.worker_setup import (
     weight_buffers,
     worker_class,
 )
+from hpccollect.collectors.worker_state import WorkerState
 from hpccollect.collectors.worker_weights import (
     SharedWeightsSender,
     per_worker_weights,
     worker_indices,
 )
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, WorkerError
-from hpccollect.protocol import Command, RemoteError, Reply, Seed
+from hpccollect.protocol import Command, RemoteError, Reply
 from hpccollect.transport.base import Channel
 
 __all__ = ["MultiCollectorBase"]
 
 
-class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
+class MultiCollectorBase(WorkerCalls, WorkerState, WorkerFilling, DataCollectorBase):
     """What the multi-process collectors share; subclasses define ``iterator()``.
 
     TorchRL keywords with their TorchRL meaning:
@@ -528,82 +528,6 @@ class MultiCollectorBase(WorkerCalls, WorkerFilling, DataCollectorBase):
             worker_ids=worker_indices(worker_ids, self._policy_devices),
             **kwargs,
         )
-
-    # ------------------------------------------------------------------ seeds and state
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Env ``j`` of worker ``i`` gets a distinct seed (the same one with ``static_seed``)."""
-        first = seed = check_int("seed", seed)
-        last = seed
-        for i, layout in enumerate(self._layouts):
-            if i not in self._active:  # a lost worker's envs keep their share of the seeds
-                seed += layout.batch_size[0] if layout.batch_dims == 2 else 1
-                continue
-            last = self._pool.request(
-                i,
-                Command.SEED,
-                Seed(first if static_seed else seed, static_seed),
-                self.worker_timeout,
-            )
-            if not static_seed:
-                seed = last + 1  # a worker knows how many envs it has (its own workers' too)
-        return last
-
-    def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
-        """Reset the envs of every worker (or of those ``reset_idx`` flags True) before their
-        next batch: new trajectories, with new ids, start there. Returns when they have noted it.
-        """
-        if self._filling:
-            raise RuntimeError(
-                "reset() while the workers fill the replay buffer: call async_shutdown(close_env="
-                "False) first."
-            )
-        flags = [True] * self.num_workers if reset_idx is None else list(reset_idx)
-        if len(flags) != self.num_workers:
-            raise ArgumentValueError(
-                f"reset_idx has {len(flags)} entries; give one bool per worker "
-                f"({self.num_workers})."
-            )
-        chosen = [i for i, flag in enumerate(flags) if flag and i in self._active]
-        for i in chosen:
-            self._pool.send(i, Command.RESET)
-        for i in chosen:
-            self._pool.recv(i, Reply.ACK, self.worker_timeout)
-        if len(chosen) == self.num_workers:
-            self._forget_trajectories()
-        elif self._assembler is not None:
-            stride = self.options.traj_id_stride * self.num_workers
-            shares = {self.options.traj_id_offset + i * self.options.traj_id_stride for i in chosen}
-            self._forget_trajectories(
-                [t for t in self._assembler.in_flight() if t % stride in shares]
-            )
-
-    def state_dict(self) -> OrderedDict:
-        """``worker{i}``: each worker's collector state; ``frames``, ``iter``, and ``traj_pool``
-        (the next trajectory id, past every worker's; TorchRL's layout)."""
-        state: OrderedDict = OrderedDict()
-        pools = []
-        for i in self._active:
-            worker = self._pool.request(i, Command.STATE_DICT, None, self.worker_timeout)
-            if "traj_pool" in worker:
-                pools.append(worker.pop("traj_pool"))
-            state[f"worker{i}"] = worker
-        state.update(frames=self._frames, iter=self._iter)
-        if pools:
-            state["traj_pool"] = max(pools, key=lambda p: int(p["traj_id"]))
-        return state
-
-    def load_state_dict(self, state_dict: OrderedDict, **kwargs: Any) -> None:
-        """Load each ``worker{i}`` state; with ``traj_pool``, every worker's trajectories
-        (the running ones too) get ids from its ``traj_id`` on."""
-        pool = state_dict.get("traj_pool")
-        for i in self._active:
-            worker = state_dict.get(f"worker{i}")
-            if pool is not None:
-                worker = {**(worker or {}), "traj_pool": pool}
-            if worker is not None:
-                self._pool.request(i, Command.LOAD_STATE_DICT, worker, self.worker_timeout)
-        self._frames = int(state_dict.get("frames", self._frames))
-        self._iter = int(state_dict.get("iter", self._iter))
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop every worker and release their processes and shared memory; safe to call twice."""
