@@ -151,3 +151,37 @@ def test_the_transport_layer_knows_nothing_above_it():
         if not imported.startswith("hpccollect.transport") and _layer(imported) > 0
     }
     assert not above, above
+
+
+def _used_of(tree: ast.AST, holder: str) -> set[str]:
+    """The attributes read through ``self.<holder>`` or a local ``<holder>`` in ``tree``."""
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            value = node.value
+            if isinstance(value, ast.Name) and value.id == holder:
+                used.add(node.attr)
+            if (
+                isinstance(value, ast.Attribute)
+                and value.attr == holder
+                and isinstance(value.value, ast.Name)
+                and value.value.id == "self"
+            ):
+                used.add(node.attr)
+    return used
+
+
+def test_a_gathering_uses_only_what_its_host_interface_declares():
+    """The strategies read their collector through ``GatheringHost`` alone: a new use of the
+    collector must be declared there (where the collector's side sees it)."""
+    from hpccollect.collectors.gathering import GatheringHost
+
+    tree = ast.parse((ROOT / "collectors" / "gathering.py").read_text())
+    strategies = [n for n in tree.body if isinstance(n, ast.ClassDef) and "Gathering" in n.name]
+    used = set().union(*(_used_of(cls, "c") for cls in strategies if cls.name != "GatheringHost"))
+    declared = set(GatheringHost.__annotations__) | {
+        name for name in vars(GatheringHost) if callable(getattr(GatheringHost, name))
+    }
+    assert used, "the check reads the strategies"
+    assert used <= declared, sorted(used - declared)
+    assert _used_of(ast.parse("self.c._secret\nc.other"), "c") == {"_secret", "other"}

@@ -5,14 +5,15 @@ object a collector holds, chosen by its class (``MultiSyncDataCollector``: ``Syn
 
 A gathering drives the collector's worker pool through the collector (``_collect_from``,
 ``_wait_batch``, ``_batch``) and hands each worker's rows to ``_stamp_rows`` before they are
-yielded, where a collector adds what it alone knows (the ranks' policy versions).
+yielded, where a collector adds what it alone knows (the ranks' policy versions). All it uses of
+the collector is written down in ``GatheringHost``.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
@@ -20,10 +21,36 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from hpccollect.collectors.rollout import TRAJ_KEY
 from hpccollect.errors import ArgumentValueError
 
-if TYPE_CHECKING:
-    from hpccollect.collectors.multi_base import MultiCollectorBase
+__all__ = ["AsyncGathering", "Gathering", "GatheringHost", "SyncGathering"]
 
-__all__ = ["AsyncGathering", "Gathering", "SyncGathering"]
+
+class GatheringHost(Protocol):
+    """The collector as its gathering sees it (``MultiCollectorBase`` fulfils it): its
+    options, its workers' state, and the calls that move one worker's batch."""
+
+    num_workers: int
+    total_frames: int
+    options: Any  # CollectorArgs
+    interruptor: Any
+    cat_results: Any
+    preemptive_threshold: float
+    update_at_each_batch: bool
+    _active: list[int]  # workers still collecting
+    _in_flight: set[int]  # workers asked for a batch not taken yet
+    _layouts: list[TensorDictBase]  # each worker's batch layout
+    _worker_fpb: list[int] | None  # TorchRL's per-worker frames_per_batch
+    _by_value: set[int]  # workers whose batches travel by value
+    _frames: int
+
+    def _more(self) -> bool: ...
+    def _collect_from(self, index: int) -> None: ...
+    def _wait_batch(self, indices: Any) -> tuple[int, int] | None: ...
+    def _batch(self, index: int) -> TensorDictBase: ...
+    def _stamp_rows(self, batch: TensorDictBase, workers: list[int]) -> TensorDictBase: ...
+    def _finish(self, batch: TensorDictBase, frames: int | None = None) -> Any: ...
+    def _drain(self, indices: Sequence[int]) -> None: ...
+    def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None: ...
+    def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None: ...
 
 
 class Gathering:
@@ -34,7 +61,7 @@ class Gathering:
     #: whether ``preemptive_threshold`` below 1 makes workers stop early
     preempts = False
 
-    def __init__(self, collector: MultiCollectorBase) -> None:
+    def __init__(self, collector: GatheringHost) -> None:
         self.c = collector
 
     def worker_frames_per_batch(self, index: int) -> int:
