@@ -6,9 +6,8 @@ Subclasses (``multi.py``) only decide how a round of batches is gathered (``iter
 
 from __future__ import annotations
 
-import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -33,32 +32,28 @@ from hpccollect.collectors.pool import WorkerPool, remote_exception
 from hpccollect.collectors.processes import start_local_workers
 from hpccollect.collectors.remote import Call
 from hpccollect.collectors.torchrl_keywords import check_weight_schemes
-from hpccollect.collectors.trajectories import split_trajectories
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec, worker_main
+from hpccollect.collectors.worker_batches import WorkerBatches
 from hpccollect.collectors.worker_calls import WorkerCalls
 from hpccollect.collectors.worker_setup import (
     fake_worker_batch,
     per_worker_frames,
-    runs_on_cpu,
     shares_state,
-    weight_buffers,
     worker_class,
 )
 from hpccollect.collectors.worker_state import WorkerState
-from hpccollect.collectors.worker_weights import (
-    SharedWeightsSender,
-    per_worker_weights,
-    worker_indices,
-)
-from hpccollect.errors import ArgumentTypeError, ArgumentValueError, WorkerError
+from hpccollect.collectors.worker_weights import WorkerWeights
+from hpccollect.errors import ArgumentValueError
 from hpccollect.protocol import Command, RemoteError, Reply
 from hpccollect.transport.base import Channel
 
 __all__ = ["MultiCollectorBase"]
 
 
-class MultiCollectorBase(WorkerCalls, WorkerState, WorkerFilling, DataCollectorBase):
+class MultiCollectorBase(
+    WorkerCalls, WorkerState, WorkerBatches, WorkerWeights, WorkerFilling, DataCollectorBase
+):
     """What the multi-process collectors share; subclasses define ``iterator()``.
 
     TorchRL keywords with their TorchRL meaning:
@@ -296,30 +291,6 @@ class MultiCollectorBase(WorkerCalls, WorkerState, WorkerFilling, DataCollectorB
         self._by_value = {i for i, layout in enumerate(layouts) if layout.by_value}
         self._received: dict[int, TensorDictBase] = {}
 
-    def _shares_live_weights(self, module: nn.Module | None) -> bool:
-        """Whether the workers run on ``module``'s own weights (see ``weight_buffers``)."""
-        return (
-            module is not None
-            and self._factories is None
-            and self._sends_weights
-            and self._env_by_inheritance  # local processes
-            and runs_on_cpu(module, self._policy_devices)
-        )
-
-    def _weight_buffers(self, module: nn.Module | None) -> list[TensorDictBase | None]:
-        """One buffer per worker that ``UPDATE_WEIGHTS`` loads (shared memory here)."""
-        return weight_buffers(module, self.num_workers, self._live_weights)
-
-    def _weights_for_workers(self) -> TensorDictBase | None:
-        """A shared-memory buffer laid out as the workers' policy weights (None without any),
-        for the process that sends this collector weights (it runs in a worker itself)."""
-        first = next((w for w in self._weights if w is not None), None)
-        return None if first is None else first.data.clone().share_memory_()
-
-    def _weights_sender(self, module: nn.Module | None) -> RemoteWeightsUpdaterBase:
-        """The default remote weight updater: the policy's weights into each worker's buffer."""
-        return SharedWeightsSender(self._pool, self._weights, module, self.worker_timeout)
-
     def _worker_spec(
         self, index: int, create_env_fn: Any, policy: Any, kwargs: dict, threads: int
     ) -> WorkerSpec:
@@ -390,144 +361,6 @@ class MultiCollectorBase(WorkerCalls, WorkerState, WorkerFilling, DataCollectorB
     def worker_pids(self) -> list[int]:
         """Process ids of the workers (for monitoring; they are gone after ``shutdown()``)."""
         return [c.pid for c in self._pool.channels] if self._pool is not None else []
-
-    # ------------------------------------------------------------------ batches
-    def _finish(self, batch: TensorDictBase, frames: int | None = None) -> TensorDictBase | None:
-        """Count (``frames``: the valid frames, default all), split, post-process, store;
-        return what the iterator yields."""
-        self._frames += batch.numel() if frames is None else frames
-        self._iter += 1
-        if self.storing_device is not None:
-            batch = batch.to(self.storing_device)
-        if self.split_trajs:
-            batch = split_trajectories(batch)
-            if self._gathering.time_named_split():
-                batch.names = [None] * (batch.ndim - 1) + ["time"]
-        if self.postproc is not None:
-            batch = self.postproc(batch)
-        return self._sink(batch)
-
-    def iterator(self) -> Iterator[TensorDictBase | None]:
-        """Batches as ``gathering`` yields them, until ``total_frames``."""
-        return self._gathering.iterator()
-
-    def _buffer_parts(self, batch: TensorDictBase) -> tuple[TensorDictBase, ...]:
-        return self._gathering.buffer_parts(batch)
-
-    def _stamp_rows(self, batch: TensorDictBase, workers: list[int]) -> TensorDictBase:
-        """``batch`` (one row per worker in ``workers``, or one worker's) as yielded: here
-        unchanged."""
-        return batch
-
-    def _shared_batch(self) -> TensorDictBase:
-        """The buffers ``_collect_counted`` writes each batch into, in shared memory, made once:
-        what a worker running this collector announces (``collector_class`` in a worker)."""
-        if self._shared is None:
-            self._shared = self._gathering.batch_template().clone().share_memory_()
-        return self._shared
-
-    def _use_batch_buffers(self, batch: TensorDictBase) -> None:
-        """Write later batches into ``batch`` (laid out as ``_shared_batch()``)."""
-        self._shared = batch
-
-    def _collect_counted(self) -> TensorDictBase:
-        """One batch into ``_shared_batch()``, counted in ``frames`` (a worker's COLLECT)."""
-        batch, frames = self._gathering.collect_round()
-        self._frames += frames
-        self._iter += 1
-        return self._shared_batch().update_(batch)
-
-    def _more(self) -> bool:
-        return not self._closed and (self.total_frames < 0 or self._frames < self.total_frames)
-
-    def _collect_from(self, index: int) -> None:
-        self._pool.send(index, Command.COLLECT)
-        self._in_flight.add(index)
-
-    def _wait_batch(self, indices: Any) -> tuple[int, int] | None:
-        """The first of ``indices`` to deliver its batch: (index, frames); None when a worker
-        failed and was let go instead (see ``_lose``)."""
-        try:
-            got = self._pool.wait_any(sorted(indices), Reply.BATCH, self.worker_timeout)
-            self._take_data(got[0])
-            return got
-        except WorkerError as err:
-            self._lose(err)
-            return None
-
-    def _take_data(self, index: int) -> None:
-        """Worker ``index`` delivered a batch: keep it, when it came by value (before BATCH)."""
-        if index in self._by_value:
-            self._received[index] = self._pool.recv(index, Reply.DATA, self.worker_timeout)
-
-    def _batch(self, index: int) -> TensorDictBase:
-        """Worker ``index``'s last batch: its shared buffers, or the one it sent."""
-        return self._received[index] if index in self._by_value else self._layouts[index]
-
-    def _lose(self, err: WorkerError) -> None:
-        """A worker failed: raise ``err``, or, with ``on_worker_failure="continue"`` and other
-        workers left, warn, stop that worker and go on without it."""
-        index = err.worker
-        if (
-            self.on_worker_failure != "continue"
-            or index not in self._active
-            or len(self._active) < 2
-        ):
-            raise err
-        warnings.warn(
-            f"{self._pool.channels[index].describe()} is lost and collection goes on without it "
-            f"(on_worker_failure='continue'): {str(err).splitlines()[0]}",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        self._active.remove(index)
-        self._in_flight.discard(index)
-        self.lost_workers.append(index)
-        self._pool.channels[index].life.kill()
-
-    def _drain(self, indices: Sequence[int]) -> None:
-        """Wait out batches already requested (an earlier iteration that stopped early)."""
-        for i in [i for i in indices if i in self._in_flight and i in self._active]:
-            self._pool.recv(i, Reply.BATCH, self.worker_timeout)
-            self._take_data(i)
-            self._in_flight.discard(i)
-
-    # ------------------------------------------------------------------ weights
-    def update_policy_weights_(
-        self, policy_or_weights: Any = None, *, worker_ids: Any = None, **kwargs: Any
-    ) -> None:
-        """Send weights to the named workers (all by default) before their next batch.
-
-        ``worker_ids``: an index, a list of indices, or devices (the workers whose policy runs
-        on that device). ``{index: weights}`` gives each named worker its own weights (TorchRL's
-        per-worker weights). Blocks until every named worker has loaded the weights.
-        """
-        if per_worker_weights(policy_or_weights):
-            if worker_ids is not None:
-                raise ArgumentTypeError(
-                    "update_policy_weights_: weights keyed by worker name their workers; leave "
-                    "worker_ids out."
-                )
-            if self._live_weights:
-                raise ArgumentValueError(
-                    "update_policy_weights_({index: weights}): the workers run on the policy's "
-                    "own shared weights, one copy for all of them; give each its own policy "
-                    "with policy_factory to send each its own weights."
-                )
-            for index, weights in policy_or_weights.items():
-                self.update_policy_weights_(weights, worker_ids=[index], **kwargs)
-            return
-        if policy_or_weights is None and self.policy is None and self._factories and not kwargs:
-            raise ArgumentValueError(
-                "update_policy_weights_() has no weights to send: the workers built their policy "
-                "with policy_factory. Pass the weights: update_policy_weights_(module or "
-                "TensorDict.from_module(module))."
-            )
-        super().update_policy_weights_(
-            policy_or_weights,
-            worker_ids=worker_indices(worker_ids, self._policy_devices),
-            **kwargs,
-        )
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop every worker and release their processes and shared memory; safe to call twice."""

@@ -11,11 +11,12 @@ from torch import nn
 
 from hpccollect.collectors.pool import WorkerPool
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
-from hpccollect.errors import ArgumentValueError
+from hpccollect.collectors.worker_setup import runs_on_cpu, weight_buffers
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.policy import copy_weights_
 from hpccollect.protocol import Command
 
-__all__ = ["SharedWeightsSender", "per_worker_weights", "worker_indices"]
+__all__ = ["SharedWeightsSender", "WorkerWeights", "per_worker_weights", "worker_indices"]
 
 
 class SharedWeightsSender(RemoteWeightsUpdaterBase):
@@ -79,3 +80,80 @@ def worker_indices(
 def _same_device(wanted: torch.device, policy_device: torch.device | None) -> bool:
     actual = policy_device or torch.device("cpu")
     return actual.type == wanted.type and (wanted.index is None or actual.index == wanted.index)
+
+
+class WorkerWeights:
+    """Policy weights of ``MultiCollectorBase``'s workers: the buffers they load, the default
+    sender, and TorchRL's ``update_policy_weights_`` (per worker, by device, by index); what
+    it uses of the collector is declared."""
+
+    num_workers: int
+    worker_timeout: float
+    policy: Any
+    _pool: WorkerPool | None
+    _factories: list | None
+    _sends_weights: bool
+    _env_by_inheritance: bool
+    _live_weights: bool
+    _weights: list[TensorDictBase | None]
+    _policy_devices: list[Any]
+
+    def _shares_live_weights(self, module: nn.Module | None) -> bool:
+        """Whether the workers run on ``module``'s own weights (see ``weight_buffers``)."""
+        return (
+            module is not None
+            and self._factories is None
+            and self._sends_weights
+            and self._env_by_inheritance  # local processes
+            and runs_on_cpu(module, self._policy_devices)
+        )
+
+    def _weight_buffers(self, module: nn.Module | None) -> list[TensorDictBase | None]:
+        """One buffer per worker that ``UPDATE_WEIGHTS`` loads (shared memory here)."""
+        return weight_buffers(module, self.num_workers, self._live_weights)
+
+    def _weights_for_workers(self) -> TensorDictBase | None:
+        """A shared-memory buffer laid out as the workers' policy weights (None without any),
+        for the process that sends this collector weights (it runs in a worker itself)."""
+        first = next((w for w in self._weights if w is not None), None)
+        return None if first is None else first.data.clone().share_memory_()
+
+    def _weights_sender(self, module: nn.Module | None) -> RemoteWeightsUpdaterBase:
+        """The default remote weight updater: the policy's weights into each worker's buffer."""
+        return SharedWeightsSender(self._pool, self._weights, module, self.worker_timeout)
+
+    def update_policy_weights_(
+        self, policy_or_weights: Any = None, *, worker_ids: Any = None, **kwargs: Any
+    ) -> None:
+        """Send weights to the named workers (all by default) before their next batch.
+
+        ``worker_ids``: an index, a list of indices, or devices (the workers whose policy runs
+        on that device). ``{index: weights}`` gives each named worker its own weights (TorchRL's
+        per-worker weights). Blocks until every named worker has loaded the weights.
+        """
+        if per_worker_weights(policy_or_weights):
+            if worker_ids is not None:
+                raise ArgumentTypeError(
+                    "update_policy_weights_: weights keyed by worker name their workers; leave "
+                    "worker_ids out."
+                )
+            if self._live_weights:
+                raise ArgumentValueError(
+                    "update_policy_weights_({index: weights}): the workers run on the policy's "
+                    "own shared weights, one copy for all of them; give each its own policy "
+                    "with policy_factory to send each its own weights."
+                )
+            for index, weights in policy_or_weights.items():
+                self.update_policy_weights_(weights, worker_ids=[index], **kwargs)
+            return
+        if policy_or_weights is None and self.policy is None and self._factories and not kwargs:
+            raise ArgumentValueError(
+                "update_policy_weights_() has no weights to send: the workers built their policy "
+                "with policy_factory. Pass the weights: update_policy_weights_(module or "
+                "TensorDict.from_module(module))."
+            )
+        super().update_policy_weights_(
+            policy_or_weights,
+            worker_ids=worker_indices(worker_ids, self._policy_devices),
+            **kwargs,
+        )
