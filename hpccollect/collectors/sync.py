@@ -22,7 +22,8 @@ from hpccollect.collectors.policy_options import factories, wrap_for_speed
 from hpccollect.collectors.policy_version import TracksPolicyVersion, make_stamp
 from hpccollect.collectors.profiling import Profiling
 from hpccollect.collectors.rollout import StepLoop
-from hpccollect.collectors.td_rollout import TensorDictLoop, wrap_env_policy
+from hpccollect.collectors.td_policy import wrap_env_policy
+from hpccollect.collectors.td_rollout import TensorDictLoop
 from hpccollect.collectors.torchrl_keywords import check_weight_schemes
 from hpccollect.collectors.trajectories import TrajIdPool, split_trajectories
 from hpccollect.collectors.weights import (

@@ -11,7 +11,6 @@ what the env's specs declare (transforms included), what the policy writes, and
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -19,92 +18,28 @@ from typing import Any
 
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase, is_non_tensor
-from tensordict.nn import TensorDictModule, TensorDictModuleBase, set_interaction_type
-from torch import nn
+from tensordict.nn import set_interaction_type
 
 from hpccollect.collectors.options import CollectorArgs, Devices
 from hpccollect.collectors.policy_version import version_keys
+from hpccollect.collectors.td_policy import (
+    SpecRandomPolicy,
+    leaf_keys,
+    private_key,
+)
 from hpccollect.collectors.trajectories import TrajIdPool
 from hpccollect.envs import envbase
 from hpccollect.errors import (
-    ArgumentTypeError,
     ArgumentValueError,
     EnvError,
     PolicyError,
     with_builtin,
 )
-from hpccollect.policy import TensorDictCallable, WrappedPolicy, takes_tensordict
+from hpccollect.policy import WrappedPolicy
 
-__all__ = ["SpecRandomPolicy", "TensorDictLoop", "wrap_env_policy"]
+__all__ = ["TensorDictLoop"]
 
 TRAJ_KEY = ("collector", "traj_ids")
-
-
-class SpecRandomPolicy(TensorDictModuleBase):
-    """``policy=None`` on a TorchRL env: a uniform draw from the env's full action spec, with
-    torch's global generator, as TorchRL's ``RandomPolicy`` does."""
-
-    def __init__(self, action_spec: Any) -> None:
-        super().__init__()
-        self.action_spec = action_spec
-        self.in_keys: list = []
-        self.out_keys = list(action_spec.keys(True, True))
-
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return tensordict.update(self.action_spec.rand())
-
-
-def wrap_env_policy(policy: Any, env: Any, trust_policy: bool = False) -> WrappedPolicy:
-    """TorchRL's wrapping rules on a TorchRL env: no policy draws random actions; a TensorDict
-    module, a callable taking one TensorDict, or any policy with ``trust_policy`` is called with
-    the TensorDict; another callable is called with the observation entries its parameters are
-    named after, and its output is the env's action (``output1``, ... for a tuple's rest)."""
-    if policy is None:
-        return WrappedPolicy(SpecRandomPolicy(env.full_action_spec), None, None)
-    weights = policy if isinstance(policy, nn.Module) else None
-    if isinstance(policy, TensorDictModuleBase):
-        return WrappedPolicy(policy, policy, None)
-    if not callable(policy):
-        raise ArgumentTypeError(
-            f"policy must be a TensorDictModule, an nn.Module, a callable or None; got "
-            f"{type(policy).__name__}."
-        )
-    if trust_policy or takes_tensordict(policy):
-        return WrappedPolicy(TensorDictCallable(policy, []), weights, None)
-    module = TensorDictModule(policy, **_keys_by_name(policy, env))
-    return WrappedPolicy(module, weights, None)
-
-
-def _keys_by_name(policy: Any, env: Any) -> dict[str, list]:
-    target = policy.forward if isinstance(policy, nn.Module) else policy
-    params = inspect.signature(target).parameters
-    observations = set(env.observation_spec.keys())
-    required = {n for n, p in params.items() if p.default is inspect.Parameter.empty}
-    if required - observations:
-        raise ArgumentTypeError(
-            f"Arguments to policy.forward are incompatible with entries in the env's "
-            f"observation spec: the parameters {sorted(params)} do not name entries of "
-            f"{sorted(map(str, observations))}, and a plain callable is called with "
-            "the observations its parameters are named after. Rename them, wrap the policy in a "
-            "TensorDictModule with in_keys/out_keys, or pass trust_policy=True if it takes the "
-            "TensorDict."
-        )
-    in_keys = [n for n in params if n in observations]
-    out_keys = list(env.action_keys)
-    sample = env.observation_spec.rand()
-    with torch.no_grad():
-        output = policy(**{k: sample.get(k) for k in in_keys})
-    if isinstance(output, tuple):
-        out_keys += [f"output{i + 1}" for i in range(len(output) - 1)]
-    return {"in_keys": in_keys, "out_keys": out_keys}
-
-
-def _leaf_keys(td: TensorDictBase) -> set:
-    return {k if isinstance(k, tuple) else (k,) for k in td.keys(True, True)}
-
-
-def _private(key: tuple) -> bool:
-    return any(part.startswith("_") for part in key)
 
 
 class TensorDictLoop:
@@ -167,7 +102,7 @@ class TensorDictLoop:
         """Call the policy once on a copy of the first carrier, as TorchRL's collector does:
         check that it writes the env's actions and learn every key it writes."""
         given = self.carrier.copy() if self._cast is None else self.carrier.to(self._cast)
-        before = {k: _get(given, k) for k in _leaf_keys(given)}
+        before = {k: _get(given, k) for k in leaf_keys(given)}
         try:
             with torch.no_grad():  # TorchRL probes outside the exploration type too
                 out = self.policy.module(given)
@@ -185,7 +120,7 @@ class TensorDictLoop:
             )
         written = [
             k
-            for k in _leaf_keys(out)
+            for k in leaf_keys(out)
             if k not in before or (before[k] is not _UNEVEN and before[k] is not _get(out, k))
         ]
         self._check_actions(out, written)
@@ -194,7 +129,7 @@ class TensorDictLoop:
 
     def _check_actions(self, out: TensorDictBase, written: list[tuple]) -> None:
         spec = self.env.full_action_spec
-        for key in _leaf_keys(spec.zero()):
+        for key in leaf_keys(spec.zero()):
             if key not in written:
                 # TorchRL builds the collector and fails at the first step; say so now, raise then
                 self._missing_action = (
@@ -224,12 +159,12 @@ class TensorDictLoop:
     def _output_keys(self, fake: TensorDictBase) -> list[tuple]:
         """What a batch holds, as in TorchRL: the env's declared entries, what the policy writes
         and the trajectory ids; private (``_``-prefixed) entries are left out."""
-        keys = _leaf_keys(fake) | set(self.policy_keys)
+        keys = leaf_keys(fake) | set(self.policy_keys)
         if self.options.compact_obs:  # what the next step's root repeats leaves "next"
             spec = self.env.output_spec
-            keys -= {("next", *k) for k in _leaf_keys(spec["full_observation_spec"].zero())}
-            keys -= {("next", *k) for k in _leaf_keys(self.env.full_state_spec.zero())}
-        return [*sorted((k for k in keys if not _private(k)), key=str), TRAJ_KEY]
+            keys -= {("next", *k) for k in leaf_keys(spec["full_observation_spec"].zero())}
+            keys -= {("next", *k) for k in leaf_keys(self.env.full_state_spec.zero())}
+        return [*sorted((k for k in keys if not private_key(k)), key=str), TRAJ_KEY]
 
     # ------------------------------------------------------------------ resets and seeds
     def reset(self) -> None:
@@ -328,7 +263,7 @@ class TensorDictLoop:
             batch = self._stack_steps(tds, dim)
             if self._clear_device:
                 batch.clear_device_()
-            if _leaf_keys(batch) != set(self.keys[:-1]):
+            if leaf_keys(batch) != set(self.keys[:-1]):
                 batch = batch.select(*self.keys[:-1])
             batch.set(TRAJ_KEY, torch.empty(batch.shape, dtype=torch.int64))
             return batch.refine_names(*([None] * dim), "time")
@@ -410,7 +345,7 @@ class TensorDictLoop:
                 "env.add_truncated_keys() before giving the env to the collector."
             )
         last = (slice(None),) * (batch.ndim - 1) + (-1,)  # the last time step, whatever the
-        present = _leaf_keys(batch)
+        present = leaf_keys(batch)
         for key in keys:  # entry's own dims after the batch's (nested envs have some)
             key = key if isinstance(key, tuple) else (key,)
             done_key = ("next", *key[:-1], "done")
@@ -435,10 +370,10 @@ class TensorDictLoop:
     def use_buffers(self, batch: TensorDictBase, steps: int) -> TensorDictBase:
         """Write later batches into ``batch`` (laid out as ``shared_batch(steps)``)."""
         layout = self.layout(steps)
-        if _leaf_keys(batch) != _leaf_keys(layout) or batch.shape != layout.shape:
+        if leaf_keys(batch) != leaf_keys(layout) or batch.shape != layout.shape:
             raise ArgumentValueError(
-                f"use_buffers: the batch has keys {sorted(map(str, _leaf_keys(batch)))} and shape "
-                f"{tuple(batch.shape)}; this loop writes {sorted(map(str, _leaf_keys(layout)))} "
+                f"use_buffers: the batch has keys {sorted(map(str, leaf_keys(batch)))} and shape "
+                f"{tuple(batch.shape)}; this loop writes {sorted(map(str, leaf_keys(layout)))} "
                 f"with shape {tuple(layout.shape)}."
             )
         self._same = batch
