@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from hpccollect.collectors.policy_options import factories, wrap_for_speed
 from hpccollect.collectors.policy_version import TracksPolicyVersion, make_stamp
 from hpccollect.collectors.profiling import Profiling
 from hpccollect.collectors.rollout import StepLoop
+from hpccollect.collectors.sync_state import SyncState
 from hpccollect.collectors.td_policy import wrap_env_policy
 from hpccollect.collectors.td_rollout import TensorDictLoop
 from hpccollect.collectors.torchrl_keywords import check_weight_schemes
@@ -37,9 +37,7 @@ from hpccollect.envs.factory import make_env
 from hpccollect.envs.policy_transforms import fill_policy_specs, with_policy_transforms
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.policy import (
-    RandomPolicy,
     WrappedPolicy,
-    load_weights_,
     wrap_policy,
 )
 
@@ -47,7 +45,7 @@ __all__ = ["SyncDataCollector"]
 
 
 class SyncDataCollector(
-    TracksPolicyVersion, Profiling, ThreadFilling, DataCollectorBase, metaclass=ByBackend
+    TracksPolicyVersion, Profiling, ThreadFilling, SyncState, DataCollectorBase, metaclass=ByBackend
 ):
     """Generic data collector: steps an env (or vector env) with a policy in this process.
 
@@ -394,62 +392,6 @@ class SyncDataCollector(
         out = torch.cat([batch, rest.to(batch.device)], -1)
         out.names = batch.names
         return out
-
-    # ------------------------------------------------------------------ seeds and state
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seed env ``i`` with ``seed + i`` (``seed`` for all if ``static_seed``); return the last.
-
-        The envs are reset with these seeds before the next step; the random policy (and
-        ``init_random_frames``) draws from a generator seeded with ``seed`` too.
-        """
-        seed = check_int("seed", seed)
-        last = self._loop.set_seed(seed, static_seed)
-        for module in (self._loop.random_policy, self.policy):
-            if isinstance(module, RandomPolicy):
-                module.generator.manual_seed(seed)
-        return last
-
-    def reset(self) -> None:
-        """Reset every env (new trajectories, with new ids, start); with ``trajs_per_batch``,
-        the trajectories held back are dropped."""
-        self._loop.reset()
-        self._forget_trajectories()
-        if self._versions is not None:
-            self._versions.envs_reset()
-
-    def state_dict(self) -> OrderedDict:
-        """``policy_state_dict`` (when the policy is a module), ``env_state_dict`` (a TorchRL env's
-        transforms' or batched env's state), progress."""
-        state: OrderedDict = OrderedDict()
-        module = self._wrapped.weights_module
-        if module is not None:  # an empty one too, as TorchRL for a module without weights
-            state["policy_state_dict"] = module.state_dict()
-        state["env_state_dict"] = self._loop.env_state_dict()
-        state.update(frames=self._frames, iter=self._iter)
-        if self.track_traj_ids:
-            state["traj_pool"] = self._loop.pool.state_dict()
-        if self._versions is not None:
-            state["policy_version"] = self._versions.version
-        return state
-
-    def load_state_dict(self, state_dict: OrderedDict, **kwargs: Any) -> None:
-        """Restore policy weights and progress saved by ``state_dict()``."""
-        if "policy_state_dict" in state_dict:
-            if self._wrapped.weights_module is None:
-                raise ArgumentTypeError(
-                    "state_dict has policy_state_dict but this collector's policy has no weights."
-                )
-            load_weights_(self._wrapped.weights_module, state_dict["policy_state_dict"])
-        if state_dict.get("env_state_dict"):
-            self._loop.load_env_state_dict(state_dict["env_state_dict"])
-        self._frames = int(state_dict.get("frames", self._frames))
-        self._iter = int(state_dict.get("iter", self._iter))
-        if "traj_pool" in state_dict:
-            self._loop.pool.load_state_dict(state_dict["traj_pool"])
-        if self.track_traj_ids:  # the envs' running trajectories go on under ids not yet saved
-            self._loop.restart_ids()
-        if self._versions is not None and state_dict.get("policy_version") is not None:
-            self._versions.version = state_dict["policy_version"]
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
