@@ -4,14 +4,24 @@ passed to it, checked at construction before any rank starts."""
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
 
+from hpccollect._checks import check_bool, check_int
 from hpccollect.collectors.kinds import COLLECTOR_KINDS, TORCHRL_KINDS, collector_kind
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
-__all__ = ["accepted_kwargs", "check_collector_class", "check_collector_kwargs", "check_port"]
+__all__ = [
+    "accepted_kwargs",
+    "check_collector_class",
+    "check_collector_kwargs",
+    "check_port",
+    "check_rank_sink",
+    "check_slurm_kwargs",
+    "weight_schedule",
+]
 
 _KINDS = [*COLLECTOR_KINDS, *TORCHRL_KINDS]
 #: collector arguments the ranks' collectors get from this one; collector_kwargs cannot set them
@@ -100,4 +110,50 @@ def check_port(value: Any) -> int | None:
         )
     if not 0 <= value <= 65535:
         raise ArgumentValueError(f"tcp_port must be a TCP port (0-65535), got {value}.")
+    return value
+
+
+def weight_schedule(
+    update_after_each_batch: Any, max_weight_update_interval: Any, update_interval: Any
+) -> tuple[bool, int, int | None]:
+    """When weights reach the ranks: ``(update_after_each_batch, max_weight_update_interval,
+    update_interval)``, checked; TorchRL's ``update_interval`` sets the interval."""
+    after_each = check_bool("update_after_each_batch", update_after_each_batch)
+    interval = check_int("max_weight_update_interval", max_weight_update_interval)
+    if update_interval is not None:
+        # TorchRL: weights pushed after every update_interval-th batch; here each rank gets
+        # them before its next batch once it has collected update_interval batches
+        update_interval = check_int("update_interval", update_interval, minimum=1)
+        if interval > 0:
+            raise ArgumentValueError(
+                "update_interval and max_weight_update_interval both set when weights are "
+                "sent; give one."
+            )
+        interval = update_interval
+    return after_each, interval, update_interval
+
+
+def check_slurm_kwargs(value: Any, launcher: Any) -> dict | None:
+    """The submitit executor parameters (a dict, or None); a warning where ``launcher`` does
+    not use them."""
+    if value is not None and not isinstance(value, dict):
+        raise ArgumentTypeError(
+            f"slurm_kwargs must be a dict of submitit executor parameters, got "
+            f"{type(value).__name__}."
+        )
+    if value and not launcher.uses_slurm_kwargs:
+        warnings.warn(
+            f"slurm_kwargs are for the submitit launchers; {type(launcher).__name__} ignores them.",
+            stacklevel=3,
+        )
+    return value
+
+
+def check_rank_sink(value: Any) -> Any:
+    """``rank_sink``: None, or a callable that makes each collector rank's sink."""
+    if value is not None and not callable(value):
+        raise ArgumentTypeError(
+            f"rank_sink must be a callable rank_sink(rank) -> an object with extend(batch) "
+            f"and close(), got {type(value).__name__}."
+        )
     return value

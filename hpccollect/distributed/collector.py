@@ -11,7 +11,6 @@ served). A launcher plug-in starts the ranks
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
@@ -35,11 +34,13 @@ from hpccollect.distributed.arguments import (
     check_collector_class,
     check_collector_kwargs,
     check_port,
+    check_rank_sink,
+    check_slurm_kwargs,
+    weight_schedule,
 )
 from hpccollect.distributed.startup import start_ranks
 from hpccollect.distributed.weights import RankWeightsSender
 from hpccollect.errors import (
-    ArgumentTypeError,
     ArgumentValueError,
     WorkerError,
 )
@@ -169,11 +170,18 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
                 "backend='mpi' moves data between the ranks of one MPI job: start the script "
                 "with mpiexec -n N and pass launcher='mpi', or use backend='gloo'."
             )
-        self._check_weight_schedule(
-            update_after_each_batch, max_weight_update_interval, update_interval
+        self.update_after_each_batch, self.max_weight_update_interval, self.update_interval = (
+            weight_schedule(update_after_each_batch, max_weight_update_interval, update_interval)
         )
         self.track_policy_version = check_bool("track_policy_version", track_policy_version)
-        self._check_rank_options(on_worker_failure, tcp_port, slurm_kwargs, rank_sink)
+        if on_worker_failure not in ("raise", "continue"):
+            raise ArgumentValueError(
+                f"on_worker_failure must be 'raise' or 'continue', got {on_worker_failure!r}."
+            )
+        self.on_worker_failure = on_worker_failure
+        self.tcp_port = check_port(tcp_port)
+        self.slurm_kwargs = check_slurm_kwargs(slurm_kwargs, self.launcher)
+        self.rank_sink = check_rank_sink(rank_sink)
         self._transport_device = "cpu"
         self._lock = threading.RLock()  # the background thread of start() and the caller
         n = len(fns)
@@ -208,57 +216,6 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             weight_sync_schemes=weight_sync_schemes,
             weight_recv_schemes=weight_recv_schemes,
         )
-
-    def _check_weight_schedule(
-        self, update_after_each_batch: Any, max_weight_update_interval: Any, update_interval: Any
-    ) -> None:
-        """When weights reach the ranks: after each batch, every N batches, or when asked."""
-        self.update_after_each_batch = check_bool(
-            "update_after_each_batch", update_after_each_batch
-        )
-        self.max_weight_update_interval = check_int(
-            "max_weight_update_interval", max_weight_update_interval
-        )
-        if update_interval is not None:
-            # TorchRL: weights pushed after every update_interval-th batch; here each rank gets
-            # them before its next batch once it has collected update_interval batches
-            update_interval = check_int("update_interval", update_interval, minimum=1)
-            if self.max_weight_update_interval > 0:
-                raise ArgumentValueError(
-                    "update_interval and max_weight_update_interval both set when weights are "
-                    "sent; give one."
-                )
-            self.max_weight_update_interval = update_interval
-        self.update_interval = update_interval
-
-    def _check_rank_options(
-        self, on_worker_failure: Any, tcp_port: Any, slurm_kwargs: Any, rank_sink: Any
-    ) -> None:
-        """What a lost rank does, where rank 0 listens, the SLURM options, the ranks' sinks."""
-        if on_worker_failure not in ("raise", "continue"):
-            raise ArgumentValueError(
-                f"on_worker_failure must be 'raise' or 'continue', got {on_worker_failure!r}."
-            )
-        self.on_worker_failure = on_worker_failure
-        self.tcp_port = check_port(tcp_port)
-        if slurm_kwargs is not None and not isinstance(slurm_kwargs, dict):
-            raise ArgumentTypeError(
-                f"slurm_kwargs must be a dict of submitit executor parameters, got "
-                f"{type(slurm_kwargs).__name__}."
-            )
-        self.slurm_kwargs = slurm_kwargs
-        if rank_sink is not None and not callable(rank_sink):
-            raise ArgumentTypeError(
-                f"rank_sink must be a callable rank_sink(rank) -> an object with extend(batch) "
-                f"and close(), got {type(rank_sink).__name__}."
-            )
-        self.rank_sink = rank_sink
-        if slurm_kwargs and not self.launcher.uses_slurm_kwargs:
-            warnings.warn(
-                f"slurm_kwargs are for the submitit launchers; {type(self.launcher).__name__} "
-                "ignores them.",
-                stacklevel=4,
-            )
 
     # ------------------------------------------------------------------ the ranks
     @property

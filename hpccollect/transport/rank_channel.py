@@ -26,8 +26,9 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from hpccollect.protocol import Command, Layout, Message, Reply
-from hpccollect.transport.base import Channel, PeerLife
+from hpccollect.transport.base import Channel
 from hpccollect.transport.batches import HEADER, FlatLayout
+from hpccollect.transport.rank_life import RankLife
 from hpccollect.transport.wire import (
     CODE,
     CONTROL,
@@ -83,7 +84,7 @@ class RankChannel(Channel):
         self.groups, self.peer = groups, peer
         self.rank = peer
         self.device = torch.device(device)
-        self.life = _RankLife(self, process)
+        self.life = RankLife(self, process)
         self.local = False
         self.peer_weights_nbytes: int | None = None
         self._send_timeout = datetime.timedelta(seconds=send_timeout)
@@ -408,35 +409,3 @@ class RankChannel(Channel):
         with self._fds:
             self._close_fds()
         self.life.close()
-
-
-class _RankLife(PeerLife):
-    """A collector rank's life as rank 0 sees it: what the launcher's process tells (when it
-    has one), else the connection (a rank that closed it, or whose groups failed, is gone)."""
-
-    def __init__(self, channel: RankChannel, process: PeerLife | None) -> None:
-        self._channel, self._process = channel, process
-        self.host = getattr(process, "host", "") or "?"
-        self.pid = getattr(process, "pid", None)
-        self.sentinel = getattr(process, "sentinel", None)
-        self.where = getattr(process, "where", "")
-
-    def death(self, wait: float = 0.0) -> str | None:
-        if self._process is not None:
-            how = self._process.death(wait)
-            if how is not None:
-                return how
-        return self._channel.gone()
-
-    def join(self, timeout: float) -> bool:
-        if self._process is not None:
-            return self._process.join(timeout)
-        return self._channel.join_peer(timeout)
-
-    def kill(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-
-    def close(self) -> None:
-        if self._process is not None:
-            self._process.close()
