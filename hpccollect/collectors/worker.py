@@ -134,20 +134,7 @@ def serve(
             collector.replay_buffer = buffer
         if spec.live_weights and weights is not None:
             collector._run_on_weights(weights)
-        batch = collector._shared_batch()
-        by_value = batch is None
-        if by_value:
-            if not channel.local:
-                raise ArgumentValueError(
-                    "this env's batches fit no fixed buffers (dynamic or heterogeneous specs, or "
-                    "non-tensor entries); collect them with local workers (MultiSyncCollector, "
-                    "MultiAsyncCollector), not across ranks."
-                )
-            placed = collector._batch_shell()
-        else:
-            placed = channel.batch_buffers(batch)
-            if placed is not batch:
-                collector._use_batch_buffers(placed)
+        placed, by_value = _place_batches(collector, channel)
         made = None
         if weights is None and channel.local and spec.policy is None:
             weights = made = collector._weights_for_workers()
@@ -170,6 +157,24 @@ def serve(
                 sink.close()
         with contextlib.suppress(Exception):
             channel.close()
+
+
+def _place_batches(collector: Any, channel: Channel) -> tuple[TensorDictBase, bool]:
+    """Where the worker's batches go, and whether they travel by value: the collector's fixed
+    buffers (or the channel's, laid out the same), else a shell of one batch sent each time."""
+    batch = collector._shared_batch()
+    if batch is None:
+        if not channel.local:
+            raise ArgumentValueError(
+                "this env's batches fit no fixed buffers (dynamic or heterogeneous specs, or "
+                "non-tensor entries); collect them with local workers (MultiSyncCollector, "
+                "MultiAsyncCollector), not across ranks."
+            )
+        return collector._batch_shell(), True
+    placed = channel.batch_buffers(batch)
+    if placed is not batch:
+        collector._use_batch_buffers(placed)
+    return placed, False
 
 
 class _Server:
