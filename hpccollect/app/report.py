@@ -16,6 +16,11 @@ __all__ = ["description", "unfinished_hint"]
 def description(ds: Any, file: str) -> list[str]:
     """What ``inspect`` prints above the integrity line (``ds``: a dataset reader, as
     ``storage.read_dataset`` opens it)."""
+    return _provenance(ds, file) + _contents(ds)
+
+
+def _provenance(ds: Any, file: str) -> list[str]:
+    """Where the data comes from: file state, env, seed, collector, merged shards."""
     lines: list[str] = []
     meta = ds.metadata
     state = (
@@ -50,7 +55,12 @@ def description(ds: Any, file: str) -> list[str]:
         lines.append(
             f"merged from       {len(meta['merged_from'])} shards: {', '.join(meta['merged_from'])}"
         )
-    lines.append(f"frames            {len(ds)} committed, {ds.written_steps} written")
+    return lines
+
+
+def _contents(ds: Any) -> list[str]:
+    """What the data is: frames, episodes, their lengths and returns, the keys."""
+    lines = [f"frames            {len(ds)} committed, {ds.written_steps} written"]
     ends = ds.episode_ends()
     lines.append(
         f"episodes          {ds.committed_episodes}   ({ends['terminated']} terminated, "

@@ -153,23 +153,9 @@ def export_minari(
     spec the file records (id, kwargs, ``max_episode_steps``, wrappers) goes to Minari, so
     ``recover_environment()`` makes the env the data came from.
     """
-    try:
-        import minari
-        from minari.data_collector import EpisodeBuffer
-        from minari.dataset.minari_dataset import parse_dataset_id
-    except ImportError as err:
-        raise ArgumentValueError(
-            "exporting to Minari needs the minari package: pip install -c constraints.txt "
-            "'hpccollect[minari]'."
-        ) from err
-    try:
-        parse_dataset_id(dataset_id)
-    except (ValueError, TypeError) as err:
-        raise ArgumentValueError(
-            f"--dataset-id {dataset_id!r} is not a Minari id: use NAME-vN or NAMESPACE/NAME-vN "
-            "(namespaces may nest, as in hpc/pendulum/test-v0; letters, digits, - and _), "
-            "e.g. hpccollect/cartpole-v0."
-        ) from err
+    minari = _minari(dataset_id)
+    from minari.data_collector import EpisodeBuffer
+
     root = Path(root)
     target = root / dataset_id
     _check_out(target, overwrite)
@@ -210,6 +196,27 @@ def export_minari(
             code_permalink="https://pypi.org/project/hpccollect",
         )
     return target
+
+
+def _minari(dataset_id: str) -> Any:
+    """The minari module, once ``dataset_id`` is checked to be a Minari id."""
+    try:
+        import minari
+        from minari.dataset.minari_dataset import parse_dataset_id
+    except ImportError as err:
+        raise ArgumentValueError(
+            "exporting to Minari needs the minari package: pip install -c constraints.txt "
+            "'hpccollect[minari]'."
+        ) from err
+    try:
+        parse_dataset_id(dataset_id)
+    except (ValueError, TypeError) as err:
+        raise ArgumentValueError(
+            f"--dataset-id {dataset_id!r} is not a Minari id: use NAME-vN or NAMESPACE/NAME-vN "
+            "(namespaces may nest, as in hpc/pendulum/test-v0; letters, digits, - and _), "
+            "e.g. hpccollect/cartpole-v0."
+        ) from err
+    return minari
 
 
 def _minari_episodes(ds: H5Dataset, obs_space: gym.Space, act_space: gym.Space) -> Iterator[tuple]:
