@@ -195,26 +195,11 @@ class StepLoop(StepPolicy):
                 if not self._flags_clear:
                     for i, buf in enumerate(root_flags):
                         buf[w, t] = self.root_flags[i]
-                try:
-                    outputs = self._act(root, random)
-                except Exception as err:
-                    raise with_builtin(PolicyError, err)(
-                        f"the policy raised {type(err).__name__} at step {self.steps_taken} "
-                        f"(step {t} of this batch): {err}"
-                    ) from err
-                for key, value in outputs:
+                for key, value in self._acted(root, random, t):
                     policy_views[key][w, t] = (
                         value.numpy() if value.device.type == "cpu" else value.cpu().numpy()
                     )
-                try:
-                    nobs, rew, term, trunc = env.step_arrays(action_view[r, t])
-                except Exception as err:
-                    raise with_builtin(EnvError, err)(
-                        f"env {env.name!r} raised {type(err).__name__} in step() at step "
-                        f"{self.steps_taken} (step {t} of this batch): {err}",
-                        env_name=env.name,
-                        step=self.steps_taken,
-                    ) from err
+                nobs, rew, term, trunc = self._stepped(action_view[r, t], t)
                 self.steps_taken += 1
                 self._fresh_ids = False
                 term = np.asarray(term, dtype=np.bool_)
@@ -243,6 +228,29 @@ class StepLoop(StepPolicy):
                     break
         self.root = root
         return taken
+
+    def _acted(self, root: Leaves, random: bool, t: int) -> list[tuple[Key, torch.Tensor]]:
+        """The policy's outputs on ``root`` (step ``t`` of the batch); its error, typed."""
+        try:
+            return self._act(root, random)
+        except Exception as err:
+            raise with_builtin(PolicyError, err)(
+                f"the policy raised {type(err).__name__} at step {self.steps_taken} "
+                f"(step {t} of this batch): {err}"
+            ) from err
+
+    def _stepped(self, action: Any, t: int) -> tuple:
+        """The env's step on ``action`` (step ``t`` of the batch); its error, typed."""
+        env = self.env
+        try:
+            return env.step_arrays(action)
+        except Exception as err:
+            raise with_builtin(EnvError, err)(
+                f"env {env.name!r} raised {type(err).__name__} in step() at step "
+                f"{self.steps_taken} (step {t} of this batch): {err}",
+                env_name=env.name,
+                step=self.steps_taken,
+            ) from err
 
     @property
     def _flags_clear(self) -> bool:
