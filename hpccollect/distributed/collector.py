@@ -144,6 +144,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         num_threads: int | None = None,
         rank_sink: Any = None,
     ) -> None:
+        arguments = locals()
         self._closed = True
         self._groups: RankGroups | None = None
         self.collector_class = check_collector_class(collector_class)
@@ -192,29 +193,10 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         super().__init__(
             fns,
             policy,
-            frames_per_batch=frames_per_batch,
-            total_frames=total_frames,
-            device=device,
-            storing_device=storing_device,
-            env_device=env_device,
-            policy_device=policy_device,
-            max_frames_per_traj=max_frames_per_traj,
-            init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter,
-            postproc=postproc,
-            split_trajs=split_trajs,
-            exploration_type=exploration_type,
-            exploration_mode=exploration_mode,
+            **{name: arguments[name] for name in _PASSED_ON},
             update_at_each_batch=self.update_after_each_batch,
             num_threads=num_threads,
             cat_results="stack" if self.sync else None,
-            replay_buffer=replay_buffer,
-            worker_timeout=worker_timeout,
-            start_timeout=start_timeout,
-            policy_factory=policy_factory,
-            weight_updater=weight_updater,
-            weight_sync_schemes=weight_sync_schemes,
-            weight_recv_schemes=weight_recv_schemes,
         )
 
     # ------------------------------------------------------------------ the ranks
@@ -360,6 +342,31 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             f"backend={self.backend!r}, frames_per_batch={self.frames_per_batch}, "
             f"total_frames={self.total_frames}, frames={self._frames})"
         )
+
+
+#: the constructor's arguments handed to the local collector machinery as they are
+_PASSED_ON = (
+    "frames_per_batch",
+    "total_frames",
+    "device",
+    "storing_device",
+    "env_device",
+    "policy_device",
+    "max_frames_per_traj",
+    "init_random_frames",
+    "reset_at_each_iter",
+    "postproc",
+    "split_trajs",
+    "exploration_type",
+    "exploration_mode",
+    "replay_buffer",
+    "worker_timeout",
+    "start_timeout",
+    "policy_factory",
+    "weight_updater",
+    "weight_sync_schemes",
+    "weight_recv_schemes",
+)
 
 
 def _rank_envs(create_env_fn: Any, num_ranks: int | None) -> list:
