@@ -112,7 +112,7 @@ def _collect_options(collect: argparse.ArgumentParser) -> None:
         "--seed",
         type=int,
         help="seeds envs, policy weights and sampling: the same seed and options give the same "
-        f"dataset with sync and multi-sync (default {d.seed})",
+        f"dataset with single and multi-sync (default {d.seed})",
     )
     collect.add_argument(
         "--policy", help="default (a small MLP), random, module:function, or a state_dict file"

@@ -89,7 +89,7 @@ def probe_policy(cfg: RunConfig, make: Callable[[], gym.Env], seed: int | None =
         torch.manual_seed(cfg.seed if seed is None else seed)  # the default MLP's weights
         policy = build_policy(cfg.policy, probe)
         if seed is not None:
-            torch.manual_seed(cfg.seed)  # sync's sampling: this run's own stream
+            torch.manual_seed(cfg.seed)  # single's sampling: this run's own stream
         return policy
     finally:
         probe.close()
