@@ -185,3 +185,21 @@ def test_a_gathering_uses_only_what_its_host_interface_declares():
     assert used, "the check reads the strategies"
     assert used <= declared, sorted(used - declared)
     assert _used_of(ast.parse("self.c._secret\nc.other"), "c") == {"_secret", "other"}
+
+
+def test_the_application_reaches_datasets_only_through_the_sink_contract():
+    """No module of ``app/`` imports a format's own module or names its classes: a second
+    format is one module in ``storage/`` plus ``register_format``."""
+    format_names = {"HDF5Writer", "H5Dataset", "open_dataset", "merge_shards", "repair", "h5py"}
+    found = []
+    for path in (ROOT / "app").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = {a.name for a in node.names}
+                if "hdf5" in node.module or (
+                    node.module.startswith("hpccollect.storage") and names & format_names
+                ):
+                    found.append(f"{path.name}: from {node.module} import {sorted(names)}")
+            elif isinstance(node, ast.Import):
+                found += [f"{path.name}: import {a.name}" for a in node.names if a.name == "h5py"]
+    assert not found, found

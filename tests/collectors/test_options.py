@@ -42,6 +42,28 @@ def test_public_signatures_keep_the_declared_defaults(cls):
             assert default == declared, (name, default, declared)
 
 
+def test_the_distributed_collector_means_the_declared_defaults():
+    """TorchRL's DistributedCollector writes three defaults its own way (-1 for "no limit",
+    False for "no split"); each means what the declared default means once checked."""
+    from hpccollect import DistributedDataCollector
+
+    defaults = signature_defaults(DistributedDataCollector)
+    assert len(defaults) >= 15  # the arguments it shares with the local collectors
+    spelled_otherwise = []
+    for name, default in defaults.items():
+        declared = DECLARED[name].default
+        if declared is dataclasses.MISSING:
+            assert default is inspect.Parameter.empty, name
+            continue
+        if default == declared:
+            continue
+        spelled_otherwise.append(name)
+        ours = CollectorArgs.check({"frames_per_batch": 10, name: default}, None)
+        theirs = CollectorArgs.check({"frames_per_batch": 10, name: declared}, None)
+        assert getattr(ours, name) == getattr(theirs, name), (name, default, declared)
+    assert sorted(spelled_otherwise) == ["init_random_frames", "max_frames_per_traj", "split_trajs"]
+
+
 @pytest.mark.parametrize(
     "cls", [MultiSyncDataCollector, MultiaSyncDataCollector, aSyncDataCollector]
 )
