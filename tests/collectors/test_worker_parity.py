@@ -31,7 +31,8 @@ from hpccollect import MultiSyncDataCollector, SyncDataCollector, aSyncDataColle
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-STEP_LOOP = "hpccollect.collectors.rollout"
+#: where the step loop calls the policy (``StepLoop``'s policy side, ``StepPolicy``)
+STEP_LOOP = "hpccollect.collectors.step_policy"
 
 
 def cartpole() -> gym.Env:
@@ -123,7 +124,7 @@ def test_workers_call_the_policy_as_this_process_does(tmp_path, make_actor):
     assert len(workers) == 2
     assert local["chain"][-1].startswith(STEP_LOOP)
     if make_actor is module_actor:  # a plain module is called directly on the tensors
-        assert local["chain"][-1].endswith("StepLoop._act"), local["chain"]
+        assert local["chain"][-1].endswith("StepPolicy._act"), local["chain"]
     for remote in [worker, *workers]:
         assert remote["chain"] == local["chain"]
         assert remote["grad"] is False and local["grad"] is False
