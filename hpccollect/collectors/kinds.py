@@ -4,17 +4,16 @@ distributed collector all use these words, each meaning one class."""
 
 from __future__ import annotations
 
-import importlib
-
+from hpccollect._lazy import load_target
 from hpccollect.errors import ArgumentValueError
 
 __all__ = ["COLLECTOR_KINDS", "TORCHRL_KINDS", "collector_kind"]
 
-#: kind -> the class (module, name), loaded on first use
+#: kind -> the class, loaded on first use
 COLLECTOR_KINDS = {
-    "single": ("hpccollect.collectors.sync", "SyncDataCollector"),
-    "multi-sync": ("hpccollect.collectors.multi", "MultiSyncDataCollector"),
-    "multi-async": ("hpccollect.collectors.multi", "MultiaSyncDataCollector"),
+    "single": "hpccollect.collectors.sync:SyncDataCollector",
+    "multi-sync": "hpccollect.collectors.multi:MultiSyncDataCollector",
+    "multi-async": "hpccollect.collectors.multi:MultiaSyncDataCollector",
 }
 #: TorchRL's ``collector_class`` strings for the multi-process kinds; accepted there only, where
 #: a TorchRL user writes them (on the command line ``sync`` once meant ``single``)
@@ -27,5 +26,4 @@ def collector_kind(name: str, *, torchrl_names: bool = False) -> type:
     if kind not in COLLECTOR_KINDS:
         known = [*COLLECTOR_KINDS, *(TORCHRL_KINDS if torchrl_names else ())]
         raise ArgumentValueError(f"collector kind must be one of {known}, got {name!r}.")
-    module, cls = COLLECTOR_KINDS[kind]
-    return getattr(importlib.import_module(module), cls)
+    return load_target(COLLECTOR_KINDS[kind])

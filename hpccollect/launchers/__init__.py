@@ -7,11 +7,11 @@ submitit. A new launcher is one module with a ``Launcher`` subclass plus one
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+from hpccollect._lazy import check_target, load_target
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.mp import MPLauncher
@@ -47,9 +47,7 @@ def register_launcher(
     ``Launcher`` subclass, built with ``Class.from_request(LaunchRequest)``; ``requires``, a
     package it needs; ``ranks_exist``: every rank runs the job's own command (mpiexec/srun
     started them), which makes it a ``--launcher`` of ``python -m hpccollect collect`` too."""
-    if ":" not in target:
-        raise ArgumentValueError(f"target must be 'module:Class', got {target!r}.")
-    _LAUNCHERS[name] = _Entry(target, requires, ranks_exist)
+    _LAUNCHERS[name] = _Entry(check_target(target), requires, ranks_exist)
 
 
 def launcher_names() -> tuple[str, ...]:
@@ -84,9 +82,9 @@ def get_launcher(
             f"{entry.requires}, or pass launcher='mp' to run the collector ranks as local "
             "processes."
         )
-    module, _, name = entry.target.partition(":")
-    cls = getattr(importlib.import_module(module), name)
-    return cls.from_request(LaunchRequest(launcher, starts_processes, slurm_kwargs))
+    return load_target(entry.target).from_request(
+        LaunchRequest(launcher, starts_processes, slurm_kwargs)
+    )
 
 
 register_launcher("mp", "hpccollect.launchers.mp:MPLauncher")

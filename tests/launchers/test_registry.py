@@ -35,7 +35,7 @@ def test_an_unknown_or_unusable_launcher_is_refused_with_what_there_is():
     register_launcher("needs-a-package", "no_such_pkg_xyz.launch:L", requires="no_such_pkg_xyz")
     with pytest.raises(ArgumentValueError, match="needs the no_such_pkg_xyz package: pip install"):
         get_launcher("needs-a-package")
-    with pytest.raises(ArgumentValueError, match="'module:Class'"):
+    with pytest.raises(ArgumentValueError, match="'module:attr'"):
         register_launcher("bad", "no colon here")
 
 
