@@ -44,7 +44,15 @@ LAUNCHERS = ("none", *job_launchers())
 RENAMED = {"collector": {"sync": "single"}, "launcher": {"local": "none"}}
 BACKENDS = backend_names()
 #: options that only a distributed run (mpiexec/srun, or --launcher mpi) uses
-DISTRIBUTED_OPTIONS = ("shards", "backend", "master_addr", "interface")
+DISTRIBUTED_OPTIONS = (
+    "shards",
+    "backend",
+    "master_addr",
+    "interface",
+    "on_rank_failure",
+    "liveness_timeout",
+)
+RANK_FAILURES = ("raise", "continue")
 
 
 def data_dir() -> Path:
@@ -76,6 +84,8 @@ class RunConfig:
     master_addr: str | None = None
     interface: str | None = None
     shards: bool = False
+    on_rank_failure: str | None = None  # None: raise
+    liveness_timeout: float | None = None  # None: DEFAULT_LIVENESS_TIMEOUT
     resume: str | None = None  # a run to continue (see hpccollect.app.resume)
 
     def __post_init__(self) -> None:
@@ -139,6 +149,18 @@ class RunConfig:
                 )
         if not isinstance(self.shards, bool):
             raise ArgumentValueError(f"--shards is true or false, got {self.shards!r}.")
+        if self.on_rank_failure is not None and self.on_rank_failure not in RANK_FAILURES:
+            raise ArgumentValueError(
+                f"--on-rank-failure must be one of {', '.join(RANK_FAILURES)}; got "
+                f"{self.on_rank_failure!r}."
+            )
+        timeout = self.liveness_timeout
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 1
+        ):
+            raise ArgumentValueError(
+                f"--liveness-timeout must be a number of seconds >= 1, got {timeout!r}."
+            )
 
     def check_local(self) -> None:
         """Refuse the distributed-only options in a single-process run (they would do nothing)."""

@@ -41,6 +41,7 @@ from hpccollect.distributed import DistributedDataCollector
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
 from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
 from hpccollect.storage import EpisodeTally, Sink, dataset_format, open_sink
+from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 from hpccollect.transport.mpi4py_group import abort_job, mpi4py_comm
 from hpccollect.transport.rendezvous import detect, launched_ranks
 
@@ -241,6 +242,8 @@ class MPICollect:
             backend=cfg.backend or "gloo",
             launcher=launcher,
             worker_timeout=cfg.worker_timeout,
+            on_worker_failure=cfg.on_rank_failure or "raise",
+            liveness_timeout=cfg.liveness_timeout or DEFAULT_LIVENESS_TIMEOUT,
             rank_sink=sink,
         )
 

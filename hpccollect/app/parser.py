@@ -13,9 +13,11 @@ from hpccollect.app.config import (
     COLLECTORS,
     COMPRESSIONS,
     LAUNCHERS,
+    RANK_FAILURES,
     RENAMED,
     RunConfig,
 )
+from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 
 __all__ = ["COMMANDS", "EXIT_CODES", "UsageError", "build_parser"]
 
@@ -166,6 +168,20 @@ def _distributed_options(collect: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="network interface whose address rank 0 listens on (eth0, ib0), instead of "
         "--master-addr",
+    )
+    mpi.add_argument(
+        "--on-rank-failure",
+        choices=RANK_FAILURES,
+        help="a collector rank that dies or goes silent: raise ends the run with exit code 1 "
+        "(default); continue goes on with the other ranks and says so once",
+    )
+    mpi.add_argument(
+        "--liveness-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a rank silent this long (no batch, no heartbeat: its node lost, its network cut, "
+        f"the process stopped) counts as lost; rank 0 silent this long ends the collector ranks "
+        f"(default {DEFAULT_LIVENESS_TIMEOUT:g})",
     )
     mpi.add_argument(
         "--shards",

@@ -63,7 +63,16 @@ _RECORDED = (
     "compression",
 )
 #: what a process needs before rank 0 has read the run: how the job runs
-RUN_OPTIONS = ("resume", "launcher", "backend", "master_addr", "interface", "worker_timeout")
+RUN_OPTIONS = (
+    "resume",
+    "launcher",
+    "backend",
+    "master_addr",
+    "interface",
+    "worker_timeout",
+    "on_rank_failure",
+    "liveness_timeout",
+)
 #: what the data is: given again, they must equal the record
 _FIXED = ("env", "env_kwargs", "imports", "policy", "max_steps", "seed")
 _PIECE = re.compile(r"^(?:attempt-(\d+)(?:\.rank-(\d+))?|rank-(\d+))\.h5(\.partial)?$")

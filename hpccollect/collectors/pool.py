@@ -31,6 +31,7 @@ from hpccollect.transport.base import Channel, wait_ready
 __all__ = ["WorkerPool", "remote_exception"]
 
 _LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
+_LOOK = 1.0  # s: how often a wait wakes to ask whether a peer went silent
 
 
 class WorkerPool:
@@ -48,7 +49,10 @@ class WorkerPool:
         self._deferred: list[Counter] = [Counter() for _ in self.channels]
         #: worker i has replied at least once and has not missed a deadline since
         self._responsive = [False] * len(self.channels)
+        #: when waits next ask channel i whether its peer went silent
+        self._next_look = [0.0] * len(self.channels)
         self._closed = False
+        self.left_running: list[int] = []
         _LIVE_POOLS.add(self)
 
     def __len__(self) -> int:
@@ -80,9 +84,12 @@ class WorkerPool:
             return found[1]
         deadline = time.monotonic() + timeout
         while True:
+            self._check_silence([index])
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.channels[index].poll(remaining):
+            if remaining <= 0:
                 raise self._timeout([index], expected, timeout)
+            if not self.channels[index].poll(min(remaining, _LOOK)):
+                continue
             got = self._receive(index)
             if got is None:
                 continue
@@ -103,12 +110,14 @@ class WorkerPool:
         deadline = time.monotonic() + timeout
         watched = {id(self.channels[i]): i for i in indices}
         while True:
+            self._check_silence(indices)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self._timeout(list(indices), expected, timeout)
             # take from every ready worker, so a fast one cannot hide another's death or batch
             found: tuple[int, Any] | None = None
-            for channel in wait_ready([self.channels[i] for i in indices], remaining):
+            ready = wait_ready([self.channels[i] for i in indices], min(remaining, _LOOK))
+            for channel in ready:
                 index = watched[id(channel)]
                 try:
                     got = self._receive(index)
@@ -150,8 +159,12 @@ class WorkerPool:
         return kind, payload
 
     def death_error(self, index: int) -> WorkerError:
-        """The error for worker ``index`` whose channel failed: how it ended, if known."""
+        """The error for worker ``index`` whose channel failed: how it ended, if known (or
+        that it went silent, which ended the channel)."""
         channel = self.channels[index]
+        silence = channel.silence()
+        if silence is not None:
+            return self._silence_error(index, silence)
         how = channel.life.death(wait=1.0) or "closed its end of the channel"
         hint = (
             "Check the worker's memory use and the env's own logs."
@@ -161,6 +174,32 @@ class WorkerPool:
         )
         return WorkerError(
             f"{channel.describe()} {how}; collection cannot go on. {hint}",
+            worker=index,
+            host=channel.host,
+            num_workers=len(self),
+            rank=channel.rank,
+        )
+
+    def _check_silence(self, indices: Sequence[int]) -> None:
+        """Raise ``WorkerError`` for the first of ``indices`` whose peer went silent (see
+        ``Channel.silence``); asks at most every ``_LOOK`` s, whatever the waits' pace."""
+        now = time.monotonic()
+        looks = self._next_look
+        for index in indices:
+            if now < looks[index]:
+                continue
+            looks[index] = now + _LOOK
+            why = self.channels[index].silence()
+            if why is not None:
+                raise self._silence_error(index, why)
+
+    def _silence_error(self, index: int, why: str) -> WorkerError:
+        self._responsive[index] = False  # it cannot be listening: end it at shutdown
+        channel = self.channels[index]
+        return WorkerError(
+            f"{channel.describe()} {why}: its node may be down or its network cut, or the "
+            "process is stopped or stuck in a call that never lets go of Python; collection "
+            "cannot go on with it. Pass a larger liveness_timeout if it only pauses.",
             worker=index,
             host=channel.host,
             num_workers=len(self),
@@ -184,17 +223,31 @@ class WorkerPool:
             return
         self._closed = True
         deadline = time.monotonic() + timeout
-        for channel in self.channels:
-            if channel.life.death() is None:
-                with contextlib.suppress(Exception):
-                    channel.send(message(Command.SHUTDOWN, bool(close_env)))
         for channel, responsive in zip(self.channels, self._responsive, strict=True):
             if not responsive:
                 channel.life.kill()
+        asked = [False] * len(self.channels)  # SHUTDOWN reached the worker
+        for i, (channel, responsive) in enumerate(
+            zip(self.channels, self._responsive, strict=True)
+        ):
+            # one this side cannot end (a rank mpiexec started) is asked, should it come back
+            if channel.life.death(wait=0.0 if responsive else 0.5) is None:
+                with contextlib.suppress(Exception):
+                    channel.send(message(Command.SHUTDOWN, bool(close_env)))
+                    asked[i] = True
         for channel in self.channels:
             channel.life.join(deadline - time.monotonic())
         for channel in self.channels:
             channel.life.kill()
+        #: workers that may still run and that this side could not end: alive, or lost and
+        #: never told to stop (a failed connection tells nothing of the process), and not this
+        #: side's to kill
+        self.left_running = [
+            i
+            for i, c in enumerate(self.channels)
+            if c.life.death() is None or not (self._responsive[i] or c.life.can_end or asked[i])
+        ]
+        for channel in self.channels:
             channel.close()
         _LIVE_POOLS.discard(self)
 

@@ -17,6 +17,7 @@ __all__ = [
     "accepted_kwargs",
     "check_collector_class",
     "check_collector_kwargs",
+    "check_liveness_timeout",
     "check_port",
     "check_rank_sink",
     "check_slurm_kwargs",
@@ -157,3 +158,16 @@ def check_rank_sink(value: Any) -> Any:
             f"and close(), got {type(value).__name__}."
         )
     return value
+
+
+def check_liveness_timeout(value: Any) -> float | None:
+    """Seconds a rank may stay silent (no message, no heartbeat) before it counts as lost, or
+    None (no heartbeats: a lost rank is then noticed by ``worker_timeout`` alone)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+        raise ArgumentValueError(
+            f"liveness_timeout must be a number of seconds >= 1, or None to send no "
+            f"heartbeats; got {value!r}."
+        )
+    return float(value)

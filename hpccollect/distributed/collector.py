@@ -33,6 +33,7 @@ from hpccollect.distributed.arguments import (
     accepted_kwargs,
     check_collector_class,
     check_collector_kwargs,
+    check_liveness_timeout,
     check_port,
     check_rank_sink,
     check_slurm_kwargs,
@@ -47,6 +48,7 @@ from hpccollect.errors import (
 from hpccollect.transport.backends import check_backend
 from hpccollect.transport.base import Channel
 from hpccollect.transport.groups import RankGroups
+from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 
 __all__ = ["DistributedDataCollector", "DistributedSyncCollector"]
 
@@ -87,7 +89,10 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
 
     Beyond TorchRL's arguments: ``on_worker_failure`` (``"raise"``, or ``"continue"`` with the
     remaining ranks, the lost ones in ``lost_ranks``), ``worker_timeout`` (s a rank may take for
-    one batch or answer), ``start_timeout`` (s for the ranks to start), ``replay_buffer``
+    one batch or answer), ``start_timeout`` (s for the ranks to start), ``liveness_timeout``
+    (s a rank may stay silent, heartbeats included, before it counts as lost: a lost node, a
+    cut network, a stopped process; None: no heartbeats; a collector rank whose rank 0 is
+    silent that long ends), ``replay_buffer``
     (extended here; the iterator then yields None), ``track_policy_version``, ``num_threads``,
     ``rank_sink`` (``rank_sink(rank)`` is called on each collector rank; the object it returns
     gets ``extend(batch)`` with every batch that rank collects, before the batch is sent, and
@@ -141,6 +146,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         on_worker_failure: str = "raise",
         worker_timeout: float = 600.0,
         start_timeout: float = 120.0,
+        liveness_timeout: float | None = DEFAULT_LIVENESS_TIMEOUT,
         num_threads: int | None = None,
         rank_sink: Any = None,
     ) -> None:
@@ -180,6 +186,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
                 f"on_worker_failure must be 'raise' or 'continue', got {on_worker_failure!r}."
             )
         self.on_worker_failure = on_worker_failure
+        self.liveness_timeout = check_liveness_timeout(liveness_timeout)
         self.tcp_port = check_port(tcp_port)
         self.slurm_kwargs = check_slurm_kwargs(slurm_kwargs, self.launcher)
         self.rank_sink = check_rank_sink(rank_sink)
@@ -254,6 +261,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             start_timeout=self.start_timeout,
             send_timeout=self.worker_timeout,
             device=self._transport_device,
+            liveness_timeout=self.liveness_timeout,
         )
         self._closers.append(self._groups.close)
         return channels
@@ -335,6 +343,9 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
                 bg.stop(timeout if timeout is not None else 60.0)
         finally:
             super().shutdown(timeout, close_env)
+            pool = getattr(self, "_pool", None)
+            if pool is not None and pool.left_running:
+                self.launcher.left_running([i + 1 for i in pool.left_running])
 
     def __repr__(self) -> str:
         return (

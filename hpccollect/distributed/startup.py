@@ -11,6 +11,7 @@ from typing import Any
 
 from hpccollect.errors import CollectorTimeoutError, WorkerError
 from hpccollect.launchers.rank import RankArgs, ready_key
+from hpccollect.transport.backends import backend_named
 from hpccollect.transport.groups import RankGroups, open_store
 from hpccollect.transport.rank_channel import RankChannel
 
@@ -26,12 +27,17 @@ def start_ranks(
     start_timeout: float,
     send_timeout: float,
     device: Any = "cpu",
+    liveness_timeout: float | None = None,
 ) -> tuple[RankGroups, list[RankChannel]]:
     """Start one collector rank per payload (a pickled ``WorkerSpec``) and join them; the
-    job's groups and one ``RankChannel`` per rank. On failure nothing started is left running."""
+    job's groups and one ``RankChannel`` per rank, beating to its rank every few seconds when
+    ``liveness_timeout`` is set (both ends then notice a silent peer within it). On failure
+    nothing started is left running."""
     n = len(payloads)
-    address = launcher.address()
-    store = open_store(address, port, n + 1, True, start_timeout)
+    # a backend that meets in the launcher's own world (MPI) needs no address and no store
+    needs_store = backend_named(backend).needs_store or not launcher.mpi_world
+    address = launcher.address() if needs_store else None
+    store = open_store(address, port, n + 1, True, start_timeout) if address else None
     processes: list = []
     try:
         ranks = [
@@ -39,17 +45,19 @@ def start_ranks(
                 rank=i + 1,
                 world_size=n + 1,
                 host=address,
-                port=store.port,
+                port=store.port if store is not None else 0,
                 backend=backend,
                 payload=payload,
                 start_timeout=start_timeout,
                 device=str(device),
                 send_timeout=send_timeout,
+                liveness_timeout=liveness_timeout,
             )
             for i, payload in enumerate(payloads)
         ]
         processes = launcher.start(ranks)
-        _await_ranks(store, processes, start_timeout, f"{address}:{store.port}")
+        if store is not None:
+            _await_ranks(store, processes, start_timeout, f"{address}:{store.port}")
         groups = _open_groups(backend, store, processes, start_timeout)
     except BaseException:
         for process in processes:
@@ -61,6 +69,8 @@ def start_ranks(
         groups.channel(i + 1, process=process, device=device, send_timeout=send_timeout)
         for i, process in enumerate(processes)
     ]
+    for channel in channels:
+        channel.start_heartbeats(liveness_timeout)
     return groups, channels
 
 

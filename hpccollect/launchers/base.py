@@ -59,3 +59,9 @@ class Launcher(abc.ABC):
     def start(self, ranks: Sequence[RankArgs]) -> list[PeerLife | None]:
         """Start one process per entry, each running ``serve_rank(args)``; what is known of
         each (None where nothing is). On failure nothing started is left running."""
+
+    def left_running(self, ranks: Sequence[int]) -> None:
+        """After shutdown: ``ranks`` were lost and still run, and their ``PeerLife`` could not
+        end them (a rank mpiexec started, stopped or cut off). End them as only the launcher
+        can; by default there is nothing more to do (their ``kill`` did it)."""
+        return None

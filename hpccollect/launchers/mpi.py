@@ -25,14 +25,15 @@ from typing import Any, NoReturn
 
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.launchers.base import Launcher
-from hpccollect.launchers.rank import RankArgs, serve_rank
+from hpccollect.launchers.rank import LOST_RANK0_STATUS, RankArgs, serve_rank
 from hpccollect.transport.base import PeerLife
-from hpccollect.transport.mpi4py_group import abort_job, mpi4py_comm, quiesce
+from hpccollect.transport.mpi4py_group import abort_job, end_job_at_exit, mpi4py_comm, quiesce
 from hpccollect.transport.mpi_waits import recv_object, send_object
 
 __all__ = ["MPILauncher", "serve"]
 
 _START = 32766  # the tag of rank 0's RankArgs message
+_HELLO = 32764  # the tag of a rank's first message: its host name and addresses
 _WAIT_SLEEP = 0.02  # waits for start-up are long: test them rarely
 _EXIT_LIMIT = 60.0  # seconds a finalised collector rank's C exit handlers may take
 
@@ -57,31 +58,68 @@ class MPILauncher(Launcher):
         self.num_ranks = size - 1
         self.master_addr, self.interface = master_addr, interface
         self._rendezvous: Any = None
+        self._hello: dict[int, tuple[str, list[str]]] | None = None
+        self._start_timeout = 120.0
 
     @property
     def rendezvous(self) -> Any:
         """Where rank 0 listens (only rank 0 asks: the ranks get it with their arguments, so no
-        collective call is made whose presence would depend on rank 0's arguments)."""
+        collective call is made whose presence would depend on rank 0's arguments): loopback
+        when every rank runs on rank 0's host, else rank 0's address on the interface that
+        reaches the first rank elsewhere (the kernel's route: no name needs to resolve).
+        ``master_addr``, ``interface`` or ``MASTER_ADDR`` choose instead; loopback is refused
+        then when ranks run elsewhere."""
         if self._rendezvous is None:
             from hpccollect.transport.rendezvous import detect
 
-            self._rendezvous = detect(
+            remote = self._remote()
+            address = self.master_addr
+            if address is None and self.interface is None and "MASTER_ADDR" not in os.environ:
+                address = _reaching(remote) if remote else "127.0.0.1"
+            found = detect(
                 rank=self.comm.Get_rank(),
                 world_size=self.comm.Get_size(),
-                master_addr=self.master_addr,
+                master_addr=address,
                 interface=self.interface,
             )
+            if remote:
+                _refuse_loopback(found.master_addr, remote)
+            self._rendezvous = found
         return self._rendezvous
+
+    def _hellos(self) -> dict[int, tuple[str, list[str]]]:
+        """Each collector rank's host name and addresses, as it sent them first (rank 0)."""
+        if self._hello is None:
+            self._hello = {
+                rank: recv_object(
+                    self.comm,
+                    rank,
+                    _HELLO,
+                    self._start_timeout,
+                    f"collector rank {rank}'s first message",
+                    _WAIT_SLEEP,
+                )
+                for rank in range(1, self.comm.Get_size())
+            }
+        return self._hello
+
+    def _remote(self) -> dict[int, tuple[str, list[str]]]:
+        """The collector ranks on another host than rank 0's."""
+        here = socket.gethostname()
+        return {rank: hello for rank, hello in self._hellos().items() if hello[0] != here}
 
     @property
     def shares_host(self) -> bool:  # type: ignore[override]
-        return self.rendezvous.local_size == self.comm.Get_size()
+        return not self._remote()
 
     @property
     def default_port(self) -> int:  # type: ignore[override]
-        return self.rendezvous.port or 0
+        from hpccollect.transport.rendezvous import env_port
+
+        return env_port() or 0
 
     def enter(self, start_timeout: float) -> None:
+        self._start_timeout = start_timeout
         if self.comm.Get_rank() == 0:
             return
         serve(start_timeout, self.comm)
@@ -96,7 +134,13 @@ class MPILauncher(Launcher):
     def address(self) -> str:
         return self.rendezvous.master_addr
 
+    def left_running(self, ranks: Sequence[int]) -> None:
+        """MPI cannot end one rank, and ``MPI_Finalize`` would wait for them forever: the job
+        ends when rank 0 exits, with status 0 (the collector finished without them)."""
+        end_job_at_exit(ranks, lost=True)
+
     def start(self, ranks: Sequence[RankArgs]) -> list[PeerLife | None]:
+        self._hellos()  # taken in any case: every rank sends one
         for args in ranks:
             send_object(
                 self.comm,
@@ -108,6 +152,39 @@ class MPILauncher(Launcher):
                 _WAIT_SLEEP,
             )
         return [None] * len(ranks)
+
+
+def _reaching(remote: dict[int, tuple[str, list[str]]]) -> str:
+    """Rank 0's address on the interface that reaches the first collector rank elsewhere."""
+    from hpccollect.transport.rendezvous import address_towards
+
+    rank, (host, addresses) = next(iter(remote.items()))
+    for addr in addresses:
+        with contextlib.suppress(ArgumentValueError):
+            mine = address_towards(addr)
+            if not mine.startswith("127."):
+                return mine
+    raise ArgumentValueError(
+        f"rank 0 on {socket.gethostname()} has no route to collector rank {rank} on {host} "
+        f"(its addresses: {', '.join(addresses) or 'none'}): pass --master-addr (master_addr=) "
+        "with an address of rank 0's host that the other nodes reach, or --interface."
+    )
+
+
+def _refuse_loopback(address: str, remote: dict[int, tuple[str, list[str]]]) -> None:
+    """Refuse a rank 0 address that is loopback while collector ranks run on other hosts."""
+    try:
+        resolved = socket.gethostbyname(address)
+    except OSError:
+        return  # the store's own error names it
+    if resolved.startswith("127."):
+        hosts = sorted({host for host, _ in remote.values()})
+        raise ArgumentValueError(
+            f"rank 0 would listen on {address} ({resolved}, loopback on "
+            f"{socket.gethostname()}), which collector ranks on {', '.join(hosts)} cannot "
+            "reach: pass --master-addr (master_addr=) with an address of rank 0's host that "
+            "they reach, or --interface (e.g. eth0), or neither: rank 0 then finds it."
+        )
 
 
 def exit_finalized(code: int = 0) -> NoReturn:
@@ -138,7 +215,9 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
     """Run this process as a collector rank of an MPI job whose rank 0 constructs
     ``DistributedDataCollector(..., launcher="mpi")``; returns once rank 0 shut the collector
     down. For scripts that branch on the rank themselves (``launcher="mpi"`` calls it for you).
-    ``timeout``: seconds to wait for rank 0 to construct its collector."""
+    ``timeout``: seconds to wait for rank 0 to construct its collector. A rank 0 that went
+    silent ends the whole job (``MPI_Abort`` with ``LOST_RANK0_STATUS``): it would never
+    finalise with this rank, and the job cannot go on without it."""
     comm = comm if comm is not None else mpi4py_comm()
     abort_on_uncaught(comm)
     if comm.Get_rank() == 0:
@@ -146,6 +225,10 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
             "hpccollect.distributed.serve() runs the collector ranks (MPI ranks 1..N-1); on "
             "rank 0, construct DistributedDataCollector(..., launcher='mpi') instead."
         )
+    from hpccollect.transport.rendezvous import host_addresses
+
+    hello = (socket.gethostname(), host_addresses())
+    send_object(comm, hello, 0, _HELLO, timeout, "telling rank 0 where this rank runs", _WAIT_SLEEP)
     try:
         args: RankArgs = recv_object(comm, 0, _START, timeout, "rank 0's start", _WAIT_SLEEP)
     except CollectorTimeoutError as err:
@@ -155,7 +238,13 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
             "call hpccollect.distributed.serve()). Raise start_timeout if rank 0 does long work "
             "first."
         ) from err
-    serve_rank(args)
+
+    def end_job() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        abort_job(comm, LOST_RANK0_STATUS)
+
+    serve_rank(args, end_lost=end_job)
 
 
 def abort_on_uncaught(comm: Any = None) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import importlib.util
 import ipaddress
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,8 @@ class Backend:
     missing: str
     #: why hpccollect cannot use it even where it is available (None: it can)
     unsupported: str | None = None
+    #: whether its groups meet through rank 0's TCP store (False: the launcher's own world)
+    needs_store: bool = True
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -103,13 +106,19 @@ def _gloo(store: Any, rank: int, world_size: int, name: str) -> Any:
 
 
 def _gloo_device(store: Any) -> Any:
-    """Gloo's listening device: loopback when rank 0 is reached on loopback (one node: nothing
-    listens on other interfaces), else torch's default (``GLOO_SOCKET_IFNAME`` applies)."""
+    """Gloo's listening device: on the interface that reaches rank 0's store (loopback on one
+    node: nothing listens on other interfaces), so gloo never binds an address its peers cannot
+    reach (torch's default resolves the host name, which may give loopback);
+    ``GLOO_SOCKET_IFNAME`` chooses instead."""
     host = getattr(getattr(store, "underlying_store", store), "host", "")
+    if os.environ.get("GLOO_SOCKET_IFNAME") or not host:
+        return dist.ProcessGroupGloo.create_default_device()
     with contextlib.suppress(ValueError):
         if ipaddress.ip_address(host).is_loopback:
             return dist.ProcessGroupGloo.create_device(hostname=host)
-    return dist.ProcessGroupGloo.create_default_device()
+    from hpccollect.transport.rendezvous import address_towards
+
+    return dist.ProcessGroupGloo.create_device(hostname=address_towards(host))
 
 
 def _ucc(store: Any, rank: int, world_size: int, name: str) -> Any:
@@ -165,5 +174,6 @@ register_backend(
         _mpi,
         "pip install 'hpccollect[mpi]' (mpi4py and the mpich package), or build torch from "
         "source against your MPI",
+        needs_store=False,
     )
 )

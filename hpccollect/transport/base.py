@@ -64,12 +64,14 @@ class PeerLife(abc.ABC):
         sentinel: what ``multiprocessing.connection.wait`` sees become ready when it ends, or
             None (its connection closing tells instead).
         where: where to look for it besides host and pid (a scheduler's job and log), or "".
+        can_end: whether ``kill`` ends it (False: only its connection is known).
     """
 
     host: str = ""
     pid: int | None = None
     sentinel: Any = None
     where: str = ""
+    can_end: bool = True
 
     @abc.abstractmethod
     def death(self, wait: float = 0.0) -> str | None:
@@ -134,6 +136,12 @@ class Channel(abc.ABC):
     def host(self) -> str:
         """The peer's host as far as this side knows it."""
         return self.life.host
+
+    def silence(self) -> str | None:
+        """Why the peer counts as lost though its connection is open (it has sent nothing,
+        not even a heartbeat, for too long), or None; None too where the transport watches the
+        peer's process instead (a local pipe)."""
+        return None
 
     def describe(self) -> str:
         """The peer, for messages."""

@@ -79,7 +79,7 @@ class RankGroups:
         groups = cls(rank, world_size, backend, store)
         open_group = backend_named(backend).open_group
         for name in ("messages", "broadcast"):
-            prefixed = dist.PrefixStore(f"hpccollect/{name}", store)
+            prefixed = None if store is None else dist.PrefixStore(f"hpccollect/{name}", store)
             setattr(groups, name, open_group(prefixed, rank, world_size, name))
         return groups
 

@@ -33,13 +33,14 @@ from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.transport.at_exit import run_before_close
 from hpccollect.transport.mpi_waits import IDLE_SLEEP, SPIN, Pace, wait_request
 
-__all__ = ["MPIGroup", "abort_job", "mpi4py_comm", "quiesce"]
+__all__ = ["MPIGroup", "abort_job", "end_job_at_exit", "mpi4py_comm", "quiesce"]
 
 _SPIN_PER_BYTE = 2e-9  # ... and for as long as the bytes of a transfer under way take
 _NOTICE = 32765  # the tag of "a broadcast follows"
 _BYE = 32767  # the tag of the goodbye message (below MPI's guaranteed tag upper bound)
 _GRACE = 2.0  # seconds a closing end waits for its peers' goodbyes, then for its own to leave
-_ABORTING: set[int] = set()  # collector ranks that did not stop; the job ends at exit
+#: collector ranks that did not stop, the job ends at exit: whether each was known lost
+_ABORTING: dict[int, bool] = {}
 _GROUPS: weakref.WeakSet = weakref.WeakSet()  # this process's open groups
 
 
@@ -62,7 +63,20 @@ def mpi4py_comm() -> Any:
             "needs; do not set mpi4py.rc.threads = False or initialise MPI yourself with a "
             "lower thread level."
         )
+    _unlink_node_segment()
     return MPI.COMM_WORLD
+
+
+def _unlink_node_segment() -> None:
+    """Unlink the shared-memory segment MPICH made for this node's ranks: every rank of the
+    node has mapped it once MPI is initialised, and MPICH unlinks it only in ``MPI_Finalize``,
+    so a job that ends otherwise (an abort, a rank killed on another node) would leave it in
+    /dev/shm. The mappings live on; only the name goes."""
+    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
+        mapped = {line.split()[-1] for line in maps if "/dev/shm/mpich_shm_" in line}
+    for path in mapped:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def quiesce(timeout: float = 2.0) -> None:
@@ -87,14 +101,9 @@ def _quiesce_at_exit() -> None:
 
 
 def abort_job(comm: Any, code: int) -> None:
-    """End every rank of the MPI job with ``code`` (``MPI_Abort``). MPICH unlinks its
-    shared-memory segment only in ``MPI_Finalize``, so this process first unlinks the segments
-    it maps (the others keep their mappings until they end): an abort leaves none behind."""
-    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
-        mapped = {line.split()[-1] for line in maps if "/dev/shm/mpich_shm_" in line}
-    for path in mapped:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    """End every rank of the MPI job with ``code`` (``MPI_Abort``), leaving no shared-memory
+    segment (see ``_unlink_node_segment``)."""
+    _unlink_node_segment()
     comm.Abort(code)
 
 
@@ -346,7 +355,7 @@ class MPIGroup:
         while not all(r.Test() for r in requests) and time.monotonic() < deadline + _GRACE:
             time.sleep(1e-3)
         if stuck:
-            _abort_at_exit(self.comm, stuck)
+            end_job_at_exit(stuck, lost=False)
 
     def _buffer(self, tensors: torch.Tensor | Sequence[torch.Tensor]) -> Any:
         """The tensor's memory as an array MPI reads or writes in place (it keeps the tensor);
@@ -371,19 +380,30 @@ class MPIGroup:
             raise RuntimeError(why)
 
 
-def _abort_at_exit(comm: Any, ranks: Sequence[int]) -> None:
+def end_job_at_exit(ranks: Sequence[int], lost: bool) -> None:
+    """End the MPI job when this process (rank 0) exits, for collector ranks still running
+    that MPI cannot end one by one and ``MPI_Finalize`` would wait for forever. ``lost``: the
+    collector knew them lost (silent, let go) and finished without them: the job ends with
+    status 0; else they did not stop when asked, status 1."""
     if not _ABORTING:
-        atexit.register(_abort, comm)
-    _ABORTING.update(ranks)
+        atexit.register(_abort)
+    for rank in ranks:  # a rank the collector knew lost is one, whoever saw it stuck first
+        _ABORTING[rank] = _ABORTING.get(rank, False) or lost
 
 
-def _abort(comm: Any) -> None:
-    sys.stderr.write(
-        f"hpccollect: collector ranks {sorted(_ABORTING)} did not stop when asked; aborting the "
-        "MPI job so that it ends.\n"
-    )
+def _abort() -> None:
+    ranks = sorted(_ABORTING)
+    if all(_ABORTING.values()):
+        why, code = "were lost and cannot be stopped from here; ending the MPI job", 0
+    else:
+        why, code = "did not stop when asked; aborting the MPI job so that it ends", 1
+    sys.stderr.write(f"hpccollect: collector ranks {ranks} {why}.\n")
     sys.stderr.flush()
-    abort_job(comm, 1)
+    from mpi4py import MPI
+
+    # on the world: an abort on a group's duplicate of it ends the job "killed by signal 9"
+    # (the ranks are numbered alike in both)
+    abort_job(MPI.COMM_WORLD, code)
 
 
 def _spin(request: Any, buffer: Any) -> bool:

@@ -26,6 +26,8 @@ from hpccollect.transport.wire import WireLayout, first_line
 
 __all__ = ["PolledRankChannel"]
 
+BEATS = 2  # the heartbeats' tag (``rank_channel.MESSAGES`` and its weights tag come first)
+
 
 class PolledRankChannel(RankChannel):
     """A ``RankChannel`` whose caller receives each message itself (see the module)."""
@@ -39,6 +41,7 @@ class PolledRankChannel(RankChannel):
         self._out_wire: Any = None
         self._pace: Any = None  # how often the broadcast thread looks (see ``_waiting``)
         self._idle = False
+        self._beat_in = self._mpi.wire(torch.empty_like(self._beat_out))
 
     # ------------------------------------------------------------------ buffers
     def _announce(self, layout: Layout) -> WireLayout:
@@ -140,12 +143,25 @@ class PolledRankChannel(RankChannel):
     def _received(self) -> None:
         """Put the message just received into ``_recv_buf`` into the inbox (a batch's header
         is read inline: the hot path)."""
+        self._heard()
         head = self._in_head
         if head[0] == BATCH:  # from a collector rank: the weights version it was collected with
             self.batch_version = head[3]
             self._inbox.append((BATCH_REPLY, head[2]))
         else:
             self._inbox.append(self._read_message())
+
+    # ------------------------------------------------------------------ heartbeats
+    def _send_beat(self) -> Any:
+        """A heartbeat on a tag of its own, which the peer's heartbeat thread drains (this
+        side's receives are the caller's, who may not look for a while)."""
+        return self._mpi.send([self._beat_out], self.peer, BEATS)
+
+    def _drain_beats(self) -> bool:
+        came = False
+        while self._mpi.try_recv(self._beat_in, self.peer, BEATS):
+            came = True
+        return came
 
     def join_peer(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout  # receive until the peer's goodbye

@@ -28,20 +28,23 @@ from torch import nn
 from hpccollect.protocol import Command, Layout, Message, Reply
 from hpccollect.transport.base import Channel
 from hpccollect.transport.batches import HEADER, FlatLayout
+from hpccollect.transport.heartbeat import Heartbeat
 from hpccollect.transport.rank_life import RankLife
 from hpccollect.transport.wire import (
     CODE,
     CONTROL,
+    HEARTBEAT,
     KINDS,
     WireLayout,
     decode,
     encode,
     first_line,
     header,
+    put_beat,
     put_header,
 )
 
-__all__ = ["BATCH", "BATCH_REPLY", "MESSAGES", "Closed", "RankChannel"]
+__all__ = ["BATCH", "BATCH_REPLY", "HEARTBEAT", "MESSAGES", "Closed", "RankChannel"]
 
 _SHUTDOWN_TIMEOUT = datetime.timedelta(seconds=5)  # SHUTDOWN is best effort: kill follows
 MESSAGES, _WEIGHTS = 0, 1  # point-to-point tags
@@ -117,6 +120,13 @@ class RankChannel(Channel):
             self._poller.register(handle, select.POLLIN)
         self._closed = False
         self._thread: threading.Thread | None = None  # a subclass's receiving thread
+        # a message's parts go out together: a heartbeat never lands between them
+        self._send_lock = threading.Lock()
+        self._beat: Heartbeat | None = None
+        self._lost = False  # the peer went silent (``lose``)
+        self._stopped_by_peer = False  # the peer sent SHUTDOWN
+        self._beat_out = torch.zeros(HEADER, dtype=torch.uint8)
+        put_beat(self._beat_out)
 
     # ------------------------------------------------------------------ sending
     def send(self, message_: Message) -> None:
@@ -131,7 +141,8 @@ class RankChannel(Channel):
             head[0] = BATCH
             head[2] = payload
             head[3] = self._broadcasts_taken + self._updates_taken
-            self._send_batch(flat)
+            with self._send_lock:
+                self._send_batch(flat)
             return
         if kind is Reply.ACK and self._silent_acks:
             self._silent_acks -= 1  # a broadcast update's: rank 0 does not wait for it
@@ -187,10 +198,11 @@ class RankChannel(Channel):
         if inline:
             head[HEADER:] = torch.frombuffer(bytearray(blob[:inline]), dtype=torch.uint8)
         timeout = _SHUTDOWN_TIMEOUT if kind is Command.SHUTDOWN else None
-        self._wait(self._post(head.to(self.device), MESSAGES), timeout)
-        if len(blob) > inline:
-            rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
-            self._wait(self._post(rest.to(self.device), MESSAGES), timeout)
+        with self._send_lock:
+            self._wait(self._post(head.to(self.device), MESSAGES), timeout)
+            if len(blob) > inline:
+                rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
+                self._wait(self._post(rest.to(self.device), MESSAGES), timeout)
 
     def _post(self, tensor: torch.Tensor, tag: int) -> Any:
         """Start sending ``tensor``; ``ConnectionError`` when the peer is gone."""
@@ -252,6 +264,10 @@ class RankChannel(Channel):
                 ):
                     raise ConnectionError("a weight broadcast announced by rank 0 never came")
         kind = KINDS[code]
+        if kind is Command.SHUTDOWN:
+            self._stopped_by_peer = True
+            if self._beat is not None:
+                self._beat.stop()  # the peer is done: its silence from now on means nothing
         blob = self._recv_buf[HEADER : HEADER + inline].cpu().numpy().tobytes()
         if length > len(blob):
             rest = torch.empty(length - len(blob), dtype=torch.uint8, device=self.device)
@@ -377,6 +393,53 @@ class RankChannel(Channel):
         sentinel = self.life.sentinel
         return [self._rfd] if sentinel is None else [self._rfd, sentinel]
 
+    # ------------------------------------------------------------------ liveness
+    def start_heartbeats(self, timeout: float | None) -> None:
+        """Beat to the peer and watch its beats, so that ``silence`` tells a peer silent for
+        ``timeout`` s (see ``heartbeat.py``). None, or wire buffers on a GPU: no heartbeats (a
+        second thread's transfers would interleave with the collector's on one communicator)."""
+        if timeout is None or self.device.type != "cpu" or self._beat is not None:
+            return
+        self._beat = Heartbeat(
+            timeout, self._send_beat, self._drain_beats, f"hpccollect-rank{self.peer}-beat"
+        )
+
+    def silence(self) -> str | None:
+        beat = self._beat
+        return None if beat is None else beat.silence()
+
+    def lose(self, why: str) -> None:
+        """Count the peer as gone for ``why`` (it went silent): every later receive and send
+        fails with it, and a receive waiting now wakes to fail."""
+        self._failure = self._failure or why
+        self._lost = True
+        self._hand_over(Closed(self._failure))
+
+    def lost_peer(self) -> str | None:
+        """Why the link failed before the peer said stop (it went silent, its connection
+        broke), or None."""
+        return None if self._stopped_by_peer else self._failure
+
+    def _heard(self) -> None:
+        """A message came from the peer: it lives."""
+        beat = self._beat
+        if beat is not None:
+            beat.note()
+
+    def _send_beat(self) -> Any:
+        """Post one heartbeat on the message tag (the peer's receiving thread takes it), unless
+        a message is going out right now (the peer hears that); what to wait for, or None."""
+        if not self._send_lock.acquire(blocking=False):
+            return None
+        try:
+            return self._group().send([self._beat_out], self.peer, MESSAGES)
+        finally:
+            self._send_lock.release()
+
+    def _drain_beats(self) -> bool:
+        """Take the peer's heartbeats that no receiving thread takes; whether any came."""
+        return False
+
     # ------------------------------------------------------------------ the peer's life
     def join_peer(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the peer's end, seen through the connection."""
@@ -396,7 +459,11 @@ class RankChannel(Channel):
         """Wait up to ``timeout`` s for this end's threads, once its groups are closed (a
         thread still inside MPI when the process finalises it would fail there)."""
         deadline = time.monotonic() + timeout
-        for thread in (self._thread, self._broadcaster):
+        # a transfer with a peer that went silent may never end (gloo cannot abort it)
+        if self._beat is not None:
+            self._beat.stop(0.0 if self._lost else timeout)
+        waited = (self._broadcaster,) if self._lost else (self._thread, self._broadcaster)
+        for thread in waited:
             if thread is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
@@ -404,6 +471,8 @@ class RankChannel(Channel):
         if self._closed:
             return
         self._closed = True
+        if self._beat is not None:
+            self._beat.stop(0.0 if self._lost else 0.5)
         if self._thread is not None:
             self._thread.join(0.2)  # ends when the peer does, or when the groups are aborted
         with self._fds:

@@ -30,6 +30,7 @@ class RankLife(PeerLife):
         self.pid = getattr(process, "pid", None)
         self.sentinel = getattr(process, "sentinel", None)
         self.where = getattr(process, "where", "")
+        self.can_end = process is not None and process.can_end
 
     def death(self, wait: float = 0.0) -> str | None:
         if self._process is not None:

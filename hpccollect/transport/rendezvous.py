@@ -36,9 +36,12 @@ from hpccollect.transport.nodelist import expand_nodelist
 
 __all__ = [
     "Rendezvous",
+    "address_towards",
     "detect",
+    "env_port",
     "expand_nodelist",
     "free_port",
+    "host_addresses",
     "interface_address",
     "launched_ranks",
     "resolve_host",
@@ -114,6 +117,11 @@ def detect(
     )
 
 
+def env_port(environ: Mapping[str, str] | None = None) -> int | None:
+    """The port ``MASTER_PORT`` (or ``TCP_PORT``) fixes for rank 0, or None."""
+    return _port(None, os.environ if environ is None else environ)
+
+
 def launched_ranks(environ: Mapping[str, str] | None = None) -> int:
     """How many ranks the launcher started, from its variables (torchrun, MPICH, Open MPI, an
     ``srun`` step); 1 when there is no launcher (not an ``sbatch`` script alone either)."""
@@ -145,6 +153,36 @@ def interface_address(name: str) -> str:
         f"interface={name!r} has no IPv4 address on {socket.gethostname()} ({why}); the "
         f"interfaces here are: {there}. Pass one of them, or master_addr= an address."
     )
+
+
+def address_towards(peer: str) -> str:
+    """This host's address on the interface that reaches ``peer`` (an address or a name), as
+    the kernel's routes choose it: connecting a UDP socket sends nothing."""
+    try:
+        family = socket.AF_INET6 if ":" in peer else socket.AF_INET
+        addr = peer if ":" in peer else socket.gethostbyname(peer)
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect((addr, 9))
+            return str(sock.getsockname()[0])
+    except OSError as err:
+        raise ArgumentValueError(
+            f"{socket.gethostname()} has no route to {peer} ({err.strerror or err}): pass "
+            "master_addr= (--master-addr) or interface= (--interface) with an address the "
+            "other ranks reach."
+        ) from err
+
+
+def host_addresses() -> list[str]:
+    """This host's IPv4 addresses other than loopback, one per interface that has one."""
+    found = []
+    for _, name in socket.if_nameindex():
+        try:
+            addr = interface_address(name)
+        except ArgumentValueError:
+            continue
+        if not addr.startswith("127.") and addr not in found:
+            found.append(addr)
+    return found
 
 
 def share_from_root(comm: Any, value: Any, timeout: float) -> Any:

@@ -10,7 +10,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from hpccollect.protocol import Command, Message
-from hpccollect.transport.rank_channel import MESSAGES, Closed, RankChannel
+from hpccollect.transport.rank_channel import HEARTBEAT, MESSAGES, Closed, RankChannel
 from hpccollect.transport.wire import first_line
 
 __all__ = ["ThreadedRankChannel"]
@@ -40,14 +40,20 @@ class ThreadedRankChannel(RankChannel):
                     self._failure = self._failure or f"closed the connection ({first_line(err)})"
                     self._hand_over(Closed(self._failure))
                     return
+                if item is None:  # a heartbeat
+                    continue
                 self._hand_over(item)
                 if item[0] is Command.SHUTDOWN:
                     return
         finally:
             self._writer_done()
 
-    def _receive_one(self) -> Message:
+    def _receive_one(self) -> Message | None:
+        """The next message from the peer; None for a heartbeat (noted, like every message)."""
         self._group().recv([self._recv_buf], self.peer, MESSAGES).wait()
+        self._heard()
+        if self._in_head[0] == HEARTBEAT:
+            return None
         return self._read_message()
 
     def poll(self, timeout: float) -> bool:

@@ -24,18 +24,21 @@ from hpccollect.transport.batches import FlatLayout
 __all__ = [
     "CODE",
     "CONTROL",
+    "HEARTBEAT",
     "KINDS",
     "WireLayout",
     "decode",
     "encode",
     "first_line",
     "header",
+    "put_beat",
     "put_header",
 ]
 
 KINDS: list[Command | Reply] = [*Command, *Reply]
 CODE = {kind: i for i, kind in enumerate(KINDS)}
 CONTROL = 4096  # payload bytes a receiver always has room for
+HEARTBEAT = len(KINDS)  # the code of a heartbeat: a header alone, no protocol message
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,11 @@ def put_header(
     buf[:40].view(torch.int64).copy_(
         torch.tensor([CODE[kind], length, int(value), broadcasts, inline], dtype=torch.int64)
     )
+
+
+def put_beat(buf: torch.Tensor) -> None:
+    """Write a heartbeat's header at the front of wire buffer ``buf``."""
+    buf[:40].view(torch.int64).copy_(torch.tensor([HEARTBEAT, 0, 0, 0, 0], dtype=torch.int64))
 
 
 def header(buf: torch.Tensor) -> Any:

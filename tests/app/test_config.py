@@ -73,3 +73,27 @@ def test_collector_sync_on_the_command_line_still_runs_single(tmp_path, monkeypa
     assert "hpccollect: warning: --collector sync is now spelled --collector single" in err
     with h5py.File(tmp_path / "x.h5") as f:
         assert '"collector": "single"' in f.attrs["collector_config"]
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--liveness-timeout", "0.5"], "--liveness-timeout must be a number of seconds >= 1"),
+        (["--on-rank-failure", "continue"], "--on-rank-failure: only for a distributed run"),
+        (["--liveness-timeout", "10"], "--liveness-timeout: only for a distributed run"),
+    ],
+)
+def test_the_rank_failure_options_are_checked_in_one_line(
+    tmp_path, monkeypatch, capsys, args, says
+):
+    monkeypatch.chdir(tmp_path)
+    assert main(["collect", *args, "--out", "x.h5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"hpccollect: error: {says}"), err
+    assert not list(tmp_path.iterdir())
+
+
+def test_on_rank_failure_takes_raise_or_continue(capsys):
+    assert main(["collect", "--on-rank-failure", "maybe"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--on-rank-failure" in err[0] and "'maybe'" in err[0], err

@@ -321,6 +321,8 @@ def test_bad_arguments_are_refused_before_any_rank_starts():
         (dict(collector_kwargs=[{}]), ArgumentTypeError, "one per collector rank"),
         (dict(num_workers_per_collector=0), ArgumentValueError, "num_workers_per_collector"),
         (dict(on_worker_failure="ignore"), ArgumentValueError, "on_worker_failure"),
+        (dict(liveness_timeout=0.5), ArgumentValueError, "liveness_timeout must be .* >= 1"),
+        (dict(liveness_timeout="30"), ArgumentValueError, "liveness_timeout"),
         (dict(tcp_port=70000), ArgumentValueError, "tcp_port"),
         (dict(sync="yes"), ArgumentTypeError, "sync"),
         (dict(frames_per_batch=0), ArgumentValueError, "frames_per_batch"),
