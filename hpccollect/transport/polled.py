@@ -21,12 +21,10 @@ import torch
 from hpccollect.errors import CollectorTimeoutError
 from hpccollect.protocol import Layout
 from hpccollect.transport.mpi_waits import BUSY_SLEEP, IDLE_SLEEP, SPIN, wait_request
-from hpccollect.transport.rank_channel import BATCH, BATCH_REPLY, MESSAGES, RankChannel
+from hpccollect.transport.rank_channel import BATCH, BATCH_REPLY, BEATS, MESSAGES, RankChannel
 from hpccollect.transport.wire import WireLayout, first_line
 
 __all__ = ["PolledRankChannel"]
-
-BEATS = 2  # the heartbeats' tag (``rank_channel.MESSAGES`` and its weights tag come first)
 
 
 class PolledRankChannel(RankChannel):
@@ -152,12 +150,9 @@ class PolledRankChannel(RankChannel):
             self._inbox.append(self._read_message())
 
     # ------------------------------------------------------------------ heartbeats
-    def _send_beat(self) -> Any:
-        """A heartbeat on a tag of its own, which the peer's heartbeat thread drains (this
-        side's receives are the caller's, who may not look for a while)."""
-        return self._mpi.send([self._beat_out], self.peer, BEATS)
-
     def _drain_beats(self) -> bool:
+        """The peer's heartbeats, taken by the heartbeat thread (this side's receives are the
+        caller's, who may not look for a while)."""
         came = False
         while self._mpi.try_recv(self._beat_in, self.peer, BEATS):
             came = True

@@ -33,7 +33,6 @@ from hpccollect.transport.rank_life import RankLife
 from hpccollect.transport.wire import (
     CODE,
     CONTROL,
-    HEARTBEAT,
     KINDS,
     WireLayout,
     decode,
@@ -44,10 +43,12 @@ from hpccollect.transport.wire import (
     put_header,
 )
 
-__all__ = ["BATCH", "BATCH_REPLY", "HEARTBEAT", "MESSAGES", "Closed", "RankChannel"]
+__all__ = ["BATCH", "BATCH_REPLY", "BEATS", "MESSAGES", "Closed", "RankChannel"]
 
 _SHUTDOWN_TIMEOUT = datetime.timedelta(seconds=5)  # SHUTDOWN is best effort: kill follows
-MESSAGES, _WEIGHTS = 0, 1  # point-to-point tags
+# point-to-point tags. Heartbeats travel apart: a gloo send completes only into a receive the
+# peer has posted, and a beat must never take the one a stopped peer left for the next message.
+MESSAGES, _WEIGHTS, BEATS = 0, 1, 2
 BATCH_REPLY = Reply.BATCH
 BATCH = CODE[BATCH_REPLY]
 
@@ -120,9 +121,8 @@ class RankChannel(Channel):
             self._poller.register(handle, select.POLLIN)
         self._closed = False
         self._thread: threading.Thread | None = None  # a subclass's receiving thread
-        # a message's parts go out together: a heartbeat never lands between them
-        self._send_lock = threading.Lock()
         self._beat: Heartbeat | None = None
+        self._beat_receiver: threading.Thread | None = None  # a subclass's, if it needs one
         self._lost = False  # the peer went silent (``lose``)
         self._stopped_by_peer = False  # the peer sent SHUTDOWN
         self._beat_out = torch.zeros(HEADER, dtype=torch.uint8)
@@ -141,8 +141,7 @@ class RankChannel(Channel):
             head[0] = BATCH
             head[2] = payload
             head[3] = self._broadcasts_taken + self._updates_taken
-            with self._send_lock:
-                self._send_batch(flat)
+            self._send_batch(flat)
             return
         if kind is Reply.ACK and self._silent_acks:
             self._silent_acks -= 1  # a broadcast update's: rank 0 does not wait for it
@@ -198,11 +197,10 @@ class RankChannel(Channel):
         if inline:
             head[HEADER:] = torch.frombuffer(bytearray(blob[:inline]), dtype=torch.uint8)
         timeout = _SHUTDOWN_TIMEOUT if kind is Command.SHUTDOWN else None
-        with self._send_lock:
-            self._wait(self._post(head.to(self.device), MESSAGES), timeout)
-            if len(blob) > inline:
-                rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
-                self._wait(self._post(rest.to(self.device), MESSAGES), timeout)
+        self._wait(self._post(head.to(self.device), MESSAGES), timeout)
+        if len(blob) > inline:
+            rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
+            self._wait(self._post(rest.to(self.device), MESSAGES), timeout)
 
     def _post(self, tensor: torch.Tensor, tag: int) -> Any:
         """Start sending ``tensor``; ``ConnectionError`` when the peer is gone."""
@@ -427,14 +425,8 @@ class RankChannel(Channel):
             beat.note()
 
     def _send_beat(self) -> Any:
-        """Post one heartbeat on the message tag (the peer's receiving thread takes it), unless
-        a message is going out right now (the peer hears that); what to wait for, or None."""
-        if not self._send_lock.acquire(blocking=False):
-            return None
-        try:
-            return self._group().send([self._beat_out], self.peer, MESSAGES)
-        finally:
-            self._send_lock.release()
+        """Post one heartbeat on the heartbeats' tag; what to wait for."""
+        return self._group().send([self._beat_out], self.peer, BEATS)
 
     def _drain_beats(self) -> bool:
         """Take the peer's heartbeats that no receiving thread takes; whether any came."""
@@ -462,7 +454,11 @@ class RankChannel(Channel):
         # a transfer with a peer that went silent may never end (gloo cannot abort it)
         if self._beat is not None:
             self._beat.stop(0.0 if self._lost else timeout)
-        waited = (self._broadcaster,) if self._lost else (self._thread, self._broadcaster)
+        waited = (
+            (self._broadcaster,)
+            if self._lost
+            else (self._thread, self._beat_receiver, self._broadcaster)
+        )
         for thread in waited:
             if thread is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
@@ -473,8 +469,9 @@ class RankChannel(Channel):
         self._closed = True
         if self._beat is not None:
             self._beat.stop(0.0 if self._lost else 0.5)
-        if self._thread is not None:
-            self._thread.join(0.2)  # ends when the peer does, or when the groups are aborted
+        for thread in (self._thread, self._beat_receiver):
+            if thread is not None:  # ends when the peer does, or when the groups are aborted
+                thread.join(0.2)
         with self._fds:
             self._close_fds()
         self.life.close()

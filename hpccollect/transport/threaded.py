@@ -9,8 +9,11 @@ import threading
 from multiprocessing.connection import wait
 from typing import Any
 
+import torch
+
 from hpccollect.protocol import Command, Message
-from hpccollect.transport.rank_channel import HEARTBEAT, MESSAGES, Closed, RankChannel
+from hpccollect.transport.batches import HEADER
+from hpccollect.transport.rank_channel import BEATS, MESSAGES, Closed, RankChannel
 from hpccollect.transport.wire import first_line
 
 __all__ = ["ThreadedRankChannel"]
@@ -40,21 +43,36 @@ class ThreadedRankChannel(RankChannel):
                     self._failure = self._failure or f"closed the connection ({first_line(err)})"
                     self._hand_over(Closed(self._failure))
                     return
-                if item is None:  # a heartbeat
-                    continue
                 self._hand_over(item)
                 if item[0] is Command.SHUTDOWN:
                     return
         finally:
             self._writer_done()
 
-    def _receive_one(self) -> Message | None:
-        """The next message from the peer; None for a heartbeat (noted, like every message)."""
+    def _receive_one(self) -> Message:
+        """The next message from the peer (noted as a sign of life)."""
         self._group().recv([self._recv_buf], self.peer, MESSAGES).wait()
         self._heard()
-        if self._in_head[0] == HEARTBEAT:
-            return None
         return self._read_message()
+
+    def start_heartbeats(self, timeout: float | None) -> None:
+        super().start_heartbeats(timeout)
+        if self._beat is not None and self._beat_receiver is None:
+            self._beat_receiver = threading.Thread(
+                target=self._receive_beats, name=f"hpccollect-rank{self.peer}-beats", daemon=True
+            )
+            self._beat_receiver.start()
+
+    def _receive_beats(self) -> None:
+        """The peer's heartbeats, each received as it comes (a gloo send completes only into a
+        posted receive); ends when the link does."""
+        beat = torch.empty(HEADER, dtype=torch.uint8, device=self.device)
+        while True:
+            try:
+                self._group().recv([beat], self.peer, BEATS).wait()
+            except Exception:  # the peer is gone, or the groups were aborted
+                return
+            self._heard()
 
     def poll(self, timeout: float) -> bool:
         return bool(self._inbox) or bool(self._ready(timeout))

@@ -16,8 +16,10 @@ test lets the lost rank go on first), or after 30 s.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 from functools import partial
@@ -54,6 +56,7 @@ def main() -> None:
     p.add_argument("--slow", type=float, default=0.0)
     p.add_argument("--hold", action="store_true")
     a = p.parse_args()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stacks on a hang
     env = partial(Slow, 5, a.slow) if a.slow else partial(CounterEnv, 5)
     collector = DistributedDataCollector(
         env if a.launcher == "mpi" else [env, env],

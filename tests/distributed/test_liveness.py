@@ -56,17 +56,27 @@ class Job:
     def result(self, timeout: float = 60.0) -> dict:
         try:
             self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.end(dump=True)
+            pytest.fail(f"the job did not end within {timeout:.0f} s:\n{self.stderr}")
         finally:
             self.end()
         path = self.out.with_suffix(".result")
         assert path.exists(), f"no result (exit {self.proc.returncode}):\n{self.stderr}"
         return json.loads(path.read_text())
 
-    def end(self) -> None:
+    def end(self, dump: bool = False) -> None:
+        """Kill what is left of the job; ``dump``: each process prints its threads' stacks first."""
         if self.proc.poll() is None:
+            if dump:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGCONT)
+                    os.killpg(self.proc.pid, signal.SIGUSR1)
+                time.sleep(1.0)
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        self.stderr = self.proc.stderr.read()
+        if not hasattr(self, "stderr"):
+            self.stderr = self.proc.stderr.read()
 
 
 def stop(pid: int) -> float:
