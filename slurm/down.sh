@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Stop the single-node SLURM cluster started by slurm/up.sh: slurmd, slurmctld, munged, each by
-# its pid file only (never by process name), SIGTERM then SIGKILL after a bounded wait.
+# Stop the SLURM cluster started by slurm/up.sh: every slurmd, slurmctld, munged, each by its
+# pid file only (never by process name), SIGTERM then SIGKILL after a bounded wait; then the
+# simulated nodes, if up.sh --nodes made them (slurm/nodes.sh down: no namespace, link, mount,
+# process or /etc/hosts line left).
 #
 #   slurm/down.sh            # stop the daemons, keep the state directory (logs)
 #   slurm/down.sh --purge    # ... and remove the state directory
@@ -10,6 +12,7 @@
 set -euo pipefail
 
 POINTER="${TMPDIR:-/tmp}/hpccollect-slurm.current"
+NODES_SH="$(dirname "$(readlink -f "$0")")/nodes.sh"
 WAIT="${HPCCOLLECT_SLURM_STOP_TIMEOUT:-10}"
 
 log() { echo "slurm/down.sh: $*" >&2; }
@@ -52,8 +55,10 @@ daemon_pid() {
 # Each daemon takes about 2 s to shut down: all three are stopped at once, SIGTERM then, past
 # the deadline, SIGKILL.
 pids=()
-for daemon in slurmd slurmctld munged; do
-    if pid="$(daemon_pid "$STATE/run/$daemon.pid" "$daemon")"; then
+for file in "$STATE"/run/slurmd-*.pid "$STATE"/run/slurmd.pid "$STATE/run/slurmctld.pid" "$STATE/run/munged.pid"; do
+    [[ -e "$file" ]] || continue
+    daemon="$(basename "$file" .pid)"
+    if pid="$(daemon_pid "$file" "${daemon%%-*}")"; then
         kill -TERM "$pid" 2>/dev/null || true
         pids+=("$pid")
     fi
@@ -68,8 +73,12 @@ for pid in "${pids[@]}"; do
         kill -KILL "$pid" 2>/dev/null || true
     fi
 done
-rm -f "$STATE"/run/{slurmd,slurmctld,munged}.pid
+rm -f "$STATE"/run/{slurmd*,slurmctld,munged}.pid
 log "stopped the cluster in $STATE"
+if [[ -s "$STATE/nodes" ]]; then
+    "$NODES_SH" down
+    rm -f "$STATE/nodes"
+fi
 if ((purge)); then
     rm -rf -- "$STATE"
     log "removed $STATE"

@@ -8,6 +8,7 @@
 #   slurm/nodes.sh exec NODE CMD...   # run CMD on NODE (its network, host name, /etc/hosts)
 #   slurm/nodes.sh down          # end every process on the nodes, remove everything
 #   slurm/nodes.sh list          # the nodes that are up, one per line
+#   slurm/nodes.sh addr NODE|head     # a node's address, or the bridge's (where the head listens)
 #
 # mpiexec reaches the nodes through slurm/node-ssh (hydra calls it as it would call ssh):
 #   mpiexec -launcher ssh -launcher-exec slurm/node-ssh -iface hpcc0 -hosts node1,node2 -n 3 ...
@@ -33,7 +34,7 @@ die() {
     exit 1
 }
 usage() {
-    echo "usage: slurm/nodes.sh up K | down | list | exec NODE CMD..." >&2
+    echo "usage: slurm/nodes.sh up K | down | list | addr NODE|head | exec NODE CMD..." >&2
     exit 2
 }
 
@@ -160,6 +161,14 @@ down)
     ;;
 list)
     nodes_up
+    ;;
+addr)
+    [[ $# == 2 ]] || usage
+    case "$2" in
+    head) echo "$HEAD_ADDR" ;;
+    node[0-9]*) echo "$SUBNET.${2#node}" ;;
+    *) die "no node '$2': nodes are node1..nodeK, and 'head'" ;;
+    esac
     ;;
 exec)
     [[ $# -ge 3 ]] || usage

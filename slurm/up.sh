@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# Start a single-node SLURM cluster (munged + slurmctld + slurmd) on this machine, for
-# development and CI. Needs root (slurmd runs jobs as their user); no systemd or cgroups.
+# Start a SLURM cluster (munged + slurmctld + slurmd) on this machine, for development and CI.
+# Needs root (slurmd runs jobs as their user); no systemd or cgroups.
 #
 #   eval "$(slurm/up.sh)"        # prints `export SLURM_CONF=...` lines (progress goes to stderr)
 #   sbatch --wait jobs/collect.sh
 #   slurm/down.sh --purge        # stop the daemons, remove the state directory
+#
+#   eval "$(slurm/up.sh --nodes 2)"   # K simulated nodes (slurm/nodes.sh), one slurmd on each
+#   sbatch -N 2 --wait jobs/collect.sh
+#
+# Without --nodes the cluster is one node, this host, on loopback. With --nodes K, slurm/nodes.sh
+# makes node1..nodeK (network and UTS namespaces on a bridge); each runs its own slurmd, while
+# slurmctld and munged run here, slurmctld listening on the bridge (hpcc-head). down.sh
+# removes the nodes again. Jobs on the nodes see their node's host name, address and /etc/hosts,
+# and this machine's files.
 #
 # Everything (config, spool, logs, pid files, munge key and socket) lives in one directory:
 # $HPCCOLLECT_SLURM_DIR, else a new temporary directory (recorded in $POINTER so that down.sh and
@@ -16,6 +25,7 @@
 set -euo pipefail
 
 POINTER="${TMPDIR:-/tmp}/hpccollect-slurm.current"
+NODES_SH="$(dirname "$(readlink -f "$0")")/nodes.sh"
 PACKAGES=(slurmctld slurmd slurm-client munge)
 TIMEOUT="${HPCCOLLECT_SLURM_TIMEOUT:-60}"
 
@@ -66,19 +76,41 @@ install_packages() {
     return 0
 }
 
+# The nodes' names ("node1 node2 ...") with --nodes, else this host's short name.
+node_names() {
+    if ((NODES)); then
+        seq -f 'node%g' 1 "$NODES" | paste -sd' '
+    else
+        short_host
+    fi
+}
+
 print_env() {
     echo "export HPCCOLLECT_SLURM_DIR=$STATE"
     echo "export SLURM_CONF=$STATE/etc/slurm.conf"
 }
 
 write_config() {
-    local host cpus
+    local host cpus ctld nodes what node comm
     host="$(short_host)"
     cpus="${HPCCOLLECT_SLURM_CPUS:-$(($(nproc) > 8 ? $(nproc) : 8))}"
+    if ((NODES)); then
+        ctld="$host($("$NODES_SH" addr head))"
+        nodes="node[1-$NODES]"
+        what="$NODES simulated nodes (slurm/nodes.sh)"
+        # slurmctld would bind the address its host name resolves to, not the bridge's; each
+        # slurmd has only its node's own addresses
+        comm="# slurmctld and slurmd listen on every address of their namespace"
+    else
+        ctld="$host(127.0.0.1)"
+        nodes="$host"
+        what="a single-node cluster on loopback"
+        comm="CommunicationParameters=NoInAddrAny,NoCtldInAddrAny"
+    fi
     cat >"$STATE/etc/slurm.conf" <<EOF
-# Written by hpccollect's slurm/up.sh: a single-node cluster on loopback.
+# Written by hpccollect's slurm/up.sh: $what.
 ClusterName=hpccollect
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$ctld
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=${HPCCOLLECT_SLURM_CTLD_PORT:-6817}
@@ -88,13 +120,13 @@ CredType=cred/munge
 # cred_expire is also how long a requeued job waits before it may start again (default 120 s;
 # slurmd refuses to launch it while the killed attempt's credential is still revoked).
 AuthInfo=socket=$STATE/munge/munge.socket,cred_expire=${HPCCOLLECT_SLURM_CRED_EXPIRE:-20}
-CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
+$comm
 StateSaveLocation=$STATE/ctld
-SlurmdSpoolDir=$STATE/spool
+SlurmdSpoolDir=$STATE/spool/%n
 SlurmctldPidFile=$STATE/run/slurmctld.pid
-SlurmdPidFile=$STATE/run/slurmd.pid
+SlurmdPidFile=$STATE/run/slurmd-%n.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
-SlurmdLogFile=$STATE/log/slurmd.log
+SlurmdLogFile=$STATE/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 # No systemd/cgroups here: processes are tracked through their parent ids.
@@ -116,9 +148,41 @@ KillWait=10
 MinJobAge=5
 # The node may advertise more CPUs than the machine has (several ranks per core).
 SlurmdParameters=config_overrides
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
+    {
+        if ((NODES)); then
+            for node in $(node_names); do
+                echo "NodeName=$node NodeAddr=$("$NODES_SH" addr "$node") CPUs=$cpus State=UNKNOWN"
+            done
+        else
+            echo "NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN"
+        fi
+        echo "PartitionName=debug Nodes=$nodes Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
+    } >>"$STATE/etc/slurm.conf"
+}
+
+# slurmd for node $1. On a simulated node it runs inside the node's namespaces, where
+# `ip netns exec` mounts a /sys of its own: slurmd 22.05 wants the cgroup v1 hierarchies there
+# (it only reads them: processes are tracked by parent pid).
+start_slurmd() {
+    local node=$1
+    alive "$STATE/run/slurmd-$node.pid" slurmd && return 0
+    mkdir -p "$STATE/spool/$node"
+    if ((NODES)); then
+        # shellcheck disable=SC2016
+        "$NODES_SH" exec "$node" bash -c '
+            set -e
+            mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup
+            for h in cpu cpuacct cpuset memory devices freezer blkio pids; do
+                mkdir /sys/fs/cgroup/$h
+                mount -t cgroup -o "$h" cgroup "/sys/fs/cgroup/$h"
+            done
+            mkdir /sys/fs/cgroup/systemd
+            mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd
+            exec slurmd -f "$1" -N "$2"' slurmd "$SLURM_CONF" "$node"
+    else
+        slurmd -f "$SLURM_CONF"
+    fi
 }
 
 start_munge() {
@@ -135,25 +199,55 @@ start_munge() {
         die "munged did not start: $(tail -n 5 "$STATE/log/munged.log")"
 }
 
+# Are slurmctld and every node's slurmd running?
+daemons_alive() {
+    local node
+    alive "$STATE/run/slurmctld.pid" slurmctld || return 1
+    for node in $(node_names); do
+        alive "$STATE/run/slurmd-$node.pid" slurmd || return 1
+    done
+}
+
 wait_idle() {
-    local deadline=$((SECONDS + TIMEOUT)) state=""
+    local deadline=$((SECONDS + TIMEOUT)) state="" want ready f
+    want="$(node_names | wc -w)"
     while ((SECONDS < deadline)); do
-        state="$(sinfo -h -N -o '%T' 2>/dev/null | head -n 1 || true)"
+        state="$(sinfo -h -N -o '%T' 2>/dev/null | paste -sd, || true)"
         # "idle*" (a trailing mark) would be a node that has not answered yet.
-        [[ "$state" =~ ^(idle|mixed|allocated|completing)$ ]] && return 0
-        alive "$STATE/run/slurmctld.pid" slurmctld || break
-        alive "$STATE/run/slurmd.pid" slurmd || break
+        ready="$(tr ',' '\n' <<<"$state" | grep -cE '^(idle|mixed|allocated|completing)$' || true)"
+        [[ "$ready" == "$want" ]] && return 0
+        daemons_alive || break
         sleep 0.2
     done
-    for f in munged slurmctld slurmd; do
+    for f in munged slurmctld $(node_names | sed 's/[^ ]*/slurmd-&/g'); do
         echo "--- $STATE/log/$f.log" >&2
         tail -n 15 "$STATE/log/$f.log" >&2 2>/dev/null || true
     done
-    die "the node is not idle after ${TIMEOUT}s (state: '${state:-no answer}'); logs above" \
+    die "the nodes are not idle after ${TIMEOUT}s (state: '${state:-no answer}'); logs above" \
         "(slurm/down.sh stops what was started)"
 }
 
+usage() {
+    echo "usage: slurm/up.sh [--nodes K]" >&2
+    exit 2
+}
+
 main() {
+    NODES=0
+    while (($#)); do
+        case "$1" in
+        --nodes)
+            [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] && (($2 >= 1 && $2 <= 250)) ||
+                { echo "slurm/up.sh: error: --nodes takes a number of nodes, 1..250" >&2 && exit 2; }
+            NODES=$2
+            shift 2
+            ;;
+        *)
+            echo "slurm/up.sh: error: unknown argument '$1'" >&2
+            usage
+            ;;
+        esac
+    done
     if [[ -n "${HPCCOLLECT_SLURM_DIR:-}" ]]; then
         STATE="$HPCCOLLECT_SLURM_DIR"
     elif [[ -s "$POINTER" && -d "$(cat "$POINTER")" ]]; then
@@ -165,9 +259,14 @@ main() {
     STATE="$(cd "$STATE" && pwd -P)"
     chmod 0700 "$STATE/munge"
     export SLURM_CONF="$STATE/etc/slurm.conf"
+    local had=0
+    [[ -s "$STATE/nodes" ]] && had="$(cat "$STATE/nodes")"
+    if [[ "$had" != "$NODES" ]] && daemons_alive 2>/dev/null; then
+        die "the cluster in $STATE is up with $( ((had)) && echo "$had simulated nodes" || echo "this host as its node"):" \
+            "slurm/down.sh first to start another"
+    fi
 
-    if alive "$STATE/run/slurmctld.pid" slurmctld && alive "$STATE/run/slurmd.pid" slurmd &&
-        alive "$STATE/run/munged.pid" munged; then
+    if daemons_alive && alive "$STATE/run/munged.pid" munged; then
         log "already up in $STATE"
         wait_idle
         print_env
@@ -175,9 +274,15 @@ main() {
     fi
     [[ "$(id -u)" == 0 ]] || die "needs root (slurmd runs jobs as their user; munged as root)"
     install_packages
-    local port
+    local port ctld_addr=127.0.0.1 node
+    if ((NODES)); then
+        # recorded first: down.sh removes the nodes whatever fails from here on
+        echo "$NODES" >"$STATE/nodes"
+        "$NODES_SH" up "$NODES" || die "slurm/nodes.sh up $NODES failed (slurm/down.sh removes what was made)"
+        ctld_addr="$("$NODES_SH" addr head)"
+    fi
     for port in "${HPCCOLLECT_SLURM_CTLD_PORT:-6817}" "${HPCCOLLECT_SLURM_SLURMD_PORT:-6818}"; do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        if (exec 3<>"/dev/tcp/$ctld_addr/$port") 2>/dev/null; then
             die "port $port is taken (another cluster?): stop it, or choose other ports with" \
                 "HPCCOLLECT_SLURM_CTLD_PORT and HPCCOLLECT_SLURM_SLURMD_PORT"
         fi
@@ -186,11 +291,13 @@ main() {
     start_munge
     alive "$STATE/run/slurmctld.pid" slurmctld || slurmctld -c -f "$SLURM_CONF" ||
         die "slurmctld did not start: $(tail -n 5 "$STATE/log/slurmctld.log" 2>/dev/null)"
-    alive "$STATE/run/slurmd.pid" slurmd || slurmd -f "$SLURM_CONF" ||
-        die "slurmd did not start: $(tail -n 5 "$STATE/log/slurmd.log" 2>/dev/null)"
+    for node in $(node_names); do
+        start_slurmd "$node" ||
+            die "slurmd on $node did not start: $(tail -n 5 "$STATE/log/slurmd-$node.log" 2>/dev/null)"
+    done
     [[ -n "${HPCCOLLECT_SLURM_DIR:-}" ]] || echo "$STATE" >"$POINTER"
     wait_idle
-    log "up in ${SECONDS}s: node $(short_host), state in $STATE"
+    log "up in ${SECONDS}s: $(node_names | wc -w) node(s) ($(node_names)), state in $STATE"
     print_env
 }
 

@@ -41,6 +41,11 @@ def _provenance(ds: Any, file: str) -> list[str]:
         f"env kwargs        {json.dumps(kwargs) if kwargs is not None else '-'}"
         + (f"   max_episode_steps {limit}" if limit is not None else "")
     )
+    hosts = sorted(
+        {e["host"] for e in meta.get("shards", []) if isinstance(e, dict) and "host" in e}
+    )
+    host = meta.get("host", f"- (per shard: {', '.join(hosts)})" if hosts else "-")
+    lines.append(f"written on        {host}")
     seeds = sorted(
         {e["seed"] for e in meta.get("shards", []) if isinstance(e, dict) and "seed" in e}
     )

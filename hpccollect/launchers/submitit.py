@@ -4,7 +4,8 @@
 are the ranks (one allocation: task ``k`` of ``submitit.JobEnvironment()`` serves rank
 ``k + 1``). Rank 0 is the calling process; every rank connects to its store, whose address is
 loopback when the ranks run on this host (submitit's local executor, or a SLURM cluster whose
-only node is this host), else this host's address.
+only node is this host), else this host's address on the interface that reaches the cluster's
+nodes (their ``NodeAddr``, as the kernel routes to them).
 
 ``slurm_kwargs`` go to ``submitit.AutoExecutor.update_parameters`` (``slurm_partition``,
 ``timeout_min``, ``cpus_per_task``, ...), but for two keys of ours: ``"cluster"`` (``"slurm"``
@@ -120,7 +121,9 @@ class SubmititLauncher(Launcher):
         self.parameters = kwargs
         self.executor = self._executor({})  # checks slurm_kwargs before anything starts
         here = socket.gethostname().split(".")[0]
-        self.shares_host = nodes is None or nodes == [here]
+        self.shares_host = nodes is None or list(nodes) == [here]
+        #: where the ranks run: the first node that is not this host, reached by its address
+        self._remote = next(((n, a) for n, a in (nodes or {}).items() if n != here), None)
         self.master_addr = master_addr
         self._watch = JobWatch(period=1.0 if self.cluster == "slurm" else 0.2)
 
@@ -152,12 +155,19 @@ class SubmititLauncher(Launcher):
     def address(self) -> str:
         if self.master_addr is not None:
             return self.master_addr
-        if self.shares_host:
+        if self.shares_host or self._remote is None:
             return "127.0.0.1"
-        from hpccollect.transport.rendezvous import resolve_host
+        from hpccollect.transport.rendezvous import address_towards
 
-        host = socket.gethostname()
-        return resolve_host(host, f"rank 0's host name {host!r}")
+        node, addr = self._remote
+        mine = address_towards(addr)
+        if mine.startswith("127.") and not addr.startswith("127."):
+            raise ArgumentValueError(
+                f"the route from {socket.gethostname()} to SLURM node {node} ({addr}) leaves "
+                f"through loopback ({mine}), which the ranks there cannot reach: pass "
+                "master_addr= (--master-addr) or interface= (--interface)."
+            )
+        return mine
 
     def start(self, ranks: Sequence[RankArgs]) -> list[PeerLife | None]:
         if not ranks:

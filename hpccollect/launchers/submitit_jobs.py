@@ -31,20 +31,20 @@ def _slurm(*cmd: str) -> subprocess.CompletedProcess:
     )
 
 
-def slurm_nodes() -> list[str] | None:
-    """The node names of the SLURM cluster this machine submits to; None when there is none
-    (no ``sbatch`` on PATH, or ``sinfo`` fails)."""
+def slurm_nodes() -> dict[str, str] | None:
+    """The nodes of the SLURM cluster this machine submits to, each name with its address
+    (``NodeAddr``); None when there is none (no ``sbatch`` on PATH, or ``sinfo`` fails)."""
     import shutil
 
     if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
         return None
     try:
-        done = _slurm("sinfo", "-h", "-N", "-o", "%N")
+        done = _slurm("sinfo", "-h", "-N", "-o", "%N %o")
     except (OSError, subprocess.TimeoutExpired):
         return None
     if done.returncode != 0:
         return None
-    return sorted(set(done.stdout.split()))
+    return dict(sorted(line.split()[:2] for line in done.stdout.splitlines() if line.count(" ")))
 
 
 class WatchedJob:

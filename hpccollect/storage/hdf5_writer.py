@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,7 @@ class HDF5Writer(Sink):
         attrs["format_version"] = FORMAT_VERSION
         attrs["hpccollect_version"] = __version__
         attrs["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        attrs["host"] = socket.gethostname()  # the node that wrote it (a shard's, on a cluster)
         attrs["committed_steps"] = np.int64(0)
         attrs["committed_episodes"] = np.int64(0)
         attrs["collector_config"] = describe(config or {})

@@ -87,7 +87,33 @@ def _clean_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Start a private cluster with ``slurm/up.sh``; always stop it with ``slurm/down.sh``."""
+    """Start a private single-node cluster with ``slurm/up.sh``; always stop it with
+    ``slurm/down.sh``."""
+    yield from _cluster(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def slurm_nodes_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A private cluster over two simulated nodes (``slurm/up.sh --nodes 2``: one slurmd in
+    each of node1 and node2, slurmctld here); ``slurm/down.sh`` stops the daemons and removes
+    the nodes, and nothing of either may be left."""
+    cluster = None
+    for cluster in _cluster(tmp_path_factory, "--nodes", "2"):
+        yield cluster
+    assert cluster is not None
+    assert not list((cluster.state / "run").glob("*.pid")), "a daemon's pid file is left"
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "hpcc-" not in netns, netns
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert "hpcc0" not in links and "hpcc-v" not in links
+    assert "hpccollect simulated nodes" not in Path("/etc/hosts").read_text()
+    assert not Path("/run/hpccollect-nodes").exists()
+
+
+def _cluster(tmp_path_factory: pytest.TempPathFactory, *up_args: str) -> Iterator[Cluster]:
+    """``slurm/up.sh UP_ARGS`` on a state directory and ports of its own; the cluster, then
+    ``slurm/down.sh`` (after checking that no job was left queued); the state directory (logs)
+    stays in pytest's temporary directory."""
     state = tmp_path_factory.mktemp("slurm", numbered=True)
     env = _clean_env()
     env.update(
@@ -100,7 +126,12 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
     )
     try:
         up = subprocess.run(
-            ["bash", str(UP)], env=env, capture_output=True, text=True, timeout=240, check=False
+            ["bash", str(UP), *up_args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
         )
         failure = None if up.returncode == 0 else f"slurm/up.sh exited {up.returncode}"
         detail = up.stderr.strip()[-2000:]
@@ -122,4 +153,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
             cluster.run("scancel", "--full", *left, check=False)
         assert not left, f"jobs left queued after the slurm tests: {left}"
     finally:
-        subprocess.run(["bash", str(DOWN)], env=env, timeout=120, check=False)
+        down = subprocess.run(
+            ["bash", str(DOWN)], env=env, timeout=120, capture_output=True, text=True
+        )
+    assert down.returncode == 0, down.stderr
