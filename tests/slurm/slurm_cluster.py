@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,6 +57,42 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise AssertionError(f"job {job} still queued after {timeout} s")
             time.sleep(0.5)
+
+    def sbatch_wait(
+        self,
+        cwd: Path,
+        name: str,
+        script: Path,
+        *args: str,
+        options: tuple[str, ...] = (),
+        timeout: float = 260,
+        **env: str,
+    ) -> tuple[str, int, str]:
+        """``sbatch --wait OPTIONS --job-name=NAME SCRIPT ARGS`` from ``cwd``, with this venv
+        (and ``env``): the job id, sbatch's exit code, and its stderr followed by the job's log
+        (``logs/NAME-ID.out``, as the project's job scripts write it)."""
+        (cwd / "logs").mkdir(exist_ok=True)
+        done = subprocess.run(
+            ["sbatch", "--wait", "--parsable", *options, f"--job-name={name}", str(script), *args],
+            cwd=cwd,
+            env={**self.env, "HPCCOLLECT_VENV": sys.prefix, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        job = done.stdout.strip().split(";")[0]
+        assert job, done.stderr
+        log = cwd / "logs" / f"{name}-{job}.out"
+        return job, done.returncode, f"{done.stderr}\n{log.read_text() if log.exists() else ''}"
+
+    def assert_job_gone(self, job: str, timeout: float = 15) -> None:
+        """``job`` has left the queue, and no process of it is left (waited for, bounded)."""
+        assert job not in self.queued()
+        deadline = time.monotonic() + timeout
+        while (left := self.job_processes(job)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, f"processes of job {job} still running: {left}"
 
     def job_processes(self, job: str) -> list[int]:
         """Pids of processes that belong to ``job`` of this cluster (read from /proc)."""

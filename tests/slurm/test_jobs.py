@@ -45,35 +45,18 @@ def _inspect(path: Path) -> str:
     return done.stdout
 
 
-def _assert_no_process_left(cluster: Cluster, job: str) -> None:
-    deadline = time.monotonic() + 15
-    while (left := cluster.job_processes(job)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left, f"processes of job {job} still running: {left}"
-
-
 @pytest.mark.timeout(300)
 def test_sbatch_collect_writes_every_rank(slurm_cluster: Cluster, tmp_path: Path) -> None:
     """`sbatch --wait jobs/collect.sh ARGS` runs distributed: every collector rank writes its
     shard, rank 0 the merged view in runs/<name>-<id>/, which `inspect` reads whole."""
-    (tmp_path / "logs").mkdir()
     args = [*SMALL, "--total-frames", "2000", "--shards", "--quiet"]
-    done = subprocess.run(
-        ["sbatch", "--wait", "--parsable", "--job-name=t-collect", str(JOB), *args],
-        cwd=tmp_path,
-        env={**slurm_cluster.env, "HPCCOLLECT_VENV": sys.prefix},  # this venv
-        capture_output=True,
-        text=True,
-        timeout=280,  # 25 s on a quiet 2-core machine; 3 ranks importing torch when it is busy
-        check=False,
-    )
-    job = done.stdout.strip().split(";")[0]
-    log = tmp_path / "logs" / f"t-collect-{job}.out"
-    assert done.returncode == 0, f"{done.stderr}\n{log.read_text() if log.exists() else ''}"
+    # 25 s on a quiet 2-core machine; 3 ranks importing torch when it is busy
+    job, code, text = slurm_cluster.sbatch_wait(tmp_path, "t-collect", JOB, *args, timeout=280)
+    assert code == 0, text
     run = tmp_path / "runs" / f"t-collect-{job}"
     out = _inspect(run / "data.h5")
     assert "2000 committed" in out, out
-    assert "2 collector rank(s)" in log.read_text()
+    assert "2 collector rank(s)" in text
 
     merged = open_dataset(run / "data.h5")
     ids = set(np.unique(merged.episode_ids).tolist())
@@ -86,8 +69,7 @@ def test_sbatch_collect_writes_every_rank(slurm_cluster: Cluster, tmp_path: Path
     merged.close()
     assert shard_ids[0] and shard_ids[1] and not shard_ids[0] & shard_ids[1]
     assert shard_ids[0] | shard_ids[1] == ids
-    assert job not in slurm_cluster.queued()
-    _assert_no_process_left(slurm_cluster, job)
+    slurm_cluster.assert_job_gone(job)
 
 
 def _submit(cluster: Cluster, tmp_path: Path, name: str, *args: str) -> tuple[str, Path]:
@@ -140,7 +122,7 @@ def test_scancel_term_keeps_committed_episodes(
     assert "(complete)" in out, out
     written = re.search(r"^episodes\s+(\d+)", out, re.MULTILINE)
     assert written and int(written.group(1)) == kept > 0, (out, text)
-    _assert_no_process_left(slurm_cluster, job)
+    slurm_cluster.assert_job_gone(job)
 
 
 @pytest.mark.timeout(420)
@@ -184,4 +166,4 @@ def test_the_warning_signal_requeues_the_job_and_it_resumes(
         assert len(order) == len(np.unique(order)) == ds.committed_episodes
     with open_dataset(run / "data.shards" / "rank-0001.h5") as ds:
         assert len(ds) == before
-    _assert_no_process_left(slurm_cluster, job)
+    slurm_cluster.assert_job_gone(job)

@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -46,30 +45,9 @@ OFI = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 
 def sbatch(cluster: Cluster, cwd: Path, name: str, job: Path, *args: str, **env: str):
     """``sbatch --wait -N 2 --ntasks 3 JOB ARGS`` from ``cwd``: (job id, exit code, log text)."""
-    (cwd / "logs").mkdir(exist_ok=True)
-    submit = ["sbatch", "--wait", "--parsable", "-N", "2", "--ntasks", "3", f"--job-name={name}"]
-    done = subprocess.run(
-        [*submit, str(job), *args],
-        cwd=cwd,
-        env={**cluster.env, **OFI, "HPCCOLLECT_VENV": sys.prefix, **env},
-        capture_output=True,
-        text=True,
-        timeout=260,
-        check=False,
+    return cluster.sbatch_wait(
+        cwd, name, job, *args, options=("-N", "2", "--ntasks", "3"), **OFI, **env
     )
-    job_id = done.stdout.strip().split(";")[0]
-    log = cwd / "logs" / f"{name}-{job_id}.out"
-    text = log.read_text() if log.exists() else ""
-    assert job_id, done.stderr
-    return job_id, done.returncode, f"{done.stderr}\n{text}"
-
-
-def assert_job_gone(cluster: Cluster, job: str) -> None:
-    assert job not in cluster.queued()
-    deadline = time.monotonic() + 15
-    while (left := cluster.job_processes(job)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left, f"processes of job {job} still running: {left}"
 
 
 @pytest.mark.timeout(300)
@@ -105,7 +83,7 @@ def test_sbatch_collect_over_two_nodes_each_node_writes_its_shard(
     )  # fmt: skip
     assert inspect.returncode == 0, inspect.stderr
     assert "written on        - (per shard: node1, node2)" in inspect.stdout, inspect.stdout
-    assert_job_gone(slurm_nodes_cluster, job)
+    slurm_nodes_cluster.assert_job_gone(job)
 
 
 @pytest.mark.timeout(300)
@@ -120,7 +98,7 @@ def test_sbatch_train_over_two_nodes_learns(slurm_nodes_cluster: Cluster, tmp_pa
     finals = re.findall(r"^final mean return (\d+\.\d) over (\d+) frames$", text, re.M)
     assert len(finals) == 1 and finals[0][1] == "24000" and float(finals[0][0]) > 80, text
     assert (tmp_path / "runs" / f"t-ntrain-{job}" / "curve.csv").exists()
-    assert_job_gone(slurm_nodes_cluster, job)
+    slurm_nodes_cluster.assert_job_gone(job)
 
 
 @pytest.mark.timeout(240)
