@@ -125,6 +125,7 @@ class RankChannel(Channel):
         self._beat_receiver: threading.Thread | None = None  # a subclass's, if it needs one
         self._lost = False  # the peer went silent (``lose``)
         self._stopped_by_peer = False  # the peer sent SHUTDOWN
+        self._unsent: tuple[Any, torch.Tensor] | None = None  # a command's send (see _send_blob)
         self._beat_out = torch.zeros(HEADER, dtype=torch.uint8)
         put_beat(self._beat_out)
 
@@ -196,11 +197,29 @@ class RankChannel(Channel):
         put_header(head, kind, len(blob), value, self.broadcasts, inline)
         if inline:
             head[HEADER:] = torch.frombuffer(bytearray(blob[:inline]), dtype=torch.uint8)
-        timeout = _SHUTDOWN_TIMEOUT if kind is Command.SHUTDOWN else None
-        self._wait(self._post(head.to(self.device), MESSAGES), timeout)
+        parts = [head.to(self.device)]
         if len(blob) > inline:
             rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
-            self._wait(self._post(rest.to(self.device), MESSAGES), timeout)
+            parts.append(rest.to(self.device))
+        timeout = _SHUTDOWN_TIMEOUT if kind is Command.SHUTDOWN else None
+        self._settle(timeout)
+        for part in parts[:-1]:
+            self._wait(self._post(part, MESSAGES), timeout)
+        last = self._post(parts[-1], MESSAGES)
+        if isinstance(kind, Command) and kind is not Command.SHUTDOWN:
+            # rank 0 does not wait for a command to be taken: a gloo send completes only into
+            # a receive the peer posted, and a rank stopped just before posting it would hold
+            # this thread where no liveness check runs. Seen through before the next send;
+            # meanwhile rank 0 waits for the reply, and notices a silent rank there.
+            self._unsent = (last, parts[-1])
+        else:
+            self._wait(last, timeout)
+
+    def _settle(self, timeout: datetime.timedelta | None = None) -> None:
+        """See the last command sent through (``_send_blob``) before the next message goes."""
+        if self._unsent is not None:
+            work, self._unsent = self._unsent[0], None
+            self._wait(work, timeout)
 
     def _post(self, tensor: torch.Tensor, tag: int) -> Any:
         """Start sending ``tensor``; ``ConnectionError`` when the peer is gone."""
@@ -467,6 +486,7 @@ class RankChannel(Channel):
         if self._closed:
             return
         self._closed = True
+        self._unsent = None  # the groups' end fails it, if it never went
         if self._beat is not None:
             self._beat.stop(0.0 if self._lost else 0.5)
         for thread in (self._thread, self._beat_receiver):

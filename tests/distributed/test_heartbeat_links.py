@@ -1,15 +1,18 @@
-"""Heartbeats on a real gloo link between two processes: they never take the receive that a
-stopped rank left posted, so the next message to it still goes out at once (a gloo send
-completes only into a receive the peer has posted), and the stopped rank is then reported
-silent within the liveness timeout."""
+"""Rank 0's end of a real gloo link to a rank that stops: a gloo send completes only into a
+receive the peer has posted, so neither a heartbeat nor a command may leave rank 0 waiting on
+one. Heartbeats never take the receive that a stopped rank left posted, rank 0 does not wait
+for a command to be taken, and the stopped rank is reported silent within the timeout."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -21,18 +24,28 @@ pytestmark = [pytest.mark.slow]
 LIVENESS = 3.0
 
 
-def peer(port: int, ready) -> None:
+def listening_peer(port: int, ready: Any) -> None:
     """Rank 1: joins the groups, beats, and waits for messages (its receiving thread)."""
     store = open_store("127.0.0.1", port, 2, False, 30.0)
-    groups = RankGroups.open("gloo", store, 1, 2)
-    channel = groups.channel(0)
+    channel = RankGroups.open("gloo", store, 1, 2).channel(0)
     channel.start_heartbeats(LIVENESS)
     ready.set()
     time.sleep(120)
 
 
-@pytest.mark.timeout(90)
-def test_a_message_to_a_stopped_rank_goes_out_after_heartbeats_and_the_rank_is_reported():
+def silent_peer(port: int, ready: Any) -> None:
+    """Rank 1 that joins the groups, then neither receives nor beats (a rank stopped just
+    before it posted its next receive)."""
+    store = open_store("127.0.0.1", port, 2, False, 30.0)
+    groups = RankGroups.open("gloo", store, 1, 2)  # held: dropped, it would close the link
+    ready.set()
+    time.sleep(120)
+    groups.close()
+
+
+@contextlib.contextmanager
+def link(peer: Callable[[int, Any], None]) -> Iterator[tuple[Any, mp.Process]]:
+    """Rank 0's channel to ``peer`` run as rank 1 in a process of its own, heartbeats on."""
     store = open_store("127.0.0.1", 0, 2, True, 30.0)
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
@@ -40,27 +53,19 @@ def test_a_message_to_a_stopped_rank_goes_out_after_heartbeats_and_the_rank_is_r
     proc.start()
     groups = channel = None
     try:
-        groups = RankGroups.open("gloo", store, 0, 2)
+        opened: dict[str, Any] = {}  # joined in a thread: a peer that died never joins
+        joining = threading.Thread(
+            target=lambda: opened.setdefault("groups", RankGroups.open("gloo", store, 0, 2)),
+            daemon=True,
+        )
+        joining.start()
+        joining.join(60)
+        groups = opened.get("groups")
+        assert groups is not None, f"rank 1 never joined (exit code {proc.exitcode})"
         channel = groups.channel(1, send_timeout=60.0)
         channel.start_heartbeats(LIVENESS)
         assert ready.wait(60), "rank 1 never joined"
-        time.sleep(1.0)  # beats flow both ways
-        os.kill(proc.pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        time.sleep(1.5)  # three of this side's beats go to the stopped rank meanwhile
-        sent = threading.Event()
-
-        def send() -> None:
-            channel.send(message(Command.COLLECT))
-            sent.set()
-
-        threading.Thread(target=send, daemon=True).start()
-        assert sent.wait(2.0), "the message waited for the stopped rank to receive again"
-        while channel.silence() is None and time.monotonic() - stopped < LIVENESS + 2:
-            time.sleep(0.1)
-        why = channel.silence()
-        assert why is not None and "not even a heartbeat" in why
-        assert time.monotonic() - stopped <= LIVENESS + 1.0
+        yield channel, proc
     finally:
         proc.kill()
         proc.join(10)
@@ -68,3 +73,43 @@ def test_a_message_to_a_stopped_rank_goes_out_after_heartbeats_and_the_rank_is_r
             channel.close()
         if groups is not None:
             groups.close()
+
+
+def sent_within(channel: Any, seconds: float) -> bool:
+    """Whether sending one command returns within ``seconds``."""
+    sent = threading.Event()
+
+    def send() -> None:
+        channel.send(message(Command.COLLECT))
+        sent.set()
+
+    threading.Thread(target=send, daemon=True).start()
+    return sent.wait(seconds)
+
+
+def reported_within(channel: Any, since: float, seconds: float) -> str | None:
+    while channel.silence() is None and time.monotonic() - since < seconds:
+        time.sleep(0.1)
+    return channel.silence()
+
+
+@pytest.mark.timeout(90)
+def test_a_message_to_a_stopped_rank_goes_out_after_heartbeats_and_the_rank_is_reported():
+    with link(listening_peer) as (channel, proc):
+        time.sleep(1.0)  # beats flow both ways
+        os.kill(proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        time.sleep(1.5)  # three of this side's beats go to the stopped rank meanwhile
+        assert sent_within(channel, 2.0), "the message waited for the rank to receive again"
+        why = reported_within(channel, stopped, LIVENESS + 2)
+        assert why is not None and "not even a heartbeat" in why
+        assert time.monotonic() - stopped <= LIVENESS + 1.0
+
+
+@pytest.mark.timeout(90)
+def test_a_command_to_a_rank_that_posted_no_receive_does_not_hold_rank_0():
+    """Rank 0 waits for the reply instead, where liveness is checked."""
+    with link(silent_peer) as (channel, _):
+        started = time.monotonic()
+        assert sent_within(channel, 2.0), "rank 0 waited for the command to be taken"
+        assert reported_within(channel, started, LIVENESS + 2) is not None

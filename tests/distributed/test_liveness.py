@@ -174,6 +174,7 @@ def test_ranks_that_are_only_slow_are_never_taken_for_lost(tmp_path, what):
         ("mpi", 1, "continue", True),
         ("gloo", 0, "continue", True),
         ("mpi", 0, "continue", False),
+        ("gloo", 1, "raise", False),
     ],
 )
 def test_under_mpiexec_a_stopped_rank_is_reported_and_the_job_still_exits_0(
