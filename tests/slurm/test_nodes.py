@@ -221,3 +221,41 @@ def test_rank_0_cut_off_ends_every_collector_rank(nodes, tmp_path, backend):
     assert code != 0  # the job could not finish: rank 0 was lost
     assert err.count("has sent nothing, not even a heartbeat") >= 1, err
     assert_nodes_idle(nodes)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("backend", "failure"), [("gloo", "continue"), ("mpi", "raise")])
+def test_a_rank_on_the_other_node_stopped_and_continued_later(nodes, tmp_path, backend, failure):
+    """Rank 2, alone on node2, is stopped with SIGSTOP mid-run: reported within the timeout;
+    it is continued once rank 0 has noticed, and the job still ends, exit 0, nothing left."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(LIVENESS_JOB), str(out), "--launcher", "mpi", "--hold"]
+    cmd += ["--backend", backend, "--failure", failure]
+    job = Job(tmp_path, "node1:2,node2:1", 3, *cmd)
+    rank = None
+    try:
+        deadline = time.monotonic() + 90
+        while not out.with_suffix(".ranks").exists():
+            assert job.proc.poll() is None and time.monotonic() < deadline, job.proc.stderr.read()
+            time.sleep(0.05)
+        (rank,) = python_pids("node2")
+        os.kill(rank, signal.SIGSTOP)
+        stopped = time.time()
+        while not out.with_suffix(".detected").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        if rank is not None:
+            os.kill(rank, signal.SIGCONT)  # it comes back: the job must still end, and end it
+    result_path = out.with_suffix(".result")
+    out.with_suffix(".resume").write_text("")
+    code, _, err = job.wait(90)
+    assert result_path.exists(), f"no result (exit {code}):\n{err}"
+    result = json.loads(result_path.read_text())
+    took = result["at"] - stopped
+    assert took <= 3.0 + 1.0, f"reported {took:.1f} s after the rank stopped"
+    text = result.get("error") or err
+    assert "collector rank 2" in text and "node2" in text and "not even a heartbeat" in text
+    if failure == "continue":
+        assert result["lost"] == [2] and result["batches_after"] == 10
+    assert code == 0, err
+    assert_nodes_idle(nodes)
