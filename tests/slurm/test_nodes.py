@@ -128,6 +128,25 @@ def link(node: str, state: str) -> None:
     subprocess.run(["ip", "-n", f"hpcc-{node}", "link", "set", "eth0", state], check=True)
 
 
+def assert_rank_2_reported_and_job_ended(
+    job: Job, out: Path, since: float, failure: str, nodes: list[str]
+) -> None:
+    """liveness_job.py's result: rank 2 on node2 reported silent within the timeout (3 s) + 1
+    of ``since``, let go with ``failure="continue"``; the job exits 0, nothing left."""
+    result_path = out.with_suffix(".result")
+    code, _, err = job.wait(90)
+    assert result_path.exists(), f"no result (exit {code}):\n{err}"
+    result = json.loads(result_path.read_text())
+    took = result["at"] - since
+    assert took <= 3.0 + 1.0, f"reported {took:.1f} s after rank 2 went silent"
+    text = result.get("error") or err
+    assert "collector rank 2" in text and "node2" in text and "not even a heartbeat" in text
+    if failure == "continue":
+        assert result["lost"] == [2] and result["batches_after"] == 10
+    assert code == 0, err
+    assert_nodes_idle(nodes)
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_a_job_over_two_nodes_needs_no_address_flag(nodes, tmp_path, backend):
@@ -181,17 +200,7 @@ def test_a_node_that_loses_its_link_is_noticed_within_the_timeout(
             time.sleep(0.05)
     finally:
         link("node2", "up")  # the lost node comes back: the job must still end, and end it
-    code, _, err = job.wait(90)
-    assert result_path.exists(), f"no result (exit {code}):\n{err}"
-    result = json.loads(result_path.read_text())
-    took = result["at"] - cut
-    assert took <= 3.0 + 1.0, f"noticed {took:.1f} s after the link went down"
-    text = result.get("error") or err
-    assert "collector rank 2" in text and "node2" in text and "not even a heartbeat" in text
-    if failure == "continue":
-        assert result["lost"] == [2] and result["batches_after"] == 10
-    assert code == 0, err
-    assert_nodes_idle(nodes)
+    assert_rank_2_reported_and_job_ended(job, out, cut, failure, nodes)
 
 
 @pytest.mark.timeout(180)
@@ -246,16 +255,5 @@ def test_a_rank_on_the_other_node_stopped_and_continued_later(nodes, tmp_path, b
     finally:
         if rank is not None:
             os.kill(rank, signal.SIGCONT)  # it comes back: the job must still end, and end it
-    result_path = out.with_suffix(".result")
     out.with_suffix(".resume").write_text("")
-    code, _, err = job.wait(90)
-    assert result_path.exists(), f"no result (exit {code}):\n{err}"
-    result = json.loads(result_path.read_text())
-    took = result["at"] - stopped
-    assert took <= 3.0 + 1.0, f"reported {took:.1f} s after the rank stopped"
-    text = result.get("error") or err
-    assert "collector rank 2" in text and "node2" in text and "not even a heartbeat" in text
-    if failure == "continue":
-        assert result["lost"] == [2] and result["batches_after"] == 10
-    assert code == 0, err
-    assert_nodes_idle(nodes)
+    assert_rank_2_reported_and_job_ended(job, out, stopped, failure, nodes)
