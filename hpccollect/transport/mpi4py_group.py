@@ -102,9 +102,39 @@ def _quiesce_at_exit() -> None:
 
 def abort_job(comm: Any, code: int) -> None:
     """End every rank of the MPI job with ``code`` (``MPI_Abort``), leaving no shared-memory
-    segment (see ``_unlink_node_segment``)."""
+    segment (see ``_unlink_node_segment``), once the launcher has taken what this process
+    wrote (see ``_drain_output``)."""
     _unlink_node_segment()
+    _drain_output()
     comm.Abort(code)
+
+
+def _drain_output(timeout: float = _GRACE) -> None:
+    """Flush stdout and stderr, and wait (bounded) until the launcher's proxy has read them
+    from their pipes. The proxy forwards what it read before it handles the abort; what is
+    still in a pipe when the job is torn down is lost (a message that says why the job ended,
+    then nothing: seen under hydra)."""
+    import fcntl
+    import stat
+    import termios
+
+    waiting = []
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+            fd = stream.fileno()
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                waiting.append(fd)
+    unread = bytearray(4)
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            # FIONREAD on either end of a pipe: the bytes still in it
+            fcntl.ioctl(waiting[0], termios.FIONREAD, unread)
+            if int.from_bytes(unread, sys.byteorder) > 0:
+                time.sleep(1e-3)
+                continue
+        waiting.pop(0)
 
 
 def _loopback_ucx_on_one_node() -> None:
