@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -15,6 +16,12 @@ import pytest
 import torch
 from gymnasium import spaces
 from torch import nn
+
+# The SLURM clusters are session fixtures shared by every module that takes them (a module that
+# imported them would get a cluster of its own); they live in tests/slurm/slurm_cluster.py,
+# since a conftest.py there would shadow this one, which test modules import as ``conftest``.
+sys.path.insert(0, str(Path(__file__).parent / "slurm"))
+pytest_plugins = ["scheduling", "slurm_cluster"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
-# the fixture lives in slurm_cluster.py (a conftest.py there would shadow tests/conftest.py)
-from slurm_cluster import slurm_cluster  # noqa: F401
 
 from hpccollect.distributed.collector import DistributedDataCollector
 from hpccollect.errors import (
@@ -155,7 +150,7 @@ def test_a_killed_local_job_is_reported(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------- the local cluster
 @pytest.fixture
-def cluster(slurm_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Cluster:  # noqa: F811
+def cluster(slurm_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Cluster:
     monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])
     monkeypatch.delenv("HPCCOLLECT_SUBMITIT_CLUSTER", raising=False)
     return slurm_cluster

@@ -18,10 +18,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-# the fixture lives in slurm_cluster.py: a conftest.py here would shadow tests/conftest.py, which
-# other test modules import as ``conftest``
-from slurm_cluster import slurm_cluster  # noqa: F401
-
 from hpccollect.storage import open_dataset
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

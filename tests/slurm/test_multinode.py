@@ -5,7 +5,6 @@ jobs/train.sh``, and ``launcher="submitit"`` from this host with the ranks on th
 address flag anywhere. The fixture checks that no daemon, namespace, link or /etc/hosts line
 is left."""
 
-# ruff: noqa: F811  (the imported slurm_nodes_cluster fixture, taken as an argument)
 from __future__ import annotations
 
 import re
@@ -18,9 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-# the fixture lives in slurm_cluster.py: a conftest.py here would shadow tests/conftest.py
-from slurm_cluster import slurm_nodes_cluster  # noqa: F401
 
 from hpccollect.distributed.collector import DistributedDataCollector
 from hpccollect.storage import open_dataset

@@ -3,7 +3,6 @@
 trains PPO and the learning curve lands in runs/<job name>-<job id>/.
 """
 
-# ruff: noqa: F811  (the imported slurm_cluster fixture, taken as an argument)
 from __future__ import annotations
 
 import csv
@@ -12,10 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-# the fixture lives in slurm_cluster.py: a conftest.py here would shadow tests/conftest.py, which
-# other test modules import as ``conftest``
-from slurm_cluster import slurm_cluster  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
