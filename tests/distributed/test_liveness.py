@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import alive
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # asserts how long detection takes
 
 JOB = Path(__file__).with_name("liveness_job.py")
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable))

@@ -316,6 +316,7 @@ _DETECT_JOB = """
 """
 
 
+@pytest.mark.alone
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.timeout(60)
@@ -355,6 +356,7 @@ _TIMEOUT_JOB = """
 """
 
 
+@pytest.mark.alone
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.timeout(60)
