@@ -23,7 +23,7 @@ Run without ``-n``, nothing here changes anything: the tests run one at a time.
 from __future__ import annotations
 
 import fcntl
-import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -91,16 +91,33 @@ class Turnstile:
 
 
 _turnstile: Turnstile | None = None
+_KEY = "hpccollect_turnstile"  # the workers' input naming the turnstile's folder
 
 
-def _shared_turnstile() -> Turnstile | None:
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    """The controller hands each worker the folder of the run's turnstile (made on first use,
+    removed when the run ends)."""
+    config = node.config  # type: ignore[attr-defined]
+    if not hasattr(config, "_hpccollect_turnstile"):
+        config._hpccollect_turnstile = tempfile.mkdtemp(prefix="hpccollect-tests-")
+    node.workerinput[_KEY] = config._hpccollect_turnstile  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = getattr(config, "_hpccollect_turnstile", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _shared_turnstile(config: pytest.Config) -> Turnstile | None:
     """This worker's turnstile (None when the run has no workers)."""
     global _turnstile
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:
+    folder = getattr(config, "workerinput", {}).get(_KEY)
+    if folder is None:
         return None
     if _turnstile is None:
-        _turnstile = Turnstile(Path(tempfile.gettempdir()) / f"hpccollect-tests-{run}")
+        _turnstile = Turnstile(Path(folder) / "turn")
     return _turnstile
 
 
@@ -111,7 +128,7 @@ def _alone(item: pytest.Item | None) -> bool:
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Run ``item`` in its turn; outside pytest-timeout's timer, which starts once it has it."""
-    turnstile = _shared_turnstile()
+    turnstile = _shared_turnstile(item.config)
     if turnstile is None:
         yield
         return
@@ -144,3 +161,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return 2 if item.get_closest_marker("slow") is not None else 3
 
     items.sort(key=chain)
+
+
+@pytest.hookimpl(tryfirst=True)  # before a worker sends its collection
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse a worker whose groups xdist did not apply (a test of a group runs beside the rest
+    of its group's tests on another worker: two clusters on the same ports and nodes)."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    for item in session.items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None and not item.nodeid.endswith(f"@{mark.args[0]}"):
+            raise pytest.UsageError(
+                f"pytest-xdist did not put {item.nodeid} in its group {mark.args[0]!r} (pytest "
+                "9.2 with pytest-xdist 3.8 does not): install with -c constraints.txt, which "
+                "keeps pytest below 9.2, or run without -n."
+            )
