@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # README command 2: set up both test environments and run the whole suite in each, printing
 # each phase's wall time (install 1, suite 1, install 2, suite 2).
-#   1. .venv: hpccollect with its test extra (pytest-xdist, mpich, mpi4py, submitit, minari).
-#   2. the whole suite, on 3 workers (tests/scheduling.py: tests that time something run alone,
-#      the SLURM cluster's and the simulated nodes' tests one after another on one worker).
-#   3. .venv-torchrl: torchrl 0.14.1 beside hpccollect, every dependency at pyproject's lowest
-#      version (constraints-lowest.txt).
-#   4. there: the torchrl tests and the fast ones.
-# HPCCOLLECT_TEST_WORKERS sets the worker count of suite 1 (0: one process, no workers).
+#   install 1: .venv, hpccollect with its test extra (pytest-xdist, mpich, mpi4py, submitit, ...)
+#   suite 1:   the whole suite there, on 3 workers
+#   install 2: .venv-torchrl, torchrl 0.14.1 beside hpccollect, every dependency at pyproject's
+#              lowest version (constraints-lowest.txt)
+#   suite 2:   the torchrl tests and the fast ones there, on 2 workers
+# The two installs run side by side, then the two suites. The suites share one turnstile
+# (tests/scheduling.py): a test that times something runs with no test of either beside it,
+# and the SLURM cluster's and the simulated nodes' tests run one after another. Suite 2's
+# output follows suite 1's. HPCCOLLECT_TEST_WORKERS: suite 1's worker count (0: no workers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 workers=${HPCCOLLECT_TEST_WORKERS:-3}
 parallel=()
 if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadgroup); fi
+turnstile=$(mktemp -d "${TMPDIR:-/tmp}/hpccollect-turnstile.XXXXXX")
+logs=$(mktemp -d "${TMPDIR:-/tmp}/hpccollect-tests.XXXXXX")
+trap 'rm -rf "$turnstile" "$logs"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; exit 130' INT TERM
+export HPCCOLLECT_TEST_TURNSTILE=$turnstile
 
 phase() {
   local name=$1 start=$SECONDS status=0
@@ -39,8 +46,19 @@ suite_2() {
 }
 
 start=$SECONDS
-phase "install 1" install_1 && phase "suite 1" suite_1 && phase "install 2" install_2 &&
-  phase "suite 2" suite_2
+phase "install 2" install_2 > "$logs/install-2" 2>&1 &
+second=$!
+phase "install 1" install_1
 status=$?
+wait "$second" || status=$((status ? status : $?))
+cat "$logs/install-2"
+if [ "$status" = 0 ]; then
+  phase "suite 2" suite_2 > "$logs/suite-2" 2>&1 &
+  second=$!
+  phase "suite 1" suite_1
+  status=$?
+  wait "$second" || status=$((status ? status : $?))
+  cat "$logs/suite-2"
+fi
 echo "=== hpccollect tests: all: $((SECONDS - start)) s (exit $status)"
 exit "$status"
