@@ -6,27 +6,33 @@
 #   install 2: .venv-torchrl, torchrl 0.14.1 beside hpccollect, every dependency at pyproject's
 #              lowest version (constraints-lowest.txt)
 #   suite 2:   the torchrl tests and the fast ones there, on 2 workers
-# The two installs run side by side, then the two suites. The suites share one turnstile
-# (tests/scheduling.py): a test that times something runs with no test of either beside it,
-# and the SLURM cluster's and the simulated nodes' tests run one after another. Suite 2's
-# output follows suite 1's. HPCCOLLECT_TEST_WORKERS: suite 1's worker count (0: no workers).
+# The two installs run side by side (install 2's output follows install 1's), then the suites
+# one after the other: the suites are bound by the CPU (their processes' start-up), and side
+# by side they took longer. Each phase prints its wall time and its processes' CPU time.
+# HPCCOLLECT_TEST_WORKERS: suite 1's worker count (0: no workers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 workers=${HPCCOLLECT_TEST_WORKERS:-3}
 parallel=()
 if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadgroup); fi
-turnstile=$(mktemp -d "${TMPDIR:-/tmp}/hpccollect-turnstile.XXXXXX")
 logs=$(mktemp -d "${TMPDIR:-/tmp}/hpccollect-tests.XXXXXX")
-trap 'rm -rf "$turnstile" "$logs"' EXIT
+trap 'rm -rf "$logs"' EXIT
 trap 'kill $(jobs -p) 2>/dev/null; exit 130' INT TERM
-export HPCCOLLECT_TEST_TURNSTILE=$turnstile
+
+children_cpu() {  # clock ticks of CPU of shell $1's finished children so far (cutime + cstime)
+  local f
+  read -r -a f < "/proc/$1/stat"
+  echo $((f[15] + f[16]))
+}
 
 phase() {
-  local name=$1 start=$SECONDS status=0
+  local name=$1 status=0 start=$SECONDS me=$BASHPID cpu
   shift
+  cpu=$(children_cpu "$me")
   echo "=== hpccollect tests: $name"
   "$@" || status=$?
-  echo "=== hpccollect tests: $name: $((SECONDS - start)) s (exit $status)"
+  echo "=== hpccollect tests: $name: $((SECONDS - start)) s wall," \
+    "$((($(children_cpu "$me") - cpu) / $(getconf CLK_TCK))) s CPU (exit $status)"
   return "$status"
 }
 
@@ -53,12 +59,9 @@ status=$?
 wait "$second" || status=$((status ? status : $?))
 cat "$logs/install-2"
 if [ "$status" = 0 ]; then
-  phase "suite 2" suite_2 > "$logs/suite-2" 2>&1 &
-  second=$!
   phase "suite 1" suite_1
   status=$?
-  wait "$second" || status=$((status ? status : $?))
-  cat "$logs/suite-2"
+  phase "suite 2" suite_2 || status=$((status ? status : $?))
 fi
 echo "=== hpccollect tests: all: $((SECONDS - start)) s (exit $status)"
 exit "$status"

@@ -17,14 +17,12 @@ several run side by side. Two kinds of test may not:
 The groups and the ``alone`` tests are handed out first: they are the suite's longest chains,
 and a long chain started last would keep one worker busy after the others ran out of work.
 
-Run without ``-n``, nothing here changes anything: the tests run one at a time (unless
-``HPCCOLLECT_TEST_TURNSTILE`` names a turnstile shared with other runs).
+Run without ``-n``, nothing here changes anything: the tests run one at a time.
 """
 
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import tempfile
 import time
@@ -98,34 +96,29 @@ class Turnstile:
 
 _turnstile: Turnstile | None = None
 _KEY = "hpccollect_turnstile"  # the workers' input naming the turnstile's folder
-#: a turnstile folder shared with other test runs on this machine (tests/all.sh runs its two
-#: suites side by side through one): an ``alone`` test then has none of theirs beside it either
-SHARED = "HPCCOLLECT_TEST_TURNSTILE"
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: object) -> None:
-    """The controller hands each worker the folder of the run's turnstile: the shared one, or
-    one of its own (made on first use, removed when the run ends)."""
+    """The controller hands each worker the folder of the run's turnstile (made on first use,
+    removed when the run ends)."""
     config = node.config  # type: ignore[attr-defined]
     if not hasattr(config, "_hpccollect_turnstile"):
-        shared = os.environ.get(SHARED)
-        config._hpccollect_turnstile = shared or tempfile.mkdtemp(prefix="hpccollect-tests-")
-        config._hpccollect_turnstile_owned = not shared
+        config._hpccollect_turnstile = tempfile.mkdtemp(prefix="hpccollect-tests-")
     node.workerinput[_KEY] = config._hpccollect_turnstile  # type: ignore[attr-defined]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if getattr(config, "_hpccollect_turnstile_owned", False):
-        shutil.rmtree(config._hpccollect_turnstile, ignore_errors=True)
+    folder = getattr(config, "_hpccollect_turnstile", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _shared_turnstile(config: pytest.Config) -> Turnstile | None:
-    """This process's turnstile: a worker's, or a run without workers that shares one (None
-    for a run alone on the machine without workers)."""
+    """This worker's turnstile (None when the run has no workers)."""
     global _turnstile
-    folder = getattr(config, "workerinput", {}).get(_KEY) or os.environ.get(SHARED)
-    if not folder:
+    folder = getattr(config, "workerinput", {}).get(_KEY)
+    if folder is None:
         return None
     if _turnstile is None:
         _turnstile = Turnstile(Path(folder) / "turn")
