@@ -69,3 +69,38 @@ def test_a_paced_wait_sleeps_up_to_its_limit_and_a_shorter_limit_applies_at_once
     slow = [b - a for a, b in itertools.pairwise(looks) if b < start + 1.2]
     assert max(slow) > 0.25, "the busy limit was not used"
     assert len([t for t in looks if t < start + 1.2]) < 20, "the wait looked too often"
+
+
+@pytest.mark.timeout(30)
+def test_an_abort_waits_until_the_launcher_has_read_what_this_process_wrote(monkeypatch):
+    """``abort_job`` first lets the launcher read this process's stderr pipe (hydra dropped the
+    message that said why the job ended); the wait ends once the pipe is empty, or is bounded
+    when nobody reads it."""
+    import fcntl
+    import sys
+    import termios
+
+    from hpccollect.transport.mpi4py_group import _drain_output
+
+    def unread(fd: int) -> int:
+        count = bytearray(4)
+        fcntl.ioctl(fd, termios.FIONREAD, count)
+        return int.from_bytes(count, sys.byteorder)
+
+    read_end, write_end = os.pipe()
+    try:
+        with os.fdopen(os.dup(write_end), "w") as stream:
+            monkeypatch.setattr("sys.stderr", stream)
+            stream.write("hpccollect: collector ranks [2] were lost\n")  # buffered: it flushes
+            # the launcher comes late: an abort that did not wait would leave the line unread
+            reader = threading.Timer(0.3, os.read, (read_end, 1 << 16))
+            reader.start()
+            _drain_output(timeout=10.0)
+            assert unread(write_end) == 0
+            reader.join(5)
+            stream.write("nobody reads this\n")
+            _drain_output(timeout=0.2)  # returns, bounded
+            assert os.read(read_end, 1 << 16) == b"nobody reads this\n"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
