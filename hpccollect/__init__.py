@@ -9,13 +9,16 @@ TorchRL 0.14.1 renamed its collectors (``Collector``, ``AsyncCollector``, ``Mult
 ``DistributedSyncCollector``); those names are the same classes here, importable from
 ``hpccollect``, ``hpccollect.collectors`` and ``hpccollect.collectors.distributed``.
 
-Importing hpccollect has no side effects and loads neither mpi4py nor the distributed layer:
-the distributed names load it when first used (see ``hpccollect.distributed``).
+Importing hpccollect loads neither mpi4py nor the distributed layer: the distributed names load
+it when first used (see ``hpccollect.distributed``). It imports tensordict without importing
+``torch._dynamo``, which halves a rank's or worker's start-up; dynamo gets tensordict's
+``torch.compile`` registrations when it is first imported (see ``hpccollect._startup``).
 """
 
 import importlib
 from typing import Any
 
+import hpccollect._startup  # noqa: F401  (first: it imports tensordict, see its docstring)
 from hpccollect._version import __version__
 from hpccollect.collectors import (
     AsyncCollector,

@@ -1,0 +1,73 @@
+"""``import hpccollect`` imports tensordict without ``torch._dynamo`` (half of a process's
+start-up), and dynamo still gets every one of tensordict's ``torch.compile`` marks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+#: prints what dynamo knows of tensordict's functions, once dynamo is imported
+_MARKS = """
+import json, sys
+FIRST
+before = "torch._dynamo" in sys.modules
+import torch._dynamo.trace_rules as rules
+allowed, constant = set(), set()
+for name, module in list(sys.modules.items()):
+    if not name.startswith("tensordict") or module is None:
+        continue
+    for attr, value in vars(module).items():
+        if id(value) in rules._allowed_callable_ids and callable(value):
+            allowed.add(f"{name}.{attr}")
+        if getattr(value, "_dynamo_marked_constant", False):
+            constant.add(f"{name}.{attr}")
+print(json.dumps({"before": before, "allowed": sorted(allowed), "constant": sorted(constant)}))
+"""
+
+
+def _marks(first: str, eager: bool) -> dict:
+    env = {**os.environ, "HPCCOLLECT_EAGER_DYNAMO": "1" if eager else "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", _MARKS.replace("FIRST", first)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=True,
+    ).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def test_dynamo_gets_the_marks_tensordict_gives_it_when_imported_alone():
+    reference = _marks("import tensordict", eager=False)
+    deferred = _marks("import hpccollect", eager=False)
+    eager = _marks("import hpccollect", eager=True)
+
+    assert reference["before"] and eager["before"]  # what the import costs without hpccollect
+    assert not deferred["before"], "import hpccollect imported torch._dynamo"
+    assert reference["allowed"] and reference["constant"]
+    for marks in (deferred, eager):
+        assert marks["allowed"] == reference["allowed"]
+        assert marks["constant"] == reference["constant"]
+
+
+def test_collecting_does_not_import_dynamo_either():
+    code = (
+        "import sys\n"
+        "from hpccollect import GymEnv, SyncDataCollector\n"
+        "c = SyncDataCollector(lambda: GymEnv('CartPole-v1'), None, frames_per_batch=50,"
+        " total_frames=200)\n"
+        "n = sum(b.numel() for b in c)\n"
+        "c.shutdown()\n"
+        "print(n, 'torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, check=True
+    ).stdout
+    assert out.split()[-2:] == ["200", "False"]
