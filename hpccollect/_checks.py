@@ -20,6 +20,18 @@ def check_int(name: str, value: Any, *, minimum: int | None = None, hint: str = 
     return value
 
 
+def check_float(name: str, value: Any, *, minimum: float | None = None) -> float:
+    """Return ``value`` as a float, or raise naming ``name`` if it is not a number >= minimum."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(
+            f"{name} must be a number, got {value!r} of type {type(value).__name__}."
+        )
+    value = float(value)
+    if minimum is not None and not value >= minimum:
+        raise ArgumentValueError(f"{name} must be >= {minimum:g}, got {value:g}.")
+    return value
+
+
 def check_bool(name: str, value: Any) -> bool:
     """Return ``value`` if it is a bool, or raise naming ``name``."""
     if not isinstance(value, bool):

@@ -51,6 +51,9 @@ class Layout:
     #: a local worker that built its own policy (``policy_factory``): the shared-memory buffer
     #: ``UPDATE_WEIGHTS`` loads, made from that policy (None: the collector gave one)
     weights: TensorDictBase | None = None
+    #: the frames of one of the worker's batches (0: ``batch.numel()``; a worker that sends
+    #: reports announces a report's layout as ``batch``)
+    frames: int = 0
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ class Reply(enum.Enum):
     """What a worker sends back, and the type of its payload."""
 
     LAYOUT = ("layout", Layout)  # sent once at start, unasked
-    BATCH = ("batch", int)  # frames written into the batch buffers
+    BATCH = ("batch", int)  # frames written into the batch buffers (or reported in them)
     DATA = ("data", TensorDictBase)  # the batch itself, before its BATCH (Layout.by_value)
     SEEDED = ("seeded", int)  # the last env's seed
     STATE = ("state", Mapping)  # the worker collector's state_dict
@@ -133,7 +136,9 @@ class Reply(enum.Enum):
 class Command(enum.Enum):
     """What the collector asks a worker to do: payload type, expected reply, local-only flag."""
 
-    COLLECT = ("collect", type(None), Reply.BATCH, False)  # write one batch into the buffers
+    # write one batch into the buffers; a worker that sends reports: up to this many batches,
+    # then their report (``collectors/reports.py``)
+    COLLECT = ("collect", int, Reply.BATCH, False)
     UPDATE_WEIGHTS = ("update_weights", type(None), Reply.ACK, False)  # load the weights buffer
     SEED = ("seed", Seed, Reply.SEEDED, False)
     RESET = ("reset", type(None), Reply.ACK, False)  # reset every env before the next batch

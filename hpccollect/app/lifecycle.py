@@ -20,6 +20,7 @@ from hpccollect.app.config import RunConfig
 from hpccollect.app.resume import Attempt
 from hpccollect.app.signals import Stopped, StopSignals
 from hpccollect.app.summary import Summary
+from hpccollect.collectors.reports import frames_in
 from hpccollect.errors import CollectorTimeoutError
 from hpccollect.storage import Sink
 
@@ -102,7 +103,7 @@ class Job:
             on_progress(0, 0, None)
         for batch in self.collector:
             sink.extend(batch)
-            self.frames += batch.numel()
+            self.frames += frames_in(batch)
             self.last_batch = time.perf_counter()
             if on_progress is not None:
                 returns = sink.returns

@@ -9,8 +9,9 @@ aborts the whole MPI job (``MPI_Abort``): a rank that just returned would leave 
 waiting forever.
 
 The dataset: rank 0 writes what it receives into ``--out``; with ``--shards`` each collector
-rank writes its own shard (``run.shards/rank-0001.h5`` for ``run.h5``) as it collects, and rank
-0 writes ``--out`` at the end as a merged virtual view over them. The shards of a run share one
+rank writes its own shard (``run.shards/rank-0001.h5`` for ``run.h5``) as it collects and sends
+rank 0 only reports of what it wrote (``rank_reports``: frames, episodes, returns, committed
+counts), and rank 0 writes ``--out`` at the end as a merged virtual view over them. The shards of a run share one
 ``run_id`` and trajectory ids are unique across ranks, so the merged view keeps every id.
 
 Signals: the collector ranks ignore SIGTERM and SIGINT (the launcher forwards them to every
@@ -37,10 +38,11 @@ from hpccollect.app.preflight import check_output, env_maker, probe_policy, reco
 from hpccollect.app.resume import Attempt, remove_run_files, start_attempt
 from hpccollect.app.signals import StopSignals
 from hpccollect.app.summary import Summary
+from hpccollect.collectors.reports import ReportTally
 from hpccollect.distributed import DistributedDataCollector
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
 from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
-from hpccollect.storage import EpisodeTally, Sink, dataset_format, open_sink
+from hpccollect.storage import Sink, dataset_format, open_sink
 from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 from hpccollect.transport.mpi4py_group import abort_job, mpi4py_comm
 from hpccollect.transport.rendezvous import detect, launched_ranks
@@ -154,7 +156,7 @@ class MPICollect:
     def open_sink(self, stop: StopSignals) -> Sink:
         cfg = self.cfg
         if cfg.shards:
-            return EpisodeTally()
+            return ReportTally()
         with stop.deferred():
             return open_sink(
                 cfg.output if self.attempt is None else self.attempt.output,
@@ -245,6 +247,7 @@ class MPICollect:
             on_worker_failure=cfg.on_rank_failure or "raise",
             liveness_timeout=cfg.liveness_timeout or DEFAULT_LIVENESS_TIMEOUT,
             rank_sink=sink,
+            rank_reports=bool(cfg.shards),
         )
 
     def _writer_args(self) -> dict[str, Any]:

@@ -40,6 +40,8 @@ class GatheringHost(Protocol):
     _layouts: list[TensorDictBase]  # each worker's batch layout
     _worker_fpb: list[int] | None  # TorchRL's per-worker frames_per_batch
     _by_value: set[int]  # workers whose batches travel by value
+    _reports: bool  # workers send reports of their batches (``reports.py``), not batches
+    _asked: dict[int, int]  # the frames each worker was last asked for
     _frames: int
 
     def _more(self) -> bool: ...
@@ -174,6 +176,8 @@ class SyncGathering(Gathering):
         """The round's batch and its number of real frames (``frames``: per active worker)."""
         c = self.c
         parts = [c._batch(i) for i in c._active]
+        if c._reports:  # one report per worker, nothing to pad or cut
+            return c._stamp_rows(torch.stack(parts, 0), list(c._active)), sum(frames)
         steps = [f // (p.numel() // p.shape[-1]) for f, p in zip(frames, parts, strict=True)]
         short = [s < p.shape[-1] for s, p in zip(steps, parts, strict=True)]
         copied = bool(c._by_value)  # batches sent by value are the collector's own
@@ -250,29 +254,31 @@ class AsyncGathering(Gathering):
     def iterator(self) -> Iterator[TensorDictBase | None]:
         c = self.c
         while c._more():
-            index, batch = self._next_ready()
+            index, batch, frames = self._next_ready()
+            c._frames += frames  # counted now: how much the worker is asked for next needs it
             if c.update_at_each_batch:
                 c.update_policy_weights_(worker_ids=[index])
             # the worker's next batch overlaps this one's split/postproc/buffer work
-            if self._wanted(c._in_flight | {index}):
+            if self._wanted(c._in_flight):
                 c._collect_from(index)
-            yield c._finish(batch)
+            yield c._finish(batch, 0)
 
     def collect_round(self) -> tuple[TensorDictBase, int]:
-        index, batch = self._next_ready()
+        index, batch, frames = self._next_ready()
         self.c._collect_from(index)
-        return batch, batch.numel()
+        return batch, frames
 
     def _wanted(self, busy: set[int]) -> bool:
         """Whether another batch can still count: the frames yielded and those ``busy`` workers
         are collecting fall short of ``total_frames``. No worker collects a batch that would be
         thrown away (a rank writing its own shard keeps every batch it collects)."""
         c = self.c
-        coming = sum(c._layouts[i].numel() for i in busy)
+        coming = sum(c._asked[i] for i in busy)
         return c.total_frames < 0 or c._frames + coming < c.total_frames
 
-    def _next_ready(self) -> tuple[int, TensorDictBase]:
-        """Set every idle worker collecting; the first finished batch (a copy) and its worker."""
+    def _next_ready(self) -> tuple[int, TensorDictBase, int]:
+        """Set every idle worker collecting; the first finished batch (a copy), its worker and
+        its frames."""
         c = self.c
         got = None
         while got is None:
@@ -280,8 +286,8 @@ class AsyncGathering(Gathering):
                 if i not in c._in_flight and self._wanted(c._in_flight):
                     c._collect_from(i)
             got = c._wait_batch(c._in_flight)
-        index = got[0]
+        index, frames = got
         c._in_flight.discard(index)
         batch = c._batch(index)
         batch = batch if index in c._by_value else batch.clone()
-        return index, c._stamp_rows(batch, [index])
+        return index, c._stamp_rows(batch, [index]), frames

@@ -80,6 +80,8 @@ class MultiCollectorBase(
     #: whether workers are local processes, which a TorchRL env or EnvCreator reaches as a
     #: process argument (its shared-memory state and locks stay shared, as in TorchRL)
     _env_by_inheritance = True
+    #: whether workers keep their batches and send reports of them (``reports.py``)
+    _reports = False
 
     def __init__(
         self,
@@ -285,6 +287,9 @@ class MultiCollectorBase(
             self.shutdown()
             raise
         self._layouts: list[TensorDictBase] = [layout.batch for layout in layouts]
+        #: each worker's frames per batch, and the frames it was last asked for
+        self._batch_frames = [layout.frames or layout.batch.numel() for layout in layouts]
+        self._asked: dict[int, int] = {}
         if self._factories is not None and self._env_by_inheritance:
             self._weights = [layout.weights for layout in layouts]
         #: workers whose batches travel by value (``Layout.by_value``), and their last batch

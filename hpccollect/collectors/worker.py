@@ -32,6 +32,7 @@ from tensordict import TensorDictBase
 
 from hpccollect.collectors.buffers import store
 from hpccollect.collectors.remote import Call
+from hpccollect.collectors.reports import RankReporter, Reporting
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.whole_trajs import TrajectoryAssembler
 from hpccollect.errors import ArgumentValueError
@@ -54,7 +55,9 @@ class WorkerSpec:
     ``weights_template``: with a policy built by ``policy_factory`` in the worker, a module laid
     out as that policy, for the weights buffer a transport allocates before the policy exists.
     ``live_weights``: the weights buffer is the parent's policy's own (shared) weights, which
-    this worker's policy runs on."""
+    this worker's policy runs on.
+    ``reports``: the worker keeps its batches (``sink``) and sends reports of them instead
+    (``reports.py``); None: it sends its batches."""
 
     create_env_fn: Any
     policy: Any
@@ -65,6 +68,7 @@ class WorkerSpec:
     init_fn: Any = None
     weights_template: Any = None
     live_weights: bool = False
+    reports: Reporting | None = None
 
     def dumps(self) -> bytes:
         return cloudpickle.dumps(self)
@@ -134,13 +138,20 @@ def serve(
             collector.replay_buffer = buffer
         if spec.live_weights and weights is not None:
             collector._run_on_weights(weights)
-        placed, by_value = _place_batches(collector, channel)
+        reporter = None
+        if spec.reports is not None:
+            reporter = RankReporter(spec.reports, sink)
+            frames = _batch_frames(collector)
+            placed, by_value = _placed(channel, reporter.template), False
+        else:
+            placed, by_value = _place_batches(collector, channel)
+            frames = placed.numel()
         made = None
         if weights is None and channel.local and spec.policy is None:
             weights = made = collector._weights_for_workers()
-        layout = Layout(placed, socket.gethostname(), os.getpid(), by_value, made)
+        layout = Layout(placed, socket.gethostname(), os.getpid(), by_value, made, frames)
         channel.send(message(Reply.LAYOUT, layout))
-        _Server(collector, channel, weights, sink, buffer, by_value).serve()
+        _Server(collector, channel, weights, sink, buffer, by_value, reporter, placed).serve()
     except _Shutdown as stop:
         close_env = stop.close_env
     except ConnectionError:
@@ -157,6 +168,17 @@ def serve(
                 sink.close()
         with contextlib.suppress(Exception):
             channel.close()
+
+
+def _placed(channel: Channel, template: TensorDictBase) -> TensorDictBase:
+    """Buffers laid out as ``template`` that the channel sends from."""
+    return channel.batch_buffers(template.share_memory_() if channel.local else template)
+
+
+def _batch_frames(collector: Any) -> int:
+    """The frames of one of ``collector``'s batches."""
+    batch = collector._shared_batch()
+    return (batch if batch is not None else collector._batch_shell()).numel()
 
 
 def _place_batches(collector: Any, channel: Channel) -> tuple[TensorDictBase, bool]:
@@ -188,9 +210,12 @@ class _Server:
         sink: Any = None,
         buffer: Any = None,
         by_value: bool = False,
+        reporter: RankReporter | None = None,
+        placed: TensorDictBase | None = None,
     ) -> None:
         self.collector, self.channel, self.weights, self.sink = collector, channel, weights, sink
         self.buffer, self.by_value = buffer, by_value
+        self.reporter, self.placed = reporter, placed
         self.handlers = {
             Command.COLLECT: self.collect,
             Command.UPDATE_WEIGHTS: self.update_weights,
@@ -228,13 +253,22 @@ class _Server:
             raise _Shutdown(payload)
         return command, payload
 
-    def collect(self, _: None) -> int:
-        batch = self.collector._collect_counted()
-        if self.sink is not None:
-            self.sink.extend(batch)
+    def collect(self, batches: int) -> int:
+        """One batch into the buffers; with reports, up to ``batches`` and their report."""
+        if self.reporter is not None:
+            return self.reporter.collect(self._collect_one, batches, self.placed)
+        if batches != 1:
+            raise RuntimeError(f"COLLECT of {batches} batches from a worker that sends batches")
+        batch = self._collect_one()
         if self.by_value:
             self.channel.send(message(Reply.DATA, batch))
         return batch.numel()
+
+    def _collect_one(self) -> TensorDictBase:
+        batch = self.collector._collect_counted()
+        if self.sink is not None:
+            self.sink.extend(batch)
+        return batch
 
     def update_weights(self, _: None) -> None:
         self.collector.update_policy_weights_(self.weights)

@@ -20,6 +20,8 @@ from hpccollect.protocol import Command, Reply
 
 __all__ = ["WorkerBatches"]
 
+_MANY = 1 << 30  # batches asked of a worker that reports, for an endless collection
+
 
 class WorkerBatches:
     """The batch path of ``MultiCollectorBase``; what it uses of the collector is declared."""
@@ -40,13 +42,16 @@ class WorkerBatches:
     _by_value: set[int]
     _received: dict[int, TensorDictBase]
     _shared: TensorDictBase | None
+    _batch_frames: list[int]
+    _asked: dict[int, int]
+    _reports: bool
     _frames: int
     _iter: int
     _sink: Callable[[TensorDictBase], TensorDictBase | None]
 
     def _finish(self, batch: TensorDictBase, frames: int | None = None) -> TensorDictBase | None:
-        """Count (``frames``: the valid frames, default all), split, post-process, store;
-        return what the iterator yields."""
+        """Count (``frames``: the valid frames, default all; 0 where the caller counted them),
+        split, post-process, store; return what the iterator yields."""
         self._frames += batch.numel() if frames is None else frames
         self._iter += 1
         if self.storing_device is not None:
@@ -93,8 +98,23 @@ class WorkerBatches:
         return not self._closed and (self.total_frames < 0 or self._frames < self.total_frames)
 
     def _collect_from(self, index: int) -> None:
-        self._pool.send(index, Command.COLLECT)
+        batches = self._batches_per_command(index)
+        self._pool.send(index, Command.COLLECT, batches)
+        self._asked[index] = batches * self._batch_frames[index]
         self._in_flight.add(index)
+
+    def _batches_per_command(self, index: int) -> int:
+        """How many batches worker ``index`` is asked for: one, unless it sends reports
+        (``reports.py``); then its share of the frames still wanted, split among it and the
+        workers not collecting now (it reports early, after its report interval)."""
+        if not self._reports:
+            return 1
+        if self.total_frames < 0:
+            return _MANY
+        busy = [i for i in self._in_flight if i != index]
+        left = self.total_frames - self._frames - sum(self._asked[i] for i in busy)
+        share = self._batch_frames[index] * max(1, len(self._active) - len(busy))
+        return max(1, min(_MANY, -(-left // share)))
 
     def _wait_batch(self, indices: Any) -> tuple[int, int] | None:
         """The first of ``indices`` to deliver its batch: (index, frames); None when a worker

@@ -19,6 +19,7 @@ __all__ = [
     "check_collector_kwargs",
     "check_liveness_timeout",
     "check_port",
+    "check_rank_reports",
     "check_rank_sink",
     "check_slurm_kwargs",
     "weight_schedule",
@@ -158,6 +159,26 @@ def check_rank_sink(value: Any) -> Any:
             f"and close(), got {type(value).__name__}."
         )
     return value
+
+
+def check_rank_reports(value: Any, arguments: dict[str, Any]) -> bool:
+    """``rank_reports``: a bool; True needs a ``rank_sink`` (the batches stay on the ranks and
+    would be lost without one) and refuses what only works on batches (in ``arguments``)."""
+    if not check_bool("rank_reports", value):
+        return False
+    if arguments["rank_sink"] is None:
+        raise ArgumentValueError(
+            "rank_reports=True keeps the batches on the ranks, and without a rank_sink they "
+            "are thrown away: pass rank_sink (each rank's dataset shard), or drop rank_reports "
+            "to have rank 0 take the batches."
+        )
+    for name, off in (("split_trajs", False), ("postproc", None), ("replay_buffer", None)):
+        if arguments[name] not in (off, None):
+            raise ArgumentValueError(
+                f"{name} works on batches, and with rank_reports=True rank 0 gets reports, "
+                f"not batches: drop {name}, or drop rank_reports."
+            )
+    return True
 
 
 def check_liveness_timeout(value: Any) -> float | None:

@@ -21,11 +21,12 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 from torch import nn
 
-from hpccollect._checks import check_bool, check_int
+from hpccollect._checks import check_bool, check_float, check_int
 from hpccollect.collectors.backends import register_backend
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
 from hpccollect.collectors.multi_base import MultiCollectorBase
+from hpccollect.collectors.reports import Reporting
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec
@@ -35,6 +36,7 @@ from hpccollect.distributed.arguments import (
     check_collector_kwargs,
     check_liveness_timeout,
     check_port,
+    check_rank_reports,
     check_rank_sink,
     check_slurm_kwargs,
     weight_schedule,
@@ -97,7 +99,18 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     ``rank_sink`` (``rank_sink(rank)`` is called on each collector rank; the object it returns
     gets ``extend(batch)`` with every batch that rank collects, before the batch is sent, and
     ``close()`` when the rank ends: a dataset shard per rank, see ``python -m hpccollect collect
-    --shards``).
+    --shards``), ``rank_reports`` and ``report_interval`` (below).
+
+    ``rank_reports=True`` (with a ``rank_sink``): the batches stay on the ranks, in their sinks,
+    and rank 0 gets reports of them instead (``hpccollect.collectors.reports``): the iterator
+    yields one report per rank and collection stretch, a TensorDict with the rank, its frames,
+    batches, ended episodes and their returns, and its sink's committed counts (stacked
+    ``[N]`` with ``sync=True``). A rank collects as many batches per request as its share of
+    ``total_frames`` allows and reports at least every ``report_interval`` seconds, so rank 0
+    handles one small message per rank and interval, whatever the batches' size or rate.
+    Weights reach a rank between two of its reports (``max_weight_update_interval`` caps the
+    batches of one request). ``split_trajs``, ``postproc`` and ``replay_buffer`` work on
+    batches and are refused with it.
 
     ``launcher="mpi"`` (under ``mpiexec``/``srun``): every rank constructs the same collector;
     rank 0 gets it, every other rank serves rank 0 inside the constructor and then ends its
@@ -149,6 +162,8 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         liveness_timeout: float | None = DEFAULT_LIVENESS_TIMEOUT,
         num_threads: int | None = None,
         rank_sink: Any = None,
+        rank_reports: bool = False,
+        report_interval: float = 1.0,
     ) -> None:
         arguments = locals()
         self._closed = True
@@ -190,6 +205,8 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         self.tcp_port = check_port(tcp_port)
         self.slurm_kwargs = check_slurm_kwargs(slurm_kwargs, self.launcher)
         self.rank_sink = check_rank_sink(rank_sink)
+        self._reports = check_rank_reports(rank_reports, arguments)
+        self.report_interval = check_float("report_interval", report_interval, minimum=0.0)
         self._transport_device = "cpu"
         self._lock = threading.RLock()  # the background thread of start() and the caller
         n = len(fns)
@@ -228,7 +245,8 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             single = partial(gym.make, env) if isinstance(env, str) and k > 1 else env
             env = [single] * k
         sink = None if self.rank_sink is None else partial(self.rank_sink, index + 1)
-        return WorkerSpec(env, policy, kwargs, threads, self.collector_class, sink)
+        reports = Reporting(index + 1, self.report_interval) if self._reports else None
+        return WorkerSpec(env, policy, kwargs, threads, self.collector_class, sink, reports=reports)
 
     def _worker_kwargs(self, index: int, frames_per_batch: int, devices: Any, env_kwargs: Any):
         kwargs = super()._worker_kwargs(index, frames_per_batch, devices, env_kwargs)
@@ -280,6 +298,13 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             return
         self._since_update[index] += 1
 
+    def _batches_per_command(self, index: int) -> int:
+        batches = super()._batches_per_command(index)
+        interval = self.max_weight_update_interval
+        if interval > 0 and self._factories is None:
+            batches = min(batches, interval)
+        return batches
+
     def _delivered(self, worker_ids: Sequence[int]) -> None:
         for i in worker_ids:
             self.policy_versions[i] += 1
@@ -293,6 +318,8 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             # its batch was requested but not yet begun counts for that batch
             versions = [self._pool.channels[i].batch_version for i in workers]
             v = torch.tensor(versions, dtype=torch.int64)
+            if batch.ndim == 0:  # one rank's report
+                v = v[0]
             v = v.reshape(v.shape + (1,) * (batch.ndim - v.ndim)).expand(batch.shape)
             batch.set(POLICY_VERSION_KEY, v.clone())
         return batch

@@ -8,6 +8,7 @@ from hpccollect.storage.merge import merge_shards
 from hpccollect.storage.repair import repair
 from hpccollect.storage.replay_buffer import ReplayBuffer
 from hpccollect.storage.sink import (
+    EpisodeReturns,
     EpisodeTally,
     Sink,
     StorageFormat,
@@ -32,6 +33,7 @@ register_format(
 )
 
 __all__ = [
+    "EpisodeReturns",
     "EpisodeTally",
     "H5Dataset",
     "HDF5Writer",

@@ -21,6 +21,7 @@ from tensordict import TensorDictBase
 from hpccollect.errors import ArgumentValueError, StorageError
 
 __all__ = [
+    "EpisodeReturns",
     "EpisodeTally",
     "Sink",
     "StorageFormat",
@@ -70,16 +71,17 @@ class Sink(abc.ABC):
         self.close()
 
 
-class EpisodeTally(Sink):
-    """Counts the episodes that end and their returns, keeping no data: where the data is
-    written elsewhere (each collector rank writes its own shard) and this process still shows
-    progress."""
+class EpisodeReturns:
+    """The returns of the episodes that end, batch after batch: each trajectory's reward is
+    summed across batches until a ``done`` ends it. Rows with trajectory id -1 (padding) are
+    skipped."""
 
     def __init__(self) -> None:
-        self.returns = []
         self._running: dict[int, float] = {}
 
-    def extend(self, batch: TensorDictBase) -> None:
+    def ended(self, batch: TensorDictBase) -> tuple[list[float], int]:
+        """The returns of the episodes ``batch`` ends, in trajectory-id order, and its number of
+        real (not padded) frames."""
         ids = batch.get(("collector", "traj_ids")).reshape(-1).numpy()
         rewards = batch.get(("next", "reward")).reshape(ids.shape[0], -1)[:, 0].double().numpy()
         done = batch.get(("next", "done")).reshape(-1).numpy()
@@ -87,16 +89,32 @@ class EpisodeTally(Sink):
         ids, rewards, done = ids[keep], rewards[keep], done[keep]
         unique, inverse = np.unique(ids, return_inverse=True)
         sums = np.bincount(inverse, weights=rewards, minlength=len(unique))
-        ended = np.zeros(len(unique), dtype=bool)
-        ended[inverse[done]] = True
-        for tid, total, end in zip(unique.tolist(), sums.tolist(), ended.tolist(), strict=True):
+        ends = np.zeros(len(unique), dtype=bool)
+        ends[inverse[done]] = True
+        ended = []
+        for tid, total, end in zip(unique.tolist(), sums.tolist(), ends.tolist(), strict=True):
             total += self._running.pop(tid, 0.0)
             if end:
-                self.returns.append(total)
+                ended.append(total)
             else:
                 self._running[tid] = total
+        return ended, int(keep.sum())
+
+
+class EpisodeTally(Sink):
+    """Counts the episodes that end and their returns, keeping no data: where the data is
+    written elsewhere (each collector rank writes its own shard) and this process still shows
+    progress."""
+
+    def __init__(self) -> None:
+        self.returns = []
+        self._episodes = EpisodeReturns()
+
+    def extend(self, batch: TensorDictBase) -> None:
+        ended, frames = self._episodes.ended(batch)
+        self.returns.extend(ended)
         self.committed_episodes = len(self.returns)
-        self.committed_steps += int(keep.sum())
+        self.committed_steps += frames
 
     def close(self) -> None:
         return None

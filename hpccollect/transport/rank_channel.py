@@ -186,7 +186,7 @@ class RankChannel(Channel):
             self._batch_out = (flat, flat_layout.leaves(views), flat_layout.leaves(layout.batch))
         self._out_head = header(flat)
         weights = 0 if self._weights is None else self._weights.numel()
-        return WireLayout(flat_layout, layout.host, layout.pid, weights)
+        return WireLayout(flat_layout, layout.host, layout.pid, weights, layout.frames)
 
     def _send_blob(self, kind: Command | Reply, value: int, blob: bytes) -> None:
         # once this side has announced its batches, the peer receives into the batch buffer: a
@@ -308,7 +308,7 @@ class RankChannel(Channel):
         self.life.pid = wire.pid
         batch = wire.batch.views(flat)
         self._recv_buf, self._in_head = flat, header(flat)
-        return Layout(batch, wire.host, wire.pid)
+        return Layout(batch, wire.host, wire.pid, frames=wire.frames)
 
     def _receive_weights(self) -> None:
         if self._weights is None:

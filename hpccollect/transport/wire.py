@@ -49,6 +49,7 @@ class WireLayout:
     host: str
     pid: int
     weights_nbytes: int
+    frames: int = 0  # ``Layout.frames``
 
 
 def put_header(

@@ -148,13 +148,13 @@ def test_a_worker_runs_a_multisync_collector_with_two_workers_of_its_own():
         assert len([p for p in inner if alive(p)]) >= 2  # its own workers (and a tracker)
         batch = layout.batch
         assert batch.batch_size == (2, 8) and batch.names == [None, "time"]
-        assert pool.request(0, Command.COLLECT, None, 60) == 16
+        assert pool.request(0, Command.COLLECT, 1, 60) == 16
         first = batch.clone()
         assert (first["next", "reward"].squeeze(-1) == first["next", "observation"][..., 0]).all()
         ids = first.get(TRAJ)
         assert (ids % 2 == 1).all()  # offset 1, stride 2: the outer collector's share
         assert not set(ids[0].tolist()) & set(ids[1].tolist())  # its two workers differ
-        assert pool.request(0, Command.COLLECT, None, 60) == 16
+        assert pool.request(0, Command.COLLECT, 1, 60) == 16
         assert not (batch.get(TRAJ) == ids).all()  # the buffers hold the new batch
         assert pool.request(0, Command.SEED, Seed(5, False), 60) == 6
         state = pool.request(0, Command.STATE_DICT, None, 60)

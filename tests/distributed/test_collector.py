@@ -22,6 +22,7 @@ from torch import nn
 
 from hpccollect import DistributedDataCollector, MultiSyncDataCollector
 from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
+from hpccollect.collectors.reports import is_report
 from hpccollect.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -328,6 +329,15 @@ def test_bad_arguments_are_refused_before_any_rank_starts():
         (dict(frames_per_batch=0), ArgumentValueError, "frames_per_batch"),
         (dict(backend="mpi"), ArgumentValueError, "launcher='mpi'"),
         (dict(rank_sink="shards/"), ArgumentTypeError, "rank_sink"),
+        (dict(rank_reports=True), ArgumentValueError, "without a rank_sink"),
+        (dict(rank_reports=1, rank_sink=print), ArgumentTypeError, "rank_reports"),
+        (
+            dict(rank_reports=True, rank_sink=print, split_trajs=True),
+            ArgumentValueError,
+            "drop split_trajs",
+        ),
+        (dict(rank_reports=True, rank_sink=print, postproc=abs), ArgumentValueError, "postproc"),
+        (dict(report_interval=-1), ArgumentValueError, "report_interval must be >= 0"),
     ]
     if "nccl" not in torch.distributed.is_nccl_available() * ["nccl"]:
         cases.append((dict(backend="nccl"), ArgumentValueError, "not in this torch build"))
@@ -402,6 +412,32 @@ def test_rank_sink_sees_every_batch_on_its_own_rank_and_is_closed(tmp_path, sync
         assert {biggest for _, biggest in counts} == {length}  # batches of this rank's env only
         seen += sum(n for n, _ in counts)
     assert seen == 240  # the ranks wrote exactly what rank 0 yielded
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sync", [True, False])
+def test_with_rank_reports_rank_0_gets_reports_and_the_ranks_keep_every_batch(tmp_path, sync):
+    sink = partial(CountingSink, str(tmp_path))
+    with make(
+        envs(3, 5), sync=sync, total_frames=2400, rank_sink=sink, rank_reports=True,
+        report_interval=0.05,
+    ) as collector:  # fmt: skip
+        assert all(is_report(layout) for layout in collector._layouts)  # no batch-sized buffer
+        reports = torch.cat([r.reshape(-1) for r in collector])
+    assert collector._frames == int(reports["frames"].sum()) == 2400
+    for rank, length in ((1, 3), (2, 5)):
+        mine = reports[reports["rank"] == rank]
+        lines = (tmp_path / f"rank-{rank}.txt").read_text().split("\n")[:-1]
+        assert lines[-1] == "closed"
+        kept = [int(line.split()[0]) for line in lines[:-1]]
+        frames = int(mine["frames"].sum())
+        assert frames == sum(kept) and int(mine["batches"].sum()) == len(kept)
+        assert len(mine) < len(kept)  # several batches per report
+        assert int(mine["episodes"].sum()) == frames // length
+        assert float(mine["return_sum"].sum()) == frames // length * length * (length + 1) / 2
+        assert int(mine["committed_steps"][-1]) == frames  # the reported totals so far
+        returns = mine["recent_returns"]
+        assert (returns[~returns.isnan()] == length * (length + 1) / 2).all()
 
 
 @pytest.mark.timeout(120)
@@ -588,7 +624,7 @@ def test_a_reply_after_a_batch_leaves_that_batch_intact():
     collector = make(envs(3), None, frames_per_batch=20)  # a batch smaller than a reply
     pool = collector._pool
     try:
-        assert pool.request(0, Command.COLLECT, None, 60) == 20
+        assert pool.request(0, Command.COLLECT, 1, 60) == 20
         before = collector._layouts[0].clone()
         state = pool.request(0, Command.STATE_DICT, None, 60)
         assert state["frames"] == 20

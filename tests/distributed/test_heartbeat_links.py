@@ -80,7 +80,7 @@ def sent_within(channel: Any, seconds: float) -> bool:
     sent = threading.Event()
 
     def send() -> None:
-        channel.send(message(Command.COLLECT))
+        channel.send(message(Command.COLLECT, 1))
         sent.set()
 
     threading.Thread(target=send, daemon=True).start()
