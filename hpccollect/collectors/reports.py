@@ -45,6 +45,7 @@ __all__ = [
 
 RECENT = 100  # returns a report carries: what a progress line's mean is taken over
 _COUNTS = ("rank", "frames", "batches", "episodes", "committed_episodes", "committed_steps")
+_COMMITTED = ("rank", "committed_episodes", "committed_steps")
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def report_template() -> TensorDict:
 
 def is_report(td: TensorDictBase) -> bool:
     """Whether ``td`` is a report, or reports stacked (``sync=True``), not a batch."""
-    return td.batch_dims <= 1 and "recent_returns" in td.keys() and "frames" in td.keys()
+    return td.batch_dims <= 1 and td.get("recent_returns", None) is not None
 
 
 def frames_in(td: TensorDictBase) -> int:
@@ -141,17 +142,14 @@ class ReportTally(Sink):
                 "ReportTally takes the reports of ranks that keep their batches "
                 "(DistributedDataCollector(rank_reports=True)), got a batch."
             )
-        for report in batch.reshape(-1).unbind(0):
-            returns = report.get("recent_returns")
-            self.returns.extend(returns[~returns.isnan()].tolist())
-            self.episodes += int(report.get("episodes"))
-            self.frames += int(report.get("frames"))
-            rank = int(report.get("rank"))
-            self._committed[rank] = (
-                int(report.get("committed_episodes")),
-                int(report.get("committed_steps")),
-            )
+        returns = batch.get("recent_returns").reshape(-1)  # the reports' returns, in order
+        self.returns.extend(returns[~returns.isnan()].tolist())
         del self.returns[:-RECENT]
+        self.episodes += int(batch.get("episodes").sum())
+        self.frames += int(batch.get("frames").sum())
+        counts = (batch.get(k).reshape(-1).tolist() for k in _COMMITTED)
+        for rank, episodes, steps in zip(*counts, strict=True):
+            self._committed[rank] = (episodes, steps)
         self.committed_episodes = sum(e for e, _ in self._committed.values())
         self.committed_steps = sum(s for _, s in self._committed.values())
 
