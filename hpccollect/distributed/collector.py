@@ -163,7 +163,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         num_threads: int | None = None,
         rank_sink: Any = None,
         rank_reports: bool = False,
-        report_interval: float = 1.0,
+        report_interval: float = 2.0,
     ) -> None:
         arguments = locals()
         self._closed = True
