@@ -269,8 +269,8 @@ class AsyncGathering(Gathering):
         return batch, frames
 
     def _wanted(self, busy: set[int]) -> bool:
-        """Whether another batch can still count: the frames yielded and those ``busy`` workers
-        are collecting fall short of ``total_frames``. No worker collects a batch that would be
+        """Whether another batch can still count: the frames counted and those ``busy`` workers
+        were asked for fall short of ``total_frames``. No worker collects a batch that would be
         thrown away (a rank writing its own shard keeps every batch it collects)."""
         c = self.c
         coming = sum(c._asked[i] for i in busy)
