@@ -51,6 +51,7 @@ DISTRIBUTED_OPTIONS = (
     "interface",
     "on_rank_failure",
     "liveness_timeout",
+    "report_interval",
 )
 RANK_FAILURES = ("raise", "continue")
 
@@ -86,6 +87,7 @@ class RunConfig:
     shards: bool = False
     on_rank_failure: str | None = None  # None: raise
     liveness_timeout: float | None = None  # None: DEFAULT_LIVENESS_TIMEOUT
+    report_interval: float | None = None  # None: DEFAULT_REPORT_INTERVAL (with shards only)
     resume: str | None = None  # a run to continue (see hpccollect.app.resume)
 
     def __post_init__(self) -> None:
@@ -161,6 +163,20 @@ class RunConfig:
             raise ArgumentValueError(
                 f"--liveness-timeout must be a number of seconds >= 1, got {timeout!r}."
             )
+        interval = self.report_interval
+        if interval is not None:
+            if isinstance(interval, bool) or not (
+                isinstance(interval, (int, float)) and 0 < interval < math.inf
+            ):
+                raise ArgumentValueError(
+                    f"--report-interval must be a number of seconds > 0, got {interval!r}."
+                )
+            if not self.shards:
+                raise ArgumentValueError(
+                    "--report-interval sets how often a --shards rank reports to rank 0; "
+                    "without --shards every batch goes to rank 0 as it is collected: add "
+                    "--shards, or drop --report-interval."
+                )
 
     def check_local(self) -> None:
         """Refuse the distributed-only options in a single-process run (they would do nothing)."""

@@ -38,7 +38,7 @@ from hpccollect.app.preflight import check_output, env_maker, probe_policy, reco
 from hpccollect.app.resume import Attempt, remove_run_files, start_attempt
 from hpccollect.app.signals import StopSignals
 from hpccollect.app.summary import Summary
-from hpccollect.collectors.reports import ReportTally
+from hpccollect.collectors.reports import DEFAULT_REPORT_INTERVAL, ReportTally
 from hpccollect.distributed import DistributedDataCollector
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
 from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
@@ -248,6 +248,7 @@ class MPICollect:
             liveness_timeout=cfg.liveness_timeout or DEFAULT_LIVENESS_TIMEOUT,
             rank_sink=sink,
             rank_reports=bool(cfg.shards),
+            report_interval=cfg.report_interval or DEFAULT_REPORT_INTERVAL,
         )
 
     def _writer_args(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from hpccollect.app.config import (
     RENAMED,
     RunConfig,
 )
+from hpccollect.collectors.reports import DEFAULT_REPORT_INTERVAL
 from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 
 __all__ = ["COMMANDS", "EXIT_CODES", "UsageError", "build_parser"]
@@ -189,6 +190,14 @@ def _distributed_options(collect: argparse.ArgumentParser) -> None:
         default=None,
         help="each collector rank writes its own shard OUT.shards/rank-0001.h5, ...; rank 0 "
         "writes --out as a merged view over them (default: rank 0 writes --out)",
+    )
+    mpi.add_argument(
+        "--report-interval",
+        type=float,
+        metavar="SECONDS",
+        help="with --shards: a collector rank reports its frames, episodes and returns to rank 0 "
+        "at least this often, which is how often the progress line moves "
+        f"(default {DEFAULT_REPORT_INTERVAL:g})",
     )
 
 

@@ -72,6 +72,7 @@ RUN_OPTIONS = (
     "worker_timeout",
     "on_rank_failure",
     "liveness_timeout",
+    "report_interval",
 )
 #: what the data is: given again, they must equal the record
 _FIXED = ("env", "env_kwargs", "imports", "policy", "max_steps", "seed")

@@ -34,6 +34,7 @@ from tensordict import TensorDict, TensorDictBase
 from hpccollect.storage.sink import EpisodeReturns, Sink
 
 __all__ = [
+    "DEFAULT_REPORT_INTERVAL",
     "RECENT",
     "RankReporter",
     "ReportTally",
@@ -42,6 +43,9 @@ __all__ = [
     "is_report",
     "report_template",
 ]
+
+#: seconds between a collector rank's reports to rank 0, unless its asked batches end sooner
+DEFAULT_REPORT_INTERVAL = 2.0
 
 RECENT = 100  # returns a report carries: what a progress line's mean is taken over
 _COUNTS = ("rank", "frames", "batches", "episodes", "committed_episodes", "committed_steps")

@@ -26,7 +26,7 @@ from hpccollect.collectors.backends import register_backend
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
 from hpccollect.collectors.multi_base import MultiCollectorBase
-from hpccollect.collectors.reports import Reporting
+from hpccollect.collectors.reports import DEFAULT_REPORT_INTERVAL, Reporting
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec
@@ -163,7 +163,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         num_threads: int | None = None,
         rank_sink: Any = None,
         rank_reports: bool = False,
-        report_interval: float = 2.0,
+        report_interval: float = DEFAULT_REPORT_INTERVAL,
     ) -> None:
         arguments = locals()
         self._closed = True

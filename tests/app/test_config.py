@@ -81,6 +81,10 @@ def test_collector_sync_on_the_command_line_still_runs_single(tmp_path, monkeypa
         (["--liveness-timeout", "0.5"], "--liveness-timeout must be a number of seconds >= 1"),
         (["--on-rank-failure", "continue"], "--on-rank-failure: only for a distributed run"),
         (["--liveness-timeout", "10"], "--liveness-timeout: only for a distributed run"),
+        (["--report-interval", "0"], "--report-interval must be a number of seconds > 0"),
+        (["--report-interval", "nan"], "--report-interval must be a number of seconds > 0"),
+        (["--report-interval", "1"], "--report-interval sets how often a --shards rank"),
+        (["--shards", "--report-interval", "1"], "--shards, --report-interval: only for a"),
     ],
 )
 def test_the_rank_failure_options_are_checked_in_one_line(

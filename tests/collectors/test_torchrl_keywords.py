@@ -93,17 +93,26 @@ def test_policy_factory_on_ranks_with_a_string_tcp_port(cls: type) -> None:
         launcher="mp",
         tcp_port=port,
     )
+    stale = new = 0
     try:
         assert collector.tcp_port == int(port)
         before = next(iter(collector))
         collector.update_policy_weights_(flipped())
-        after = [next(iter(collector)) for _ in range(3)]
+        # a rank may have begun one batch before the weights came (async: two ranks, so up
+        # to two such batches, in any order); every later batch is collected with them
+        for batch in collector:
+            if (actions(batch) == 1).all():
+                new += 1
+            else:
+                stale += 1
+            if new == 4 or stale + new == 20:
+                break
     finally:
         collector.shutdown()
     assert (actions(before) == 0).all()
     if cls is DistributedSyncCollector:
         assert before.batch_size == (2, 8)
-    assert (actions(after[-1]) == 1).all()
+    assert new >= 1 and stale <= 2, (new, stale)
 
 
 @pytest.mark.parametrize("port", ["abc", "70000", -1, 3.5])
