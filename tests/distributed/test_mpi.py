@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import alive, mpich_segments
+from conftest import alive
 from tensordict import TensorDict
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.usefixtures("no_mpich_segments_left")]
@@ -171,7 +171,6 @@ def test_an_exception_on_one_rank_ends_the_whole_job(tmp_path, mode, says):
 
 @pytest.mark.timeout(120)
 def test_a_rank_killed_with_sigkill_ends_the_job_within_seconds(tmp_path):
-    before = mpich_segments()
     out = tmp_path / "out.pt"
     cmd = [MPIEXEC, "-n", "3", sys.executable, str(JOB), str(out), "--backend", "mpi"]
     proc = subprocess.Popen(
@@ -195,5 +194,5 @@ def test_a_rank_killed_with_sigkill_ends_the_job_within_seconds(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert_gone(job_pids(out))
-    # hydra ends the other ranks with SIGKILL too: the segment was unlinked when MPI started
-    assert not mpich_segments() - before
+    # hydra ends the other ranks with SIGKILL too: the segment was unlinked when MPI started,
+    # which no_mpich_segments_left checks (waiting out those of jobs running beside this one)
