@@ -101,6 +101,8 @@ class Channel(abc.ABC):
     """
 
     local: bool = False
+    #: rung when a message reaches its inbox from another thread (``doorbell.py``), or None
+    bell: Any = None
     #: its messages are seen by ``poll`` only, not by waiting on ``handles()`` (which then
     #: tell only the peer's end and wake-ups)
     polled: bool = False
@@ -160,21 +162,44 @@ class Channel(abc.ABC):
 
 def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
     """The channels of ``channels`` with something to receive within ``timeout`` s (maybe none).
-    Polled channels are polled in turn with the others' handles, sleeping between rounds from
-    20 us up to 1 ms (the latency an idle wait adds)."""
-    owners = {}
+
+    Polled channels are looked at with ``poll(0)``. Where each has a ``bell`` (rung when a
+    message reaches its inbox; one bell may serve many channels), the wait sleeps on the bells
+    and the other channels' handles; otherwise it looks again after 20 us, doubling up to 1 ms
+    (the latency an idle wait adds)."""
+    owners: dict[int, Channel] = {}
+    bells: dict[int, Any] = {}
+    handles = []
+    spin = False
     for channel in channels:
+        bell = getattr(channel, "bell", None)
+        if channel.polled and bell is None:
+            spin = True
+            continue
         for handle in channel.handles():
-            owners[id(handle)] = channel
+            if handle is bell:
+                if id(bell) not in bells:
+                    bells[id(bell)] = bell
+                    handles.append(bell)
+            else:
+                owners[id(handle)] = channel
+                handles.append(handle)
     polled = [c for c in channels if c.polled]
-    handles = [h for c in channels if not c.polled for h in c.handles()]
     deadline = time.monotonic() + timeout
     sleep = 20e-6
     while True:
         seen = {id(c): c for c in polled if c.poll(0)}
         remaining = 0.0 if seen else max(0.0, deadline - time.monotonic())
-        for handle in wait(handles, min(remaining, sleep) if polled else remaining):
-            seen[id(owners[id(handle)])] = owners[id(handle)]
-        if seen or not polled or time.monotonic() >= deadline:
+        rang = False
+        for handle in wait(handles, min(remaining, sleep) if spin else remaining):
+            if id(handle) in bells:
+                handle.clear()
+                rang = True
+            else:
+                seen[id(owners[id(handle)])] = owners[id(handle)]
+        if rang:
+            seen.update({id(c): c for c in polled if c.poll(0)})
+        if seen or time.monotonic() >= deadline:
             return [c for c in channels if id(c) in seen]
-        sleep = min(2 * sleep, 1e-3)
+        if spin:
+            sleep = min(2 * sleep, 1e-3)

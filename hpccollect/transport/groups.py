@@ -20,6 +20,7 @@ from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.transport.backends import backend_named
 from hpccollect.transport.polled import PolledRankChannel
 from hpccollect.transport.rank_channel import RankChannel
+from hpccollect.transport.receiver import Receiver
 from hpccollect.transport.threaded import ThreadedRankChannel
 
 __all__ = ["RankGroups", "open_store"]
@@ -72,6 +73,15 @@ class RankGroups:
     messages: Any = None  # point-to-point: commands, replies, batches, weights to some ranks
     broadcast: Any = None  # weights to every rank at once
     _closed: bool = field(default=False, repr=False)
+    _receiver: Receiver | None = field(default=None, repr=False)
+
+    @property
+    def receiver(self) -> Receiver:
+        """What receives for this process's links where the messages group cannot be polled
+        (made with the first such link)."""
+        if self._receiver is None:
+            self._receiver = Receiver(self)
+        return self._receiver
 
     @classmethod
     def open(cls, backend: str, store: Any, rank: int, world_size: int) -> RankGroups:
@@ -99,8 +109,12 @@ class RankGroups:
         if self._closed:
             return
         self._closed = True
-        for group in (self.messages, self.broadcast):
+        groups = (self.messages, self.broadcast)
+        # first, so that a receiving thread that takes one more message posts no new receive
+        self.messages = self.broadcast = self.store = None
+        for group in groups:
             if group is not None:
                 with contextlib.suppress(Exception):
                     group.abort()
-        self.messages = self.broadcast = self.store = None
+        if self._receiver is not None:
+            self._receiver.close()

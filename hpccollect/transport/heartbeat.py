@@ -4,8 +4,10 @@ stopped (SIGSTOP) is noticed within ``liveness_timeout`` s, where a send to it w
 its whole timeout and a receive forever. How a beat travels and is received is the channel's
 (``RankChannel.start_heartbeats``); this module keeps the time and the thread.
 
-What it costs: one header-only message each way every ``beat_interval`` s, sent from threads
-of their own; a message received notes the time (one clock read).
+What it costs: one header-only message each way every ``beat_interval`` s, sent and checked by
+the process's pulse thread (``pulse.py``: one thread for every link); a message received notes
+the time (one clock read). Where a send is seen complete only by waiting in it (gloo), each link
+has a thread that does, so that a peer that stops taking beats never holds the pulse.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from hpccollect.transport.pulse import PULSE, Pulse
 
 __all__ = ["DEFAULT_LIVENESS_TIMEOUT", "Heartbeat", "beat_interval"]
 
@@ -33,10 +37,11 @@ class Heartbeat:
     peer's beats that no other thread receives (``drain``: whether any came), and says when
     the peer has been silent too long (``silence``).
 
-    The beating thread never blocks: a beat the peer has not taken yet (a stopped process) is
-    waited for by a second thread, and no new one is sent meanwhile. A pause of this process
-    itself (stopped, or starved of the interpreter) is not held against the peer: its beats
-    could not be seen meanwhile.
+    The pulse runs it (``tick``) and never blocks on it: a beat the peer has not taken yet (a
+    stopped process) is looked at again on the next turn (``pollable``: the work's
+    ``is_completed()`` tells), or waited for by a thread of its own, and no new one is sent
+    meanwhile. A pause of this process itself (stopped, or starved of the interpreter) is not
+    held against the peer: its beats could not be seen meanwhile.
     """
 
     def __init__(
@@ -44,7 +49,9 @@ class Heartbeat:
         timeout: float,
         send: Callable[[], Any],
         drain: Callable[[], bool],
-        name: str,
+        pollable: bool = True,
+        name: str = "hpccollect-beat",
+        pulse: Pulse = PULSE,
     ) -> None:
         self.timeout = float(timeout)
         self.interval = beat_interval(self.timeout)
@@ -52,15 +59,18 @@ class Heartbeat:
         self.limit = self.timeout - min(4.0, self.timeout / 4)
         self.heard = self._ticked = time.monotonic()
         self._send, self._drain = send, drain
-        self._stop = threading.Event()
-        self._sent: queue.SimpleQueue = queue.SimpleQueue()  # beats to see through; None: stop
-        self._in_flight = False  # a beat the peer has not taken yet
-        self._threads = [
-            threading.Thread(target=self._beat, name=name, daemon=True),
-            threading.Thread(target=self._see_through, name=f"{name}-sent", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._stopped = False
+        self._in_flight: Any = None  # a beat the peer has not taken yet
+        self._pulse = pulse
+        self._sent: queue.SimpleQueue | None = None  # beats to wait for; None: stop
+        self._waiter: threading.Thread | None = None
+        if not pollable:
+            self._sent = queue.SimpleQueue()
+            self._waiter = threading.Thread(
+                target=self._see_through, name=f"{name}-sent", daemon=True
+            )
+            self._waiter.start()
+        pulse.add(self, self._ticked + self.interval)
 
     def note(self) -> None:
         """The peer was heard from just now."""
@@ -71,10 +81,10 @@ class Heartbeat:
         once beating stopped (the peer said it is done), or while this process cannot tell
         (it was paused itself)."""
         now = time.monotonic()
-        if self._stop.is_set():
+        if self._stopped:
             return None
-        if now - self._ticked > self._paused_after and self._threads[0].is_alive():
-            return None  # the beating thread has not run for a while: this process was paused
+        if now - self._ticked > self._paused_after and self._pulse.running(self):
+            return None  # the pulse has not run for a while: this process was paused
         quiet = now - self.heard
         if quiet <= self.limit:
             return None
@@ -87,37 +97,39 @@ class Heartbeat:
     def _paused_after(self) -> float:
         return 2 * self.interval + 1.0
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self.interval):
-            now = time.monotonic()
-            if now - self._ticked > self._paused_after:
-                self.heard = max(self.heard, now)  # this process was paused: a fresh window
-            self._ticked = now
-            try:
-                if self._drain():
-                    self.note()
-                if not self._in_flight:
-                    work = self._send()
-                    if work is not None:
-                        self._in_flight = True
-                        self._sent.put(work)
-            except Exception:  # the link is closed: its channel reports that on its own
-                return
+    def tick(self, now: float) -> float | None:
+        """One turn of the pulse: note a pause of this process, take the peer's beats, and
+        send the next one once the last was taken; None (dropped) once the link is closed."""
+        if self._stopped:
+            return None
+        if now - self._ticked > self._paused_after:
+            self.heard = max(self.heard, now)  # this process was paused: a fresh window
+        self._ticked = now
+        if self._drain():
+            self.note()
+        if self._sent is None and self._in_flight is not None and self._in_flight.is_completed():
+            self._in_flight = None
+        if self._in_flight is None:
+            self._in_flight = self._send()
+            if self._sent is not None and self._in_flight is not None:
+                self._sent.put(self._in_flight)
+        return now + self.interval
 
     def _see_through(self) -> None:
+        assert self._sent is not None
         while (work := self._sent.get()) is not None:
             try:
                 work.wait()
             except Exception:  # the link is closed
                 return
-            self._in_flight = False
+            self._in_flight = None
 
     def stop(self, timeout: float = 0.0) -> None:
-        """Stop beating; wait up to ``timeout`` s for the threads (a beat the peer never takes
-        keeps one waiting until the link is closed)."""
-        self._stop.set()
-        self._sent.put(None)
-        deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(max(0.0, deadline - time.monotonic()))
+        """Stop beating; wait up to ``timeout`` s for the thread that sees beats through,
+        if any (a beat the peer never takes keeps it waiting until the link is closed)."""
+        self._stopped = True
+        self._pulse.remove(self)
+        if self._sent is not None and self._waiter is not None:
+            self._sent.put(None)
+            if self._waiter is not threading.current_thread():
+                self._waiter.join(max(0.0, timeout))

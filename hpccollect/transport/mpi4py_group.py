@@ -171,6 +171,11 @@ class _Work:
         with self.group.inside:
             return self._wait(None if timeout is None else timeout.total_seconds())
 
+    def is_completed(self) -> bool:
+        """Whether it is done: a look that never blocks (a receive not yet posted is not)."""
+        with self.group.inside:
+            return self.request is not None and bool(self.request.Test())
+
     def _wait(self, seconds: float | None) -> bool:
         group = self.group
         try:

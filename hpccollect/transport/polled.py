@@ -11,7 +11,7 @@ waits for rank 0 (``_waiting``).
 from __future__ import annotations
 
 import contextlib
-import os
+import select
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,9 +20,10 @@ import torch
 
 from hpccollect.errors import CollectorTimeoutError
 from hpccollect.protocol import Layout
+from hpccollect.transport.doorbell import Doorbell
 from hpccollect.transport.mpi_waits import BUSY_SLEEP, IDLE_SLEEP, SPIN, wait_request
-from hpccollect.transport.rank_channel import BATCH, BATCH_REPLY, BEATS, MESSAGES, RankChannel
-from hpccollect.transport.wire import WireLayout, first_line
+from hpccollect.transport.rank_channel import BATCH, BATCH_REPLY, RankChannel
+from hpccollect.transport.wire import BEATS, MESSAGES, WireLayout, first_line
 
 __all__ = ["PolledRankChannel"]
 
@@ -40,6 +41,9 @@ class PolledRankChannel(RankChannel):
         self._pace: Any = None  # how often the broadcast thread looks (see ``_waiting``)
         self._idle = False
         self._beat_in = self._mpi.wire(torch.empty_like(self._beat_out))
+        self._poller = select.poll()  # the bell (once there is one) and the rank's process
+        if self.life.sentinel is not None:
+            self._poller.register(self.life.sentinel, select.POLLIN)
 
     # ------------------------------------------------------------------ buffers
     def _announce(self, layout: Layout) -> WireLayout:
@@ -115,9 +119,8 @@ class PolledRankChannel(RankChannel):
                         why = "took"
                         return True
                     for fd, _ in self._poller.poll(0):
-                        if fd == self._rfd:
-                            with contextlib.suppress(OSError):
-                                os.read(self._rfd, 4096)
+                        if self.bell is not None and fd == self.bell.fileno():
+                            self.bell.clear()
                             why = "woken"
                         else:
                             why = "ended"
@@ -158,6 +161,10 @@ class PolledRankChannel(RankChannel):
             came = True
         return came
 
+    def _closing(self) -> None:
+        if self.bell is not None:
+            self.bell.close()
+
     def join_peer(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout  # receive until the peer's goodbye
         while self._failure is None and not self._closed and time.monotonic() < deadline:
@@ -166,6 +173,8 @@ class PolledRankChannel(RankChannel):
 
     # ------------------------------------------------------------------ pacing the weights
     def _weights_thread_starts(self) -> None:
+        self.bell = Doorbell()  # the broadcast thread wakes a wait for rank 0 with it
+        self._poller.register(self.bell.fileno(), select.POLLIN)
         self._pace = getattr(self.groups.broadcast, "pace", None)
         if self._pace is not None:
             self._pace.set(BUSY_SLEEP)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
-import select
 import threading
 import time
 from collections import deque
@@ -28,12 +26,16 @@ from torch import nn
 from hpccollect.protocol import Command, Layout, Message, Reply
 from hpccollect.transport.base import Channel
 from hpccollect.transport.batches import HEADER, FlatLayout
+from hpccollect.transport.doorbell import Doorbell
 from hpccollect.transport.heartbeat import Heartbeat
 from hpccollect.transport.rank_life import RankLife
 from hpccollect.transport.wire import (
+    BEATS,
     CODE,
     CONTROL,
     KINDS,
+    MESSAGES,
+    WEIGHTS,
     WireLayout,
     decode,
     encode,
@@ -46,9 +48,6 @@ from hpccollect.transport.wire import (
 __all__ = ["BATCH", "BATCH_REPLY", "BEATS", "MESSAGES", "Closed", "RankChannel"]
 
 _SHUTDOWN_TIMEOUT = datetime.timedelta(seconds=5)  # SHUTDOWN is best effort: kill follows
-# point-to-point tags. Heartbeats travel apart: a gloo send completes only into a receive the
-# peer has posted, and a beat must never take the one a stopped peer left for the next message.
-MESSAGES, _WEIGHTS, BEATS = 0, 1, 2
 BATCH_REPLY = Reply.BATCH
 BATCH = CODE[BATCH_REPLY]
 
@@ -110,19 +109,11 @@ class RankChannel(Channel):
         self.batch_version = 0
         self._inbox: deque = deque()
         self._broadcaster: threading.Thread | None = None
-        self._rfd, self._wfd = os.pipe()
-        os.set_blocking(self._rfd, False)  # a byte may be gone with a message put back
-        # the pipe is closed once nothing can write to it: after close() and the writer threads
-        self._fds = threading.Lock()
-        self._fds_open = True
-        self._writers = 0  # threads that hand messages over (receiving, broadcast)
-        self._poller = select.poll()
-        for handle in self.handles():
-            self._poller.register(handle, select.POLLIN)
+        #: rung when a thread other than the caller's puts a message in the inbox (a
+        #: subclass's receiving threads, the broadcast thread); None while none does
+        self.bell: Doorbell | None = None
         self._closed = False
-        self._thread: threading.Thread | None = None  # a subclass's receiving thread
         self._beat: Heartbeat | None = None
-        self._beat_receiver: threading.Thread | None = None  # a subclass's, if it needs one
         self._lost = False  # the peer went silent (``lose``)
         self._stopped_by_peer = False  # the peer sent SHUTDOWN
         self._unsent: tuple[Any, torch.Tensor] | None = None  # a command's send (see _send_blob)
@@ -156,7 +147,7 @@ class RankChannel(Channel):
         """Send ``UPDATE_WEIGHTS`` with the weights following point to point (the returned
         work to wait for)."""
         self._send_blob(Command.UPDATE_WEIGHTS, 0, b"")
-        return self._post(flat, _WEIGHTS)
+        return self._post(flat, WEIGHTS)
 
     def broadcast_sent(self) -> None:
         """Note that a weight broadcast was sent to the peer's broadcast thread: every later
@@ -249,23 +240,9 @@ class RankChannel(Channel):
     # ------------------------------------------------------------------ receiving
     def _hand_over(self, item: Any) -> None:
         self._inbox.append(item)
-        with self._fds:
-            if self._fds_open:
-                with contextlib.suppress(OSError):
-                    os.write(self._wfd, b"m")
-
-    def _writer_done(self) -> None:
-        with self._fds:
-            self._writers -= 1
-            self._close_fds()
-
-    def _close_fds(self) -> None:
-        """Close the pipe when nothing can write to it any more (holding ``_fds``)."""
-        if self._closed and self._writers == 0 and self._fds_open:
-            self._fds_open = False
-            for fd in (self._rfd, self._wfd):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        bell = self.bell
+        if bell is not None:
+            bell.ring()
 
     def _read_message(self) -> Message:
         """The message whose header was just received into ``_recv_buf``, with the rest of its
@@ -313,17 +290,11 @@ class RankChannel(Channel):
     def _receive_weights(self) -> None:
         if self._weights is None:
             raise RuntimeError("weights arrived for a policy without parameters")
-        self._group().recv([self._weights], self.peer, _WEIGHTS).wait()
+        self._group().recv([self._weights], self.peer, WEIGHTS).wait()
 
     def _broadcast_loop(self) -> None:
         """A collector rank's thread that waits in the weight broadcast at all times, so the
         weights flow the moment rank 0 sends them, then hands ``UPDATE_WEIGHTS`` over."""
-        try:
-            self._broadcasts_forever()
-        finally:
-            self._writer_done()
-
-    def _broadcasts_forever(self) -> None:
         while True:
             try:
                 self.groups.broadcast.broadcast(self._weights, 0).wait()
@@ -347,8 +318,6 @@ class RankChannel(Channel):
             return None
         layout = FlatLayout.of(weights, "policy weight")
         self._weights, views = layout.allocate(self.device)
-        with self._fds:
-            self._writers += 1
         self._weights_thread_starts()
         self._broadcaster = threading.Thread(
             target=self._broadcast_loop, name=f"hpccollect-rank{self.peer}-weights", daemon=True
@@ -357,17 +326,12 @@ class RankChannel(Channel):
         return views
 
     def _weights_thread_starts(self) -> None:
-        """Called as the broadcast thread starts (a subclass paces it)."""
+        """Called as the broadcast thread starts (a subclass paces it, or gives it a bell)."""
 
     def _waiting(self) -> contextlib.AbstractContextManager:
         """The context of this end waiting for the peer rather than working (a subclass paces
         its broadcast thread by it)."""
         return contextlib.nullcontext()
-
-    def _ready(self, timeout: float) -> list[Any]:
-        """The handles ready within ``timeout`` s (a poll object made once: this is the hot
-        path of every batch)."""
-        return [fd for fd, _ in self._poller.poll(max(0, int(timeout * 1000)))]
 
     def recv(self) -> Message:
         inbox = self._inbox
@@ -375,7 +339,6 @@ class RankChannel(Channel):
             if self._closed:
                 raise ConnectionError("the channel is closed")
             self._await(1.0)
-        self._taking()
         if self._broadcaster is None:  # no broadcast updates (rank 0's end)
             item = inbox.popleft()
         else:
@@ -397,18 +360,22 @@ class RankChannel(Channel):
         the peer's process ended with none."""
         raise NotImplementedError
 
-    def _taking(self) -> None:
-        """A message is taken from the inbox (a subclass's bookkeeping)."""
-
     def _closed_by(self, err: BaseException) -> str:
         """The peer is gone or the groups were closed: every later receive fails alike."""
-        self._failure = self._failure or f"closed the connection ({first_line(err)})"
-        self._inbox.append(Closed(self._failure))
+        self.link_closed(f"closed the connection ({first_line(err)})")
         return "took"
 
+    def link_closed(self, why: str) -> None:
+        """Nothing more can arrive from the peer (its connection closed, or the groups were
+        aborted): every later receive fails with ``why``."""
+        self._failure = self._failure or why
+        self._hand_over(Closed(self._failure))
+
     def handles(self) -> list[Any]:
-        sentinel = self.life.sentinel
-        return [self._rfd] if sentinel is None else [self._rfd, sentinel]
+        handles: list[Any] = [] if self.bell is None else [self.bell]
+        if self.life.sentinel is not None:
+            handles.append(self.life.sentinel)
+        return handles
 
     # ------------------------------------------------------------------ liveness
     def start_heartbeats(self, timeout: float | None) -> None:
@@ -418,7 +385,11 @@ class RankChannel(Channel):
         if timeout is None or self.device.type != "cpu" or self._beat is not None:
             return
         self._beat = Heartbeat(
-            timeout, self._send_beat, self._drain_beats, f"hpccollect-rank{self.peer}-beat"
+            timeout,
+            self._send_beat,
+            self._drain_beats,
+            pollable=bool(getattr(self.groups.messages, "can_poll", False)),
+            name=f"hpccollect-rank{self.peer}-beat",
         )
 
     def silence(self) -> str | None:
@@ -448,7 +419,8 @@ class RankChannel(Channel):
         return self._group().send([self._beat_out], self.peer, BEATS)
 
     def _drain_beats(self) -> bool:
-        """Take the peer's heartbeats that no receiving thread takes; whether any came."""
+        """Take the peer's heartbeats that no receiving thread takes (the pulse calls it);
+        whether any came."""
         return False
 
     # ------------------------------------------------------------------ the peer's life
@@ -458,8 +430,7 @@ class RankChannel(Channel):
 
     def gone(self) -> str | None:
         """How the connection ended, once nothing more can arrive on it; None while open."""
-        receiving = self._thread is not None and self._thread.is_alive()
-        return self._failure if self._failure and not receiving else None
+        return self._failure
 
     def describe(self) -> str:
         pid = f"pid {self.pid}, " if self.pid is not None else ""
@@ -473,14 +444,8 @@ class RankChannel(Channel):
         # a transfer with a peer that went silent may never end (gloo cannot abort it)
         if self._beat is not None:
             self._beat.stop(0.0 if self._lost else timeout)
-        waited = (
-            (self._broadcaster,)
-            if self._lost
-            else (self._thread, self._beat_receiver, self._broadcaster)
-        )
-        for thread in waited:
-            if thread is not None:
-                thread.join(max(0.0, deadline - time.monotonic()))
+        if self._broadcaster is not None:
+            self._broadcaster.join(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         if self._closed:
@@ -489,9 +454,8 @@ class RankChannel(Channel):
         self._unsent = None  # the groups' end fails it, if it never went
         if self._beat is not None:
             self._beat.stop(0.0 if self._lost else 0.5)
-        for thread in (self._thread, self._beat_receiver):
-            if thread is not None:  # ends when the peer does, or when the groups are aborted
-                thread.join(0.2)
-        with self._fds:
-            self._close_fds()
+        self._closing()
         self.life.close()
+
+    def _closing(self) -> None:
+        """Release what a subclass holds for this link (called once, by ``close``)."""

@@ -1,94 +1,97 @@
 """``ThreadedRankChannel``: a ``RankChannel`` over torch process groups, whose receives cannot
-be polled: a thread blocks in each receive and hands messages over through a pipe."""
+be polled: the process's ``Receiver`` (``receiver.py``) receives for it in a thread, puts each
+message in its inbox and rings the process's doorbell."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
+import time
 from multiprocessing.connection import wait
 from typing import Any
 
-import torch
-
-from hpccollect.protocol import Command, Message
-from hpccollect.transport.batches import HEADER
-from hpccollect.transport.rank_channel import BEATS, MESSAGES, Closed, RankChannel
-from hpccollect.transport.wire import first_line
+from hpccollect.protocol import Command
+from hpccollect.transport.rank_channel import RankChannel
 
 __all__ = ["ThreadedRankChannel"]
 
+_END_GRACE = 2.0  # s: a rank's connection is seen closed this soon after its process ended
+
 
 class ThreadedRankChannel(RankChannel):
-    """A ``RankChannel`` over torch process groups: a thread blocks in ``recv`` from the peer
-    and hands messages over through a pipe, so ``multiprocessing.connection.wait`` watches
-    ranks like local processes (a blocking receive is the only reliable way: gloo cannot poll,
-    and a timed-out receive closes the pair for good). A peer that dies closes the connection,
-    which ends that receive at once."""
+    """A ``RankChannel`` over torch process groups (see the module). Its messages are seen in
+    its inbox (``polled``), and its ``handles`` are the shared doorbell and, where the launcher
+    has one, the rank's process: waiting on them wakes for a message or the rank's end."""
+
+    polled = True
 
     def __init__(self, groups: Any, peer: int, **kwargs: Any) -> None:
         super().__init__(groups, peer, **kwargs)
-        self._writers += 1
-        self._thread = threading.Thread(
-            target=self._receive_loop, name=f"hpccollect-rank{peer}-recv", daemon=True
-        )
-        self._thread.start()
+        self._ended = threading.Event()  # nothing more can arrive from the peer
+        self._receiver = groups.receiver
+        self.bell = self._receiver.bell
+        self._receiver.add(self)
 
-    def _receive_loop(self) -> None:
+    def arrived(self) -> bool:
+        """Take the message the receiver just received into this link's buffer: read the rest
+        of it and hand it over. False once no more should be received for this link (the peer
+        said stop, or the link failed)."""
         try:
-            while True:
-                try:
-                    item = self._receive_one()
-                except Exception as err:  # the peer is gone, or the groups were aborted
-                    self._failure = self._failure or f"closed the connection ({first_line(err)})"
-                    self._hand_over(Closed(self._failure))
-                    return
-                self._hand_over(item)
-                if item[0] is Command.SHUTDOWN:
-                    return
-        finally:
-            self._writer_done()
+            self._heard()
+            item = self._read_message()
+        except Exception as err:  # the peer is gone, or the groups were aborted
+            self._closed_by(err)
+            return False
+        self._hand_over(item)
+        if item[0] is Command.SHUTDOWN:
+            self._ended.set()  # the peer is done: nothing more is received for it
+            return False
+        return True
 
-    def _receive_one(self) -> Message:
-        """The next message from the peer (noted as a sign of life)."""
-        self._group().recv([self._recv_buf], self.peer, MESSAGES).wait()
-        self._heard()
-        return self._read_message()
+    def link_closed(self, why: str) -> None:
+        super().link_closed(why)
+        self._ended.set()
 
     def start_heartbeats(self, timeout: float | None) -> None:
         super().start_heartbeats(timeout)
-        if self._beat is not None and self._beat_receiver is None:
-            self._beat_receiver = threading.Thread(
-                target=self._receive_beats, name=f"hpccollect-rank{self.peer}-beats", daemon=True
-            )
-            self._beat_receiver.start()
-
-    def _receive_beats(self) -> None:
-        """The peer's heartbeats, each received as it comes (a gloo send completes only into a
-        posted receive); ends when the link does."""
-        beat = torch.empty(HEADER, dtype=torch.uint8, device=self.device)
-        while True:
-            try:
-                self._group().recv([beat], self.peer, BEATS).wait()
-            except Exception:  # the peer is gone, or the groups were aborted
-                return
-            self._heard()
+        if self._beat is not None:
+            self._receiver.hear_beats(self)
 
     def poll(self, timeout: float) -> bool:
-        return bool(self._inbox) or bool(self._ready(timeout))
+        """Whether a message is in the inbox (``timeout`` <= 0: a look, no system call; the
+        rank's process is watched by whoever waits on ``handles``), or arrives or the rank's
+        process ends within ``timeout`` s."""
+        if self._inbox:
+            return True
+        return timeout > 0 and self._look(timeout) != "timeout"
 
     def _await(self, timeout: float) -> None:
-        ready = self._ready(timeout)
-        if ready and self._rfd not in ready and not self._inbox:
-            # the process ended: its connection's end is reported within moments
-            wait([self._rfd], 2.0)
+        if self._look(timeout) == "ended" and not self._inbox:
+            # the process ended: its connection's end is seen within moments
+            self._ended.wait(_END_GRACE)
             if not self._inbox:
                 raise ConnectionError(self.death() or "the rank ended")
 
-    def _taking(self) -> None:
-        with contextlib.suppress(OSError):
-            os.read(self._rfd, 1)
+    def _look(self, timeout: float) -> str:
+        """Wait up to ``timeout`` s for a message in the inbox: "took", "ended" (the peer's
+        process ended) or "timeout"."""
+        deadline = time.monotonic() + timeout
+        handles = self.handles()
+        bell = self.bell
+        while True:
+            if self._inbox:
+                return "took"
+            ready = wait(handles, max(0.0, deadline - time.monotonic()))
+            if bell in ready:
+                bell.clear()
+            if self._inbox:
+                return "took"
+            if any(h is not bell for h in ready):
+                return "ended"
+            if time.monotonic() >= deadline:
+                return "timeout"
 
     def join_peer(self, timeout: float) -> bool:
-        self._thread.join(max(0.0, timeout))
-        return not self._thread.is_alive()
+        return self._ended.wait(max(0.0, timeout))
+
+    def gone(self) -> str | None:
+        return self._failure if self._ended.is_set() else None

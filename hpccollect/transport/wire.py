@@ -22,10 +22,13 @@ from hpccollect.protocol import Command, Reply, message
 from hpccollect.transport.batches import FlatLayout
 
 __all__ = [
+    "BEATS",
     "CODE",
     "CONTROL",
     "HEARTBEAT",
     "KINDS",
+    "MESSAGES",
+    "WEIGHTS",
     "WireLayout",
     "decode",
     "encode",
@@ -39,6 +42,9 @@ KINDS: list[Command | Reply] = [*Command, *Reply]
 CODE = {kind: i for i, kind in enumerate(KINDS)}
 CONTROL = 4096  # payload bytes a receiver always has room for
 HEARTBEAT = len(KINDS)  # the code of a heartbeat: a header alone, no protocol message
+# point-to-point tags. Heartbeats travel apart: a gloo send completes only into a receive the
+# peer has posted, and a beat must never take the one a stopped peer left for the next message.
+MESSAGES, WEIGHTS, BEATS = 0, 1, 2
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ and the faults MPI adds (a rank raising, a rank killed)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -196,3 +197,25 @@ def test_a_rank_killed_with_sigkill_ends_the_job_within_seconds(tmp_path):
     assert_gone(job_pids(out))
     # hydra ends the other ranks with SIGKILL too: the segment was unlinked when MPI started,
     # which no_mpich_segments_left checks (waiting out those of jobs running beside this one)
+
+
+def rank_0_holds(backend: str, ranks: int, tmp_path: Path) -> dict:
+    """Rank 0's threads and pipes while it collects from ``ranks`` collector ranks."""
+    job = Path(__file__).with_name("threads_job.py")
+    code, output, _ = run_job(tmp_path / "x", backend, ranks=ranks + 1, timeout=150, job=job)
+    lines = [x for x in output.splitlines() if x.startswith("THREADS ")]
+    assert code == 0 and lines, output[-3000:]
+    held = json.loads(lines[0][8:])
+    assert held["ranks"] == ranks
+    return held
+
+
+@pytest.mark.alone
+@pytest.mark.timeout(360)
+def test_rank_0_runs_the_same_threads_and_pipes_at_2_and_32_ranks(tmp_path):
+    """The mpi4py transport: rank 0 polls every link itself and one pulse thread beats them
+    all, so nothing on rank 0 grows with the ranks but its links."""
+    few, many = (rank_0_holds("mpi", n, tmp_path) for n in (2, 32))
+    assert few["threads"] == many["threads"]
+    assert not [t for t in many["threads"] if t.startswith("hpccollect-rank")]
+    assert few["pipes"] == many["pipes"]

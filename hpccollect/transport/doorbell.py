@@ -1,0 +1,53 @@
+"""``Doorbell``: how threads that receive messages wake the thread that waits for them, in a
+form ``multiprocessing.connection.wait`` watches beside processes and local pipes. One bell
+serves every link of a process (``receiver.py``): a ring says "look at the inboxes", and the
+waiter clears it before it looks, so rings that come while it looks are never lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+__all__ = ["Doorbell"]
+
+
+class Doorbell:
+    """A non-blocking pipe: ``ring`` from any thread, ``clear`` then look, ``fileno`` to wait
+    on; rings coalesce (a full pipe is rung already)."""
+
+    def __init__(self) -> None:
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        os.set_blocking(self._wfd, False)
+        self._lock = threading.Lock()  # a ring never writes to a closed (maybe reused) fd
+        self._open = True
+
+    def fileno(self) -> int:
+        return self._rfd
+
+    def ring(self) -> None:
+        """Wake the waiter (a no-op once closed)."""
+        with self._lock:
+            if self._open:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    os.write(self._wfd, b"!")
+
+    def clear(self) -> None:
+        """Take every ring so far (call before looking at what the rings announced)."""
+        if not self._open:
+            return
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self._rfd, 4096):
+                pass
+
+    def close(self) -> None:
+        """Release the pipe; idempotent."""
+        with self._lock:
+            if not self._open:
+                return
+            self._open = False
+            for fd in (self._rfd, self._wfd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)

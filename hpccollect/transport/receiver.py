@@ -1,0 +1,102 @@
+"""``Receiver``: the receiving side of a process's rank links over a process group whose
+receives cannot be polled (gloo).
+
+A gloo receive is seen complete only by a thread that waits in it: ``is_completed()`` stays
+False until someone calls ``wait()``, a wait cannot be interrupted (``abort`` and ``shutdown``
+leave it blocked), and a wait that times out closes the peer's connection for good. A receive
+from any source is no way around it: it cannot be woken at shutdown, and it does not fail when
+a rank's connection does. So each link has a thread that waits in its receive (it ends when
+the link does, which is also how a rank that died is seen at once), and one for its heartbeats
+where they are on. Links whose groups can be polled (the mpi4py transport) need no thread at
+all (``polled.py``).
+
+What the threads receive goes to the link's inbox and rings the process's one ``Doorbell``,
+which the waiting thread watches beside the launcher's processes (no pipe per link).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import torch
+
+from hpccollect.transport.batches import HEADER
+from hpccollect.transport.doorbell import Doorbell
+from hpccollect.transport.wire import BEATS, MESSAGES, first_line
+
+__all__ = ["Receiver"]
+
+#: s a closing receiver waits for its threads, all together: those of links that ended are
+#: done by then, and a receive from a peer that is still there (a collector rank's heartbeats
+#: from rank 0) or went silent cannot be ended (it ends with the process)
+_JOIN = 0.5
+
+
+class Receiver:
+    """Receives for every ``ThreadedRankChannel`` of one ``RankGroups`` (see the module)."""
+
+    def __init__(self, groups: Any) -> None:
+        self.groups = groups
+        self.bell = Doorbell()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    @property
+    def threads(self) -> int:
+        """How many receiving threads run now."""
+        return sum(t.is_alive() for t in self._threads)
+
+    def add(self, channel: Any) -> None:
+        """Receive ``channel``'s messages from now on."""
+        self._start(self._messages, f"hpccollect-rank{channel.peer}-recv", channel)
+
+    def hear_beats(self, channel: Any) -> None:
+        """Receive ``channel``'s heartbeats too (once its heartbeats start)."""
+        self._start(self._beats, f"hpccollect-rank{channel.peer}-beats", channel)
+
+    def close(self) -> None:
+        """Once the groups are aborted: wait a moment for the threads (see ``_JOIN``), and
+        release the bell; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + _JOIN
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+        self.bell.close()
+
+    def _start(self, target: Any, name: str, channel: Any) -> None:
+        self._threads = [t for t in self._threads if t.is_alive()]
+        thread = threading.Thread(target=target, args=(channel,), name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _group(self) -> Any:
+        group = self.groups.messages
+        if group is None:
+            raise ConnectionError("the channel is closed")
+        return group
+
+    def _messages(self, channel: Any) -> None:
+        while True:
+            try:
+                self._group().recv([channel._recv_buf], channel.peer, MESSAGES).wait()
+            except Exception as err:  # the peer is gone, or the groups were aborted
+                channel.link_closed(f"closed the connection ({first_line(err)})")
+                return
+            if not channel.arrived():
+                return
+
+    def _beats(self, channel: Any) -> None:
+        """The peer's heartbeats, each received as it comes (a gloo send completes only into a
+        posted receive); ends when the link does."""
+        beat = torch.empty(HEADER, dtype=torch.uint8, device=channel.device)
+        while True:
+            try:
+                self._group().recv([beat], channel.peer, BEATS).wait()
+            except Exception:  # the peer is gone, or the groups were aborted
+                return
+            channel._heard()
