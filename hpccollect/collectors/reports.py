@@ -3,8 +3,9 @@ where they were collected (``DistributedDataCollector(rank_reports=True)``: a ``
 dataset shard per rank, keeps them).
 
 A rank then takes a ``COLLECT`` for several batches. It collects them one after the other,
-hands each to its sink, and stops early once ``report_interval`` seconds have passed. It then
-answers with one report of fixed layout (``report_template``), whatever the batches' size:
+hands each to its sink, and stops early once ``report_interval`` seconds have passed, or once
+rank 0 sent it something (a stop, new weights: a stop waits one batch, as without reports). It
+then answers with one report of fixed layout (``report_template``), whatever the batches' size:
 
 * ``rank``: the collector rank (1..N);
 * ``frames``, ``batches``: what it collected since its last report;
@@ -94,11 +95,16 @@ class RankReporter:
         self.template = report_template()
 
     def collect(
-        self, collect_one: Callable[[], TensorDictBase], batches: int, into: TensorDictBase
+        self,
+        collect_one: Callable[[], TensorDictBase],
+        batches: int,
+        into: TensorDictBase,
+        interrupted: Callable[[], bool] = lambda: False,
     ) -> int:
         """Collect up to ``batches`` batches with ``collect_one`` (which also hands each to the
-        sink), stopping after the first one past the interval; write the report into ``into``;
-        the frames collected."""
+        sink), stopping after the first one past the interval, or once ``interrupted()`` (rank
+        0 sent something: a stop waits one batch, not a whole report); write the report into
+        ``into``; the frames collected."""
         deadline = time.monotonic() + self.reporting.interval
         frames = count = episodes = 0
         total = 0.0
@@ -111,7 +117,7 @@ class RankReporter:
             episodes += len(ended)
             total += math.fsum(ended)
             recent.extend(ended)
-            if count >= batches or time.monotonic() >= deadline:
+            if count >= batches or time.monotonic() >= deadline or interrupted():
                 break
         self._reported[0] += episodes
         self._reported[1] += frames

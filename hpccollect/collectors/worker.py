@@ -254,9 +254,13 @@ class _Server:
         return command, payload
 
     def collect(self, batches: int) -> int:
-        """One batch into the buffers; with reports, up to ``batches`` and their report."""
+        """One batch into the buffers; with reports, up to ``batches`` and their report (early
+        when a message comes meanwhile: a stop, or weights to load before the next batch)."""
         if self.reporter is not None:
-            return self.reporter.collect(self._collect_one, batches, self.placed)
+            channel = self.channel
+            return self.reporter.collect(
+                self._collect_one, batches, self.placed, lambda: channel.poll(0)
+            )
         if batches != 1:
             raise RuntimeError(f"COLLECT of {batches} batches from a worker that sends batches")
         batch = self._collect_one()

@@ -82,6 +82,22 @@ def test_an_interval_of_0_reports_after_every_batch_and_recent_returns_are_cappe
     assert len(tally.returns) == RECENT
 
 
+def test_a_message_from_rank_0_ends_the_report_after_the_batch_under_way():
+    """A stop (or new weights) waits one batch, not the rest of the report's batches."""
+    collector = SyncDataCollector(lambda: CounterEnv(3), None, frames_per_batch=10)
+    reporter = RankReporter(Reporting(rank=1, interval=60.0), None)
+    looks = []
+
+    def interrupted() -> bool:
+        looks.append(None)
+        return len(looks) == 2  # the message comes during the second batch
+
+    report = report_template()
+    assert reporter.collect(collector._collect_counted, 50, report, interrupted) == 20
+    collector.shutdown()
+    assert int(report["batches"]) == 2
+
+
 def test_the_tally_takes_reports_only():
     with pytest.raises(TypeError, match="rank_reports=True"):
         ReportTally().extend(SyncDataCollector(lambda: CounterEnv(3), None, frames_per_batch=4,
