@@ -80,7 +80,7 @@ class RankGroups:
         """What receives for this process's links where the messages group cannot be polled
         (made with the first such link)."""
         if self._receiver is None:
-            self._receiver = Receiver(self)
+            self._receiver = Receiver()
         return self._receiver
 
     @classmethod

@@ -31,14 +31,12 @@ class Pulse:
         self._due: dict[Periodic, float] = {}
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
-        self.last_run = time.monotonic()  # when the thread last looked at its jobs
 
     def add(self, job: Periodic, due: float | None = None) -> None:
         """Run ``job`` from ``due`` on (monotonic s; default now)."""
         with self._changed:
             self._due[job] = time.monotonic() if due is None else due
             if self._thread is None or not self._thread.is_alive():
-                self.last_run = time.monotonic()
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
             self._changed.notify()
@@ -53,16 +51,10 @@ class Pulse:
         """Whether ``job`` is still run."""
         return job in self._due and self._thread is not None and self._thread.is_alive()
 
-    @property
-    def jobs(self) -> int:
-        """How many jobs it runs now."""
-        return len(self._due)
-
     def _run(self) -> None:
         with self._changed:
             while self._due:
                 now = time.monotonic()
-                self.last_run = now
                 due = [job for job, when in self._due.items() if when <= now]
                 for job in due:
                     try:

@@ -37,16 +37,10 @@ _JOIN = 0.5
 class Receiver:
     """Receives for every ``ThreadedRankChannel`` of one ``RankGroups`` (see the module)."""
 
-    def __init__(self, groups: Any) -> None:
-        self.groups = groups
+    def __init__(self) -> None:
         self.bell = Doorbell()
         self._threads: list[threading.Thread] = []
         self._closed = False
-
-    @property
-    def threads(self) -> int:
-        """How many receiving threads run now."""
-        return sum(t.is_alive() for t in self._threads)
 
     def add(self, channel: Any) -> None:
         """Receive ``channel``'s messages from now on."""
@@ -74,16 +68,10 @@ class Receiver:
         self._threads.append(thread)
         thread.start()
 
-    def _group(self) -> Any:
-        group = self.groups.messages
-        if group is None:
-            raise ConnectionError("the channel is closed")
-        return group
-
     def _messages(self, channel: Any) -> None:
         while True:
             try:
-                self._group().recv([channel._recv_buf], channel.peer, MESSAGES).wait()
+                channel._group().recv([channel._recv_buf], channel.peer, MESSAGES).wait()
             except Exception as err:  # the peer is gone, or the groups were aborted
                 channel.link_closed(f"closed the connection ({first_line(err)})")
                 return
@@ -96,7 +84,7 @@ class Receiver:
         beat = torch.empty(HEADER, dtype=torch.uint8, device=channel.device)
         while True:
             try:
-                self._group().recv([beat], channel.peer, BEATS).wait()
+                channel._group().recv([beat], channel.peer, BEATS).wait()
             except Exception:  # the peer is gone, or the groups were aborted
                 return
             channel._heard()
