@@ -12,6 +12,7 @@ has a thread that does, so that a peer that stops taking beats never holds the p
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -123,6 +124,16 @@ class Heartbeat:
             except Exception:  # the link is closed
                 return
             self._in_flight = None
+
+    def part(self) -> None:
+        """Beat once more now, unless a beat is on its way already, then stop (the peer is
+        done, and what waits for its beats there ends with this one)."""
+        if not self._stopped and self._in_flight is None:
+            with contextlib.suppress(Exception):
+                work = self._send()
+                if self._sent is not None and work is not None:
+                    self._sent.put(work)
+        self.stop()
 
     def stop(self, timeout: float = 0.0) -> None:
         """Stop beating; wait up to ``timeout`` s for the thread that sees beats through,

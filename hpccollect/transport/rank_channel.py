@@ -116,6 +116,7 @@ class RankChannel(Channel):
         self._beat: Heartbeat | None = None
         self._lost = False  # the peer went silent (``lose``)
         self._stopped_by_peer = False  # the peer sent SHUTDOWN
+        self._sent_shutdown = False  # ... and this side did
         self._unsent: tuple[Any, torch.Tensor] | None = None  # a command's send (see _send_blob)
         self._beat_out = torch.zeros(HEADER, dtype=torch.uint8)
         put_beat(self._beat_out)
@@ -192,7 +193,9 @@ class RankChannel(Channel):
         if len(blob) > inline:
             rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
             parts.append(rest.to(self.device))
-        timeout = _SHUTDOWN_TIMEOUT if kind is Command.SHUTDOWN else None
+        timeout = None
+        if kind is Command.SHUTDOWN:
+            timeout, self._sent_shutdown = _SHUTDOWN_TIMEOUT, True
         self._settle(timeout)
         for part in parts[:-1]:
             self._wait(self._post(part, MESSAGES), timeout)
@@ -261,7 +264,7 @@ class RankChannel(Channel):
         if kind is Command.SHUTDOWN:
             self._stopped_by_peer = True
             if self._beat is not None:
-                self._beat.stop()  # the peer is done: its silence from now on means nothing
+                self._peer_done(self._beat)
         blob = self._recv_buf[HEADER : HEADER + inline].cpu().numpy().tobytes()
         if length > len(blob):
             rest = torch.empty(length - len(blob), dtype=torch.uint8, device=self.device)
@@ -407,6 +410,10 @@ class RankChannel(Channel):
         """Why the link failed before the peer said stop (it went silent, its connection
         broke), or None."""
         return None if self._stopped_by_peer else self._failure
+
+    def _peer_done(self, beat: Heartbeat) -> None:
+        """The peer said it is done: its silence from now on means nothing."""
+        beat.stop()
 
     def _heard(self) -> None:
         """A message came from the peer: it lives."""

@@ -87,4 +87,6 @@ class Receiver:
                 channel._group().recv([beat], channel.peer, BEATS).wait()
             except Exception:  # the peer is gone, or the groups were aborted
                 return
+            if channel._closed:  # the peer's beat that lets this thread go (``_peer_done``)
+                return
             channel._heard()

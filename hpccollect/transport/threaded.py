@@ -4,12 +4,13 @@ message in its inbox and rings the process's doorbell."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from multiprocessing.connection import wait
 from typing import Any
 
-from hpccollect.protocol import Command
+from hpccollect.protocol import Command, message
 from hpccollect.transport.rank_channel import RankChannel
 
 __all__ = ["ThreadedRankChannel"]
@@ -94,4 +95,21 @@ class ThreadedRankChannel(RankChannel):
         return self._ended.wait(max(0.0, timeout))
 
     def gone(self) -> str | None:
-        return self._failure if self._ended.is_set() else None
+        if not self._ended.is_set():
+            return None
+        return self._failure or "ended its part of the job"
+
+    def _peer_done(self, beat: Any) -> None:
+        """The peer said it is done: one last beat lets its thread that waits for beats go
+        (it ends at the first one after its channel closed), so that its gloo connection
+        closes with its groups; then beating stops."""
+        beat.part()
+
+    def _closing(self) -> None:
+        """A collector rank that rank 0 stopped says so before it lets go: over gloo, its
+        connection outlives its aborted groups while one of its threads still waits in a
+        receive there (rank 0 would never see this rank end). Rank 0's receiver takes the
+        SHUTDOWN as the link's end."""
+        if self._stopped_by_peer and not self._sent_shutdown and self._failure is None:
+            with contextlib.suppress(Exception):
+                self.send(message(Command.SHUTDOWN, False))

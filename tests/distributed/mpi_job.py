@@ -7,7 +7,10 @@ sockets hydra's proxy hands every rank). ``--mode``: ``collect`` (plain), ``weig
 the second batch), ``raise-before`` (rank 2 raises before constructing the collector),
 ``raise-env`` (rank 2's env raises), ``wait`` (collect slowly until killed), ``branch`` (ranks 1..N call ``serve()`` themselves and go on), ``idle`` (envs that
 sleep: rank 0 mostly waits; its CPU time over its wall time is saved as ``busy``), ``linger``
-(rank 0 finalises MPI itself once done, takes a second more, then writes ``OUT.exited``).
+(rank 0 finalises MPI itself once done, takes a second more, then writes ``OUT.exited``),
+``stream`` (no end to the frames: rank 0 takes 20 batches and shuts the ranks down while they
+collect, as a trainer does, with no policy: the ranks' random actions; the shutdown's seconds are
+saved as ``shutdown_s``).
 """
 
 from __future__ import annotations
@@ -78,9 +81,9 @@ def main() -> None:
     policy = TensorDictModule(BiasPolicy(), ["observation"], ["action"])
     collector = DistributedDataCollector(
         [partial(first, 3), partial(second, 4)],
-        policy,
+        None if a.mode == "stream" else policy,  # no weights: no thread waits for them
         frames_per_batch=24,
-        total_frames=-1 if a.mode == "wait" else 240,
+        total_frames=-1 if a.mode in ("wait", "stream") else 240,
         launcher=a.launcher,
         backend=a.backend,
         sync=bool(a.sync),
@@ -105,15 +108,20 @@ def main() -> None:
             with torch.no_grad():
                 policy.module.bias.copy_(torch.tensor([0.0, 1.0]))
             collector.update_policy_weights_()
+        if a.mode == "stream" and i == 19:
+            break
     busy = (time.process_time() - cpu) / (time.perf_counter() - wall)
     versions = list(collector.policy_versions)
+    stop = time.perf_counter()
     collector.shutdown()
+    shutdown_s = time.perf_counter() - stop
     torch.save(
         {
             "batches": [b.to_dict() for b in batches],
             "versions": versions,
             "busy": busy,
             "listening": addresses,
+            "shutdown_s": shutdown_s,
         },
         a.out,
     )

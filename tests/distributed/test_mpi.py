@@ -69,6 +69,23 @@ def reference(tmp_path_factory) -> list[TensorDict]:
     return batches(out)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_a_trainer_stops_ranks_that_collect_without_end_and_the_job_exits_0(tmp_path, backend):
+    """``total_frames=-1``, ``sync=False``: the ranks are mid-batch when rank 0 shuts them down.
+    Each says it is done, so rank 0 sees every rank end within the shutdown's deadline (over
+    gloo, a rank's connection outlived its groups: every rank counted as one that "cannot be
+    stopped", after 12 s, and the job was aborted)."""
+    out = tmp_path / "out.pt"
+    code, output, _ = run_job(out, "--backend", backend, "--sync", "0", "--mode", "stream")
+    assert code == 0, output
+    assert "cannot be stopped" not in output and "terminate called" not in output, output
+    saved = torch.load(out, weights_only=False)
+    assert len(saved["batches"]) == 20
+    assert saved["shutdown_s"] < 10.0  # the pool's deadline: a rank seen ending within it
+    assert_gone(job_pids(out))
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_mpiexec_job_gives_the_mp_launchers_data(tmp_path, reference, backend):
