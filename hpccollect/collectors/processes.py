@@ -13,9 +13,13 @@ import contextlib
 import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from hpccollect.errors import ArgumentValueError
 from hpccollect.transport.pipe import PipeChannel
+
+if TYPE_CHECKING:
+    from hpccollect.collectors.fork_server import JobForkServer
 
 __all__ = ["LAUNCHER_PREFIXES", "clean_env", "start_local_workers"]
 
@@ -50,6 +54,7 @@ def start_local_workers(
     start_method: str = "spawn",
     name: str = "worker",
     daemon: bool = True,
+    fork_server: JobForkServer | None = None,
 ) -> list[PipeChannel]:
     """Start one process per entry of ``args``, each running ``target(index, conn, *args[i])``.
 
@@ -58,32 +63,45 @@ def start_local_workers(
         name: prefix of the process names.
         daemon: False for workers that start processes of their own (a multi-process collector
             inside a worker); the pool still ends them at shutdown and at exit.
+        fork_server: a started ``JobForkServer``: the processes fork from it instead
+            (``start_method`` is then not used).
 
     Returns:
         The collector's end of each worker's pipe; on any failure (a signal included) every
         process started so far is killed before the exception propagates.
     """
     methods = mp.get_all_start_methods()
-    if start_method not in methods:
+    if fork_server is None and start_method not in methods:
         raise ArgumentValueError(
             f"mp_start_method={start_method!r} is not available here; use one of {methods}."
         )
-    ctx = mp.get_context(start_method)
     channels: list[PipeChannel] = []
+    forking = (
+        fork_server.forking()
+        if fork_server is not None
+        else contextlib.nullcontext(mp.get_context(start_method))
+    )
     try:
-        for index, extra in enumerate(args):
-            parent, child = ctx.Pipe()
-            process = ctx.Process(
-                target=target, args=(index, child, *extra), name=f"{name}-{index}", daemon=daemon
-            )
-            # kept before it starts, so an exception (a signal) during start() still finds it
-            channels.append(PipeChannel(parent, process))
-            with clean_env():
-                process.start()
-            child.close()
+        with forking as ctx:
+            _start_each(ctx, target, args, name, daemon, channels)
     except BaseException:
         for channel in channels:
             channel.life.kill()
             channel.close()
         raise
     return channels
+
+
+def _start_each(
+    ctx: Any, target: Callable, args: Sequence[tuple], name: str, daemon: bool, channels: list
+) -> None:
+    for index, extra in enumerate(args):
+        parent, child = ctx.Pipe()
+        process = ctx.Process(
+            target=target, args=(index, child, *extra), name=f"{name}-{index}", daemon=daemon
+        )
+        # kept before it starts, so an exception (a signal) during start() still finds it
+        channels.append(PipeChannel(parent, process))
+        with clean_env():
+            process.start()
+        child.close()

@@ -281,7 +281,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             device=self._transport_device,
             liveness_timeout=self.liveness_timeout,
         )
-        self._closers.append(self._groups.close)
+        self._closers.extend((self._groups.close, self.launcher.close))
         return channels
 
     # ------------------------------------------------------------------ weights and versions

@@ -64,6 +64,7 @@ def start_ranks(
             if process is not None:
                 process.kill()
                 process.close()
+        launcher.close()
         raise
     channels = [
         groups.channel(i + 1, process=process, device=device, send_timeout=send_timeout)

@@ -60,6 +60,11 @@ class Launcher(abc.ABC):
         """Start one process per entry, each running ``serve_rank(args)``; what is known of
         each (None where nothing is). On failure nothing started is left running."""
 
+    def close(self) -> None:
+        """After the ranks ended (shutdown, or a failed start): release what ``start`` keeps
+        beside them; by default there is nothing."""
+        return None
+
     def left_running(self, ranks: Sequence[int]) -> None:
         """After shutdown: ``ranks`` were lost and still run, and their ``PeerLife`` could not
         end them (a rank mpiexec started, stopped or cut off). End them as only the launcher

@@ -467,6 +467,33 @@ def test_shutdown_leaves_no_process_thread_or_port():
     assert_all_gone(pids)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_64_ranks_each_give_their_rows_and_leave_nothing_behind():
+    """A trainer over 64 collector ranks, which fork from the job's own server (``launcher="mp"``):
+    each batch holds every rank's rows, and shutdown ends every rank and the server (reaped,
+    not a zombie) and every thread of the ranks' links."""
+    collector = make(
+        envs(*range(1, 65)), sync=True, frames_per_batch=64 * 64, total_frames=2 * 64 * 64
+    )
+    server = collector.launcher._server.pid
+    pids = rank_pids(collector)
+    try:
+        batches = [batch.clone() for batch in collector]
+    finally:
+        collector.shutdown()
+    assert len(batches) == 2
+    for batch in batches:
+        assert batch.shape == (64, 64)
+        # rank r's episodes last r steps: each of its rows shows its own length
+        assert [int(row.max()) for row in batch["next", "observation"]] == list(range(1, 65))
+    assert_all_gone(pids)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(server, os.WNOHANG)
+    assert collector.launcher._server is None
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("hpccollect-rank")]
+
+
 @pytest.mark.timeout(120)
 def test_replay_buffer_is_extended_here_and_start_fills_it_in_the_background():
     buffer = ReplayBuffer(10_000)
