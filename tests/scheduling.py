@@ -5,7 +5,7 @@ Most tests wait on processes they started (jobs, ranks, workers) more than they 
 several run side by side. Two kinds of test may not:
 
 - ``alone``: a test that asserts how long something took (a liveness timeout, a wait's pace, a
-  job's CPU share), or that loads every core by itself (33 ranks). It runs with no other test
+  job's CPU share), or that loads every core by itself (65 ranks). It runs with no other test
   beside it: each worker holds a shared lock while it runs a test, an ``alone`` test the
   exclusive one. A turnstile in front of the lock lets a waiting ``alone`` test in before new
   shared holders, so it is never starved. A worker keeps the exclusive lock from one ``alone``

@@ -294,17 +294,23 @@ def test_on_rank_failure_continue_finishes_the_run_without_a_silent_rank(tmp_pat
 
 
 @pytest.mark.alone
-@pytest.mark.timeout(240)
-def test_33_ranks_exit_0(tmp_path):
-    """A run that completes exits 0 at any rank count (it once ended "killed by signal 9" in 2
-    of 4 runs at 9 to 33 ranks, the dataset complete). The bug shows at 33 ranks: with
-    ``exit_finalized``'s C ``exit`` put back to ``os._exit``, each of 4 runs of this job ended
-    with status 9 (at 9 ranks, none of 4), so one run catches it (it ran five times before)."""
-    args = ["--collector", "single", "--frames-per-batch", "100", "--total-frames", "6400"]
-    job = Job(tmp_path, *args, "--out", "x.h5", "--quiet", ranks=33)
-    code, _, err, _ = job.wait(170)
+@pytest.mark.timeout(300)
+def test_64_collector_ranks_with_shards_exit_0(tmp_path, capsys):
+    """``mpiexec -n 65 ... collect --shards``: 64 collector ranks each keep their shard, the
+    run merges them and exits 0, leaving nothing running.
+
+    Also the guard of a run that completes exiting 0 at any rank count (it once ended "killed
+    by signal 9" in 2 of 4 runs at 9 to 33 ranks, the dataset complete): with
+    ``exit_finalized``'s C ``exit`` put back to ``os._exit``, each of 4 runs at 33 ranks ended
+    with status 9 (at 9 ranks, none of 4), so one run at 65 catches it."""
+    args = ["--collector", "single", "--frames-per-batch", "100", "--total-frames", "12800"]
+    job = Job(tmp_path, *args, "--shards", "--out", "x.h5", "--quiet", ranks=65)
+    code, _, err, _ = job.wait(250)
     assert code == 0, f"the run exited {code}:\n{err[-3000:]}"
     assert "BAD TERMINATION" not in err
     frames, _ = episodes(tmp_path / "x.h5")
-    assert frames == 6400
+    assert frames == 12800
+    shards = sorted(p.name for p in (tmp_path / "x.shards").glob("rank-*.h5"))
+    assert shards == [f"rank-{rank:04d}.h5" for rank in range(1, 65)]
+    assert "merged from       64 shards" in inspect_ok(tmp_path / "x.h5", capsys)
     job.assert_nothing_left()
