@@ -136,6 +136,13 @@ class WorkerBatches:
         """Worker ``index``'s last batch: its shared buffers, or the one it sent."""
         return self._received[index] if index in self._by_value else self._layouts[index]
 
+    def _own_batch(self, index: int) -> TensorDictBase:
+        """Worker ``index``'s last batch as the caller's to keep: the one it sent, or a copy of
+        its buffers (made the way its channel copies fastest)."""
+        if index in self._by_value:
+            return self._received[index]
+        return self._pool.channels[index].own(self._layouts[index])
+
     def _lose(self, err: WorkerError) -> None:
         """A worker failed: raise ``err``, or, with ``on_worker_failure="continue"`` and other
         workers left, warn, stop that worker and go on without it."""

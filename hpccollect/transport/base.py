@@ -154,6 +154,11 @@ class Channel(abc.ABC):
         buffers), or buffers laid out the same in this channel's memory, sent without a copy."""
         return batch
 
+    def own(self, batch: Any) -> Any:
+        """A copy of ``batch`` (the buffers the peer's batches arrive in) that the caller
+        keeps while the next batch arrives there."""
+        return batch.clone()
+
     def weights_buffer(self, policy: Any) -> Any:
         """On a worker given no weights buffer: the one ``UPDATE_WEIGHTS`` loads, which this
         channel fills when weights arrive; None when the transport passes none."""

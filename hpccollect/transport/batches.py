@@ -10,7 +10,6 @@ message.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,32 +71,68 @@ class FlatLayout:
         return flat, self.views(flat)
 
     def views(self, flat: torch.Tensor) -> TensorDictBase:
-        """The TensorDict whose leaves are views into ``flat`` (laid out as ``self``)."""
-        out = TensorDict({}, batch_size=self.batch_size, device=flat.device)
-        for key, shape, dtype, offset in zip(
-            self.keys, self.shapes, self.dtypes, self.offsets, strict=True
-        ):
-            dt = getattr(torch, dtype)
-            size = _numel(shape) * torch.empty((), dtype=dt).element_size()
-            out.set(key, flat[offset : offset + size].view(dt).view(shape))
-        if self.names is not None:
-            out.names = list(self.names)
-        return out
+        """The TensorDict whose leaves are views into ``flat`` (laid out as ``self``).
+
+        Built from a recipe made once per layout (one typed view of ``flat`` per dtype, then
+        one strided view per leaf, nested TensorDicts made without re-checking): rank 0 builds
+        one per batch it yields, so this is on its hot path."""
+        recipe = self.__dict__.get("_recipe")
+        if recipe is None:
+            recipe = self.__dict__["_recipe"] = _Recipe(self)
+        return recipe.build(flat)
+
+    def copy(self, flat: torch.Tensor) -> TensorDictBase:
+        """A batch of its own: ``flat``'s bytes copied at once, with views into the copy."""
+        return self.views(flat[: self.nbytes].clone())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_recipe"}
 
     def leaves(self, td: TensorDictBase) -> list[torch.Tensor]:
         """``td``'s leaves in this layout's order."""
         return [td.get(key if len(key) > 1 else key[0]) for key in self.keys]
 
 
+class _Recipe:
+    """How ``FlatLayout.views`` lays a TensorDict over a flat buffer (see there)."""
+
+    def __init__(self, layout: FlatLayout) -> None:
+        dtypes = sorted(set(layout.dtypes))
+        self.dtypes = [getattr(torch, d) for d in dtypes]
+        self.batch_size = torch.Size(layout.batch_size)
+        self.names = None if layout.names is None else list(layout.names)
+        self.leaves = []
+        for key, shape, dtype, offset in zip(
+            layout.keys, layout.shapes, layout.dtypes, layout.offsets, strict=True
+        ):
+            size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+            strides, step = [], 1
+            for s in reversed(shape):
+                strides.append(step)
+                step *= s
+            where = dtypes.index(dtype), shape, tuple(reversed(strides)), offset // size
+            self.leaves.append((key, *where))
+
+    def build(self, flat: torch.Tensor) -> TensorDictBase:
+        typed = [flat.view(dt) for dt in self.dtypes]
+        tree: dict[str, Any] = {}
+        for key, which, shape, strides, start in self.leaves:
+            node = tree
+            for part in key[:-1]:
+                node = node.setdefault(part, {})
+            node[key[-1]] = typed[which].as_strided(shape, strides, start)
+        return self._nest(tree, flat.device)
+
+    def _nest(self, tree: dict[str, Any], device: torch.device) -> TensorDictBase:
+        source = {k: self._nest(v, device) if isinstance(v, dict) else v for k, v in tree.items()}
+        # leaves of the agreed shapes: skip tensordict's checks (names too: each level's)
+        return TensorDict._new_unsafe(
+            source, batch_size=self.batch_size, device=device, names=self.names
+        )
+
+
 def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _has_names(td: TensorDictBase) -> bool:

@@ -96,6 +96,7 @@ class RankChannel(Channel):
         self._in_head = header(self._recv_buf)
         self._batch_out: tuple[torch.Tensor, list, list] | None = None
         self._placed: tuple | None = None
+        self._arrival: tuple[FlatLayout, TensorDictBase] | None = None  # (layout, views)
         self._weights: torch.Tensor | None = None
         self._failure: str | None = None
         self.broadcasts = 0  # weight broadcasts this side sent to the peer
@@ -119,6 +120,8 @@ class RankChannel(Channel):
         self._sent_shutdown = False  # ... and this side did
         self._unsent: tuple[Any, torch.Tensor] | None = None  # a command's send (see _send_blob)
         self._beat_out = torch.zeros(HEADER, dtype=torch.uint8)
+        head_out = torch.zeros(HEADER, dtype=torch.uint8)
+        self._head_out = (head_out, header(head_out))
         put_beat(self._beat_out)
 
     # ------------------------------------------------------------------ sending
@@ -185,18 +188,24 @@ class RankChannel(Channel):
         # payload then travels apart, so a reply never overwrites a batch not read yet
         room = 0 if self._batch_out is not None else CONTROL
         inline = min(len(blob), room)
-        head = torch.empty(HEADER + inline, dtype=torch.uint8)
-        put_header(head, kind, len(blob), value, self.broadcasts, inline)
-        if inline:
-            head[HEADER:] = torch.frombuffer(bytearray(blob[:inline]), dtype=torch.uint8)
-        parts = [head.to(self.device)]
-        if len(blob) > inline:
-            rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
-            parts.append(rest.to(self.device))
         timeout = None
         if kind is Command.SHUTDOWN:
             timeout, self._sent_shutdown = _SHUTDOWN_TIMEOUT, True
         self._settle(timeout)
+        if not blob and self._failure is None and self.device.type == "cpu":
+            # a header alone (most commands): the channel's own buffer, free once settled
+            head, out = self._head_out
+            out[0], out[1], out[2], out[3], out[4] = CODE[kind], 0, value, self.broadcasts, 0
+            parts = [head]
+        else:
+            head = torch.empty(HEADER + inline, dtype=torch.uint8)
+            put_header(head, kind, len(blob), value, self.broadcasts, inline)
+            if inline:
+                head[HEADER:] = torch.frombuffer(bytearray(blob[:inline]), dtype=torch.uint8)
+            parts = [head.to(self.device)]
+        if len(blob) > inline:
+            rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
+            parts.append(rest.to(self.device))
         for part in parts[:-1]:
             self._wait(self._post(part, MESSAGES), timeout)
         last = self._post(parts[-1], MESSAGES)
@@ -288,7 +297,14 @@ class RankChannel(Channel):
         self.life.pid = wire.pid
         batch = wire.batch.views(flat)
         self._recv_buf, self._in_head = flat, header(flat)
+        self._arrival = (wire.batch, batch)
         return Layout(batch, wire.host, wire.pid, frames=wire.frames)
+
+    def own(self, batch: TensorDictBase) -> TensorDictBase:
+        """A copy of the batch that arrived: its bytes at once, with views laid over them."""
+        if self._arrival is not None and batch is self._arrival[1]:
+            return self._arrival[0].copy(self._recv_buf)
+        return batch.clone()
 
     def _receive_weights(self) -> None:
         if self._weights is None:

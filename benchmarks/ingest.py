@@ -1,0 +1,198 @@
+"""Rank 0's ingest against its transport's: the collector's cost per batch on rank 0 against a
+bare receive of the same bytes through the same transport, same run (issue 28, part 2).
+
+For each batch kind (CartPole: ``--fpb`` frames of the usual keys; image: 64 frames of uint8
+``[3, 84, 84]`` observations), each transport and each rank count:
+
+* **collector**: ``DistributedDataCollector(sync=False, total_frames=-1)`` whose ranks hand a
+  pre-made batch again at once (``scale.py``'s ``Premade``), so rank 0 is the bottleneck. gloo
+  runs with ``launcher="mp"``; the mpi4py transport (``backend="mpi"``) under
+  ``mpiexec -n k+1``. Measured over ``--seconds`` after the first batch.
+* **bare transport**: ``mpiexec -n k+1`` processes whose ranks 1..k send a flat buffer of the
+  batch's bytes to rank 0 as fast as it takes them, and rank 0 receives them from any rank into
+  one buffer: ``dist.recv`` over a gloo group, or ``Comm.Recv`` with the mpi4py transport. No
+  header, no TensorDict, no request per batch: the floor of what rank 0 can do.
+
+Both report rank 0's CPU time per batch (all of its threads: ``time.process_time``) and its wall
+time per batch. The ratio is the collector's CPU time per batch over the bare receive's; the
+issue's target is at most 1.5.
+
+    python benchmarks/ingest.py
+    python benchmarks/ingest.py --ranks 1 8 --kinds cartpole --transports gloo --seconds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "ingest.json"
+TARGET = 1.5
+#: bare receives timed per cell (after one warm-up message per sender)
+RAW_BATCHES = {"cartpole": 20000, "image": 1500}
+
+
+def _mpiexec() -> str:
+    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    if found is None:
+        raise SystemExit("no mpiexec beside this Python (pip install mpich)")
+    return found
+
+
+def _under_mpiexec(k: int, *args: str) -> dict:
+    cmd = [_mpiexec(), "-n", str(k + 1), sys.executable, __file__, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode != 0 or not line:
+        print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
+        raise SystemExit(f"mpiexec -n {k + 1} {' '.join(args)} failed ({proc.returncode})")
+    return json.loads(line[0][7:])
+
+
+def collector(kind: str, transport: str, k: int, seconds: float, fpb: int) -> dict:
+    """rank 0 of the collector: {cpu_us, wall_us, nbytes} per batch."""
+    sys.path.insert(0, str(HERE))
+    import scale
+
+    if transport == "mpi":
+        args = ["--collector", str(k), "--kind", kind, "--seconds", str(seconds)]
+        return _under_mpiexec(k, *args, "--fpb", str(fpb))
+    _, bps, _, cpu, _, nbytes = scale.measure(kind, "mp", "gloo", k, seconds, fpb)
+    return {"cpu_us": cpu / bps * 1e6, "wall_us": 1e6 / bps, "nbytes": nbytes}
+
+
+def _collector_main(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(HERE))
+    import scale
+
+    _, bps, _, cpu, _, nbytes = scale.measure(
+        args.kind, "mpi", "mpi", args.collector, args.seconds, args.fpb
+    )
+    out = {"cpu_us": cpu / bps * 1e6, "wall_us": 1e6 / bps, "nbytes": nbytes}
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def bare(transport: str, k: int, nbytes: int, batches: int) -> dict:
+    """rank 0 of the bare receive: {cpu_us, wall_us} per batch."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["--bare", transport, "--nbytes", str(nbytes), "--batches", str(batches)]
+    return _under_mpiexec(k, *args, "--port", str(port))
+
+
+def _bare_main(args: argparse.Namespace) -> None:
+    """Every rank under mpiexec: ranks 1..k send, rank 0 receives from any of them."""
+    import torch
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, k = comm.rank, comm.size - 1
+    per = max(1, args.batches // k)
+    buf = torch.zeros(args.nbytes, dtype=torch.uint8)
+    if args.bare == "gloo":
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{args.port}",
+            rank=rank,
+            world_size=comm.size,
+            timeout=datetime.timedelta(seconds=300),
+        )
+
+        def recv() -> None:
+            dist.recv(buf)
+
+        def send() -> None:
+            dist.send(buf, 0)
+    else:
+        view = [buf.numpy(), MPI.BYTE]
+
+        def recv() -> None:
+            comm.Recv(view, source=MPI.ANY_SOURCE, tag=0)
+
+        def send() -> None:
+            comm.Send(view, 0, 0)
+
+    if rank == 0:
+        for _ in range(k):  # warm-up: one each
+            recv()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(per * k):
+            recv()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        out = {"cpu_us": cpu / (per * k) * 1e6, "wall_us": wall / (per * k) * 1e6}
+    else:
+        for _ in range(per + 1):
+            send()
+    comm.Barrier()
+    if args.bare == "gloo":
+        dist.destroy_process_group()
+    if rank == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 8, 32])
+    p.add_argument("--kinds", nargs="+", default=["cartpole", "image"])
+    p.add_argument("--transports", nargs="+", default=["gloo", "mpi"])
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--fpb", type=int, default=200, help="CartPole frames per batch")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    # one run under mpiexec (every rank runs the script)
+    p.add_argument("--collector", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--kind", default="cartpole", help=argparse.SUPPRESS)
+    p.add_argument("--bare", help=argparse.SUPPRESS)
+    p.add_argument("--nbytes", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--batches", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.collector is not None:
+        _collector_main(args)
+        return
+    if args.bare is not None:
+        _bare_main(args)
+        return
+    rows = []
+    for kind in args.kinds:
+        for transport in args.transports:
+            for k in args.ranks:
+                got = collector(kind, transport, k, args.seconds, args.fpb)
+                ref = bare(transport, k, got["nbytes"], RAW_BATCHES[kind])
+                ratio = got["cpu_us"] / ref["cpu_us"]
+                row = {
+                    "kind": kind,
+                    "transport": transport,
+                    "ranks": k,
+                    "batch_bytes": got["nbytes"],
+                    "collector_cpu_us": round(got["cpu_us"], 1),
+                    "collector_wall_us": round(got["wall_us"], 1),
+                    "bare_cpu_us": round(ref["cpu_us"], 1),
+                    "bare_wall_us": round(ref["wall_us"], 1),
+                    "ratio": round(ratio, 2),
+                }
+                rows.append(row)
+                print(
+                    f"{kind:8s} {transport:4s} ranks {k:3d}: collector {got['cpu_us']:7.1f} us "
+                    f"CPU ({got['wall_us']:7.1f} wall), bare {ref['cpu_us']:7.1f} us CPU "
+                    f"({ref['wall_us']:7.1f} wall): {ratio:5.2f}x "
+                    f"({'meets' if ratio <= TARGET else 'ABOVE'} {TARGET}x)",
+                    flush=True,
+                )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
