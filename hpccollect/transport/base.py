@@ -17,12 +17,12 @@ import abc
 import datetime
 import time
 from collections.abc import Sequence
-from multiprocessing.connection import wait
 from typing import Any, Protocol
 
 import torch
 
 from hpccollect.protocol import Message
+from hpccollect.transport.doorbell import ready
 
 __all__ = [
     "Channel",
@@ -196,7 +196,7 @@ def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
         seen = {id(c): c for c in polled if c.poll(0)}
         remaining = 0.0 if seen else max(0.0, deadline - time.monotonic())
         rang = False
-        for handle in wait(handles, min(remaining, sleep) if spin else remaining):
+        for handle in ready(handles, min(remaining, sleep) if spin else remaining):
             if id(handle) in bells:
                 handle.clear()
                 rang = True

@@ -7,10 +7,31 @@ waiter clears it before it looks, so rings that come while it looks are never lo
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import select
 import threading
+from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["Doorbell"]
+__all__ = ["Doorbell", "ready"]
+
+
+def ready(handles: Sequence[Any], timeout: float | None) -> list[Any]:
+    """Those of ``handles`` (file descriptors, or objects with ``fileno()``: bells, process
+    sentinels, pipes) ready to read or closed, within ``timeout`` s (None: no limit).
+
+    What ``multiprocessing.connection.wait`` does on Linux, in one ``poll`` object: rank 0
+    waits once per batch on a bell and every local rank's sentinel, and the selector that
+    ``wait`` builds for each call costs about 1 us per handle (33 us at 32 ranks)."""
+    poller = select.poll()
+    by_fd: dict[int, Any] = {}
+    for handle in handles:
+        fd = handle if isinstance(handle, int) else handle.fileno()
+        by_fd[fd] = handle
+        poller.register(fd, select.POLLIN)
+    ms = None if timeout is None else math.ceil(max(0.0, timeout) * 1e3)
+    return [by_fd[fd] for fd, _ in poller.poll(ms)]
 
 
 class Doorbell:

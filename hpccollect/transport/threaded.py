@@ -7,10 +7,10 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from multiprocessing.connection import wait
 from typing import Any
 
 from hpccollect.protocol import Command, message
+from hpccollect.transport.doorbell import ready
 from hpccollect.transport.rank_channel import RankChannel
 
 __all__ = ["ThreadedRankChannel"]
@@ -81,12 +81,12 @@ class ThreadedRankChannel(RankChannel):
         while True:
             if self._inbox:
                 return "took"
-            ready = wait(handles, max(0.0, deadline - time.monotonic()))
-            if bell in ready:
+            woke = ready(handles, max(0.0, deadline - time.monotonic()))
+            if bell in woke:
                 bell.clear()
             if self._inbox:
                 return "took"
-            if any(h is not bell for h in ready):
+            if any(h is not bell for h in woke):
                 return "ended"
             if time.monotonic() >= deadline:
                 return "timeout"
