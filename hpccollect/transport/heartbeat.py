@@ -111,10 +111,14 @@ class Heartbeat:
         if self._sent is None and self._in_flight is not None and self._in_flight.is_completed():
             self._in_flight = None
         if self._in_flight is None:
-            self._in_flight = self._send()
-            if self._sent is not None and self._in_flight is not None:
-                self._sent.put(self._in_flight)
+            self._beat_now()
         return now + self.interval
+
+    def _beat_now(self) -> None:
+        """Post a beat, for the thread that sees beats through where there is one."""
+        self._in_flight = self._send()
+        if self._sent is not None and self._in_flight is not None:
+            self._sent.put(self._in_flight)
 
     def _see_through(self) -> None:
         assert self._sent is not None
@@ -130,9 +134,7 @@ class Heartbeat:
         done, and what waits for its beats there ends with this one)."""
         if not self._stopped and self._in_flight is None:
             with contextlib.suppress(Exception):
-                work = self._send()
-                if self._sent is not None and work is not None:
-                    self._sent.put(work)
+                self._beat_now()
         self.stop()
 
     def stop(self, timeout: float = 0.0) -> None:
