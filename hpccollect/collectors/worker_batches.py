@@ -134,11 +134,13 @@ class WorkerBatches:
 
     def _batch(self, index: int) -> TensorDictBase:
         """Worker ``index``'s last batch: its shared buffers, or the one it sent."""
-        return self._received[index] if index in self._by_value else self._layouts[index]
+        if index in self._by_value:
+            return self._received[index]
+        return self._pool.channels[index].latest(self._layouts[index])
 
     def _own_batch(self, index: int) -> TensorDictBase:
-        """Worker ``index``'s last batch as the caller's to keep: the one it sent, or a copy of
-        its buffers (made the way its channel copies fastest)."""
+        """Worker ``index``'s last batch as the caller's to keep: the one it sent, or what its
+        channel gives (a copy of its buffers, or the buffer it arrived in)."""
         if index in self._by_value:
             return self._received[index]
         return self._pool.channels[index].own(self._layouts[index])

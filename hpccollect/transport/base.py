@@ -154,9 +154,14 @@ class Channel(abc.ABC):
         buffers), or buffers laid out the same in this channel's memory, sent without a copy."""
         return batch
 
+    def latest(self, batch: Any) -> Any:
+        """The peer's last batch, ``batch`` being the buffers it announced: those buffers
+        themselves, where every batch arrives in them."""
+        return batch
+
     def own(self, batch: Any) -> Any:
-        """A copy of ``batch`` (the buffers the peer's batches arrive in) that the caller
-        keeps while the next batch arrives there."""
+        """The peer's last batch (``batch``: as for ``latest``) for the caller to keep: a copy,
+        where the next batch arrives in the same buffers."""
         return batch.clone()
 
     def weights_buffer(self, policy: Any) -> Any:

@@ -39,9 +39,11 @@ class FlatLayout:
 
     @classmethod
     def of(cls, td: TensorDictBase, what: str = "batch") -> FlatLayout:
-        """The layout of ``td``'s tensor leaves, in sorted key order (the same on every rank)."""
+        """The layout of ``td``'s tensor leaves, grouped by dtype, each group in sorted key
+        order (the same on every rank): a batch's copy gets one storage per dtype (``own``)."""
         keys, shapes, dtypes, offsets = [], [], [], []
         offset = HEADER
+        leaves = []
         for key in td.keys(include_nested=True, leaves_only=True, sort=True):
             value = td.get(key)
             if not isinstance(value, torch.Tensor):
@@ -49,6 +51,9 @@ class FlatLayout:
                     f"the {what} entry {key!r} is a {type(value).__name__}, not a tensor; only "
                     "tensor entries can travel between ranks."
                 )
+            leaves.append((str(value.dtype), key, value))
+        leaves.sort(key=lambda leaf: leaf[0])  # stable: keys stay sorted within a dtype
+        for _, key, value in leaves:
             keys.append(key if isinstance(key, tuple) else (key,))
             shapes.append(tuple(value.shape))
             dtypes.append(str(value.dtype).removeprefix("torch."))
@@ -76,17 +81,27 @@ class FlatLayout:
         Built from a recipe made once per layout (one typed view of ``flat`` per dtype, then
         one strided view per leaf, nested TensorDicts made without re-checking): rank 0 builds
         one per batch it yields, so this is on its hot path."""
-        recipe = self.__dict__.get("_recipe")
-        if recipe is None:
-            recipe = self.__dict__["_recipe"] = _Recipe(self)
-        return recipe.build(flat)
+        return self._recipe().views(flat)
+
+    def own(self, flat: torch.Tensor, copy: bool = True) -> TensorDictBase:
+        """A batch of its own from ``flat`` (laid out as ``self``), with one storage per dtype,
+        as ``TensorDict.clone`` would give (``torch.save`` refuses one storage seen as several
+        dtypes): each dtype's bytes copied at once, except, with ``copy=False``, the dtype with
+        the most bytes, whose leaves stay views into ``flat`` (a buffer no one writes again)."""
+        return self._recipe().own(flat, copy)
 
     def copy(self, flat: torch.Tensor) -> TensorDictBase:
-        """A batch of its own: ``flat``'s bytes copied at once, with views into the copy."""
-        return self.views(flat[: self.nbytes].clone())
+        """``own(flat)``: every byte copied."""
+        return self._recipe().own(flat, True)
+
+    def _recipe(self) -> _Recipe:
+        recipe = self.__dict__.get("_made")
+        if recipe is None:
+            recipe = self.__dict__["_made"] = _Recipe(self)
+        return recipe
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_recipe"}
+        return {k: v for k, v in self.__dict__.items() if k != "_made"}
 
     def leaves(self, td: TensorDictBase) -> list[torch.Tensor]:
         """``td``'s leaves in this layout's order."""
@@ -94,34 +109,57 @@ class FlatLayout:
 
 
 class _Recipe:
-    """How ``FlatLayout.views`` lays a TensorDict over a flat buffer (see there)."""
+    """How ``FlatLayout`` lays a TensorDict over a flat buffer (see ``views`` and ``own``)."""
 
     def __init__(self, layout: FlatLayout) -> None:
-        dtypes = sorted(set(layout.dtypes))
-        self.dtypes = [getattr(torch, d) for d in dtypes]
+        names = sorted(set(layout.dtypes), key=layout.dtypes.index)
+        self.dtypes = [getattr(torch, d) for d in names]
         self.batch_size = torch.Size(layout.batch_size)
         self.names = None if layout.names is None else list(layout.names)
+        #: each dtype's bytes: (start, end) in the flat buffer (the layout groups them)
+        spans: list[list[int]] = [[layout.nbytes, 0] for _ in names]
         self.leaves = []
         for key, shape, dtype, offset in zip(
             layout.keys, layout.shapes, layout.dtypes, layout.offsets, strict=True
         ):
-            size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+            which = names.index(dtype)
+            size = self.dtypes[which].itemsize
             strides, step = [], 1
             for s in reversed(shape):
                 strides.append(step)
                 step *= s
-            where = dtypes.index(dtype), shape, tuple(reversed(strides)), offset // size
-            self.leaves.append((key, *where))
+            span = spans[which]
+            span[0], span[1] = min(span[0], offset), max(span[1], offset + _aligned(step * size))
+            self.leaves.append((key, which, shape, tuple(reversed(strides)), offset // size))
+        self.spans = [tuple(span) for span in spans]
+        #: the dtype with the most bytes: what ``own(copy=False)`` leaves in place
+        self.home = max(range(len(names)), key=lambda i: spans[i][1] - spans[i][0], default=0)
 
-    def build(self, flat: torch.Tensor) -> TensorDictBase:
-        typed = [flat.view(dt) for dt in self.dtypes]
+    def views(self, flat: torch.Tensor) -> TensorDictBase:
+        bases = [flat.view(dt) for dt in self.dtypes]
+        return self._build(bases, [0] * len(self.dtypes), flat.device)
+
+    def own(self, flat: torch.Tensor, copy: bool) -> TensorDictBase:
+        bases, shifts = [], []
+        for i, (dt, (start, end)) in enumerate(zip(self.dtypes, self.spans, strict=True)):
+            if i == self.home and not copy:
+                bases.append(flat.view(dt))
+                shifts.append(0)
+            else:  # one storage of this dtype's own: offsets from its start
+                bases.append(flat[start:end].view(dt).clone())
+                shifts.append(start // dt.itemsize)
+        return self._build(bases, shifts, flat.device)
+
+    def _build(
+        self, bases: list[torch.Tensor], shifts: list[int], device: torch.device
+    ) -> TensorDictBase:
         tree: dict[str, Any] = {}
         for key, which, shape, strides, start in self.leaves:
             node = tree
             for part in key[:-1]:
                 node = node.setdefault(part, {})
-            node[key[-1]] = typed[which].as_strided(shape, strides, start)
-        return self._nest(tree, flat.device)
+            node[key[-1]] = bases[which].as_strided(shape, strides, start - shifts[which])
+        return self._nest(tree, device)
 
     def _nest(self, tree: dict[str, Any], device: torch.device) -> TensorDictBase:
         source = {k: self._nest(v, device) if isinstance(v, dict) else v for k, v in tree.items()}

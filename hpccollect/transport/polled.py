@@ -51,10 +51,9 @@ class PolledRankChannel(RankChannel):
         self._out_wire = self._mpi.wire(self._batch_out[0])
         return wire
 
-    def _adopt(self, wire: WireLayout) -> Layout:
-        layout = super()._adopt(wire)
-        self._in_wire = self._mpi.wire(self._recv_buf)
-        return layout
+    def _use_recv_buf(self, flat: torch.Tensor) -> None:
+        super()._use_recv_buf(flat)
+        self._in_wire = self._mpi.wire(flat)
 
     def _send_batch(self, flat: torch.Tensor) -> None:
         """Send the batch buffer and see it through in one call, making no work object
@@ -149,6 +148,7 @@ class PolledRankChannel(RankChannel):
         if head[0] == BATCH:  # from a collector rank: the weights version it was collected with
             self.batch_version = head[3]
             self._inbox.append((BATCH_REPLY, head[2]))
+            self._batch_landed()
         else:
             self._inbox.append(self._read_message())
 

@@ -51,6 +51,8 @@ _SHUTDOWN_TIMEOUT = datetime.timedelta(seconds=5)  # SHUTDOWN is best effort: ki
 BATCH_REPLY = Reply.BATCH
 BATCH = CODE[BATCH_REPLY]
 
+#: bytes from which a batch keeps the buffer it arrived in rather than being copied out
+_KEEP_AT = 1 << 18
 #: the message a collector rank's broadcast thread queues (its acknowledgement is not sent)
 _BROADCAST_UPDATE = (Command.UPDATE_WEIGHTS, None)
 
@@ -97,6 +99,7 @@ class RankChannel(Channel):
         self._batch_out: tuple[torch.Tensor, list, list] | None = None
         self._placed: tuple | None = None
         self._arrival: tuple[FlatLayout, TensorDictBase] | None = None  # (layout, views)
+        self._landed: torch.Tensor | None = None  # the buffer the last batch came into
         self._weights: torch.Tensor | None = None
         self._failure: str | None = None
         self.broadcasts = 0  # weight broadcasts this side sent to the peer
@@ -262,6 +265,7 @@ class RankChannel(Channel):
         code, length, value, broadcasts, inline = self._in_head.tolist()
         if code == BATCH:  # from a collector rank: the weights version it was collected with
             self.batch_version = broadcasts
+            self._batch_landed()
             return BATCH_REPLY, value
         if broadcasts > self._broadcasts_in:  # sent after a weight broadcast: hand that over first
             with self._waiting(), self._weights_arrived:
@@ -296,15 +300,37 @@ class RankChannel(Channel):
         self.life.host = wire.host
         self.life.pid = wire.pid
         batch = wire.batch.views(flat)
-        self._recv_buf, self._in_head = flat, header(flat)
+        self._use_recv_buf(flat)
         self._arrival = (wire.batch, batch)
         return Layout(batch, wire.host, wire.pid, frames=wire.frames)
 
+    def _use_recv_buf(self, flat: torch.Tensor) -> None:
+        """Receive the next message into ``flat``."""
+        self._recv_buf, self._in_head = flat, header(flat)
+
+    def _batch_landed(self) -> None:
+        """A batch came into the receive buffer. A large one keeps that buffer (``latest``,
+        ``own``), and the next message comes into a new one: the caller keeps the batch
+        without a copy. The peer sends its next batch only when asked, so at most one batch
+        is in flight per link. A small batch is copied instead (``own``): a new buffer, made
+        on the receiving thread, costs more than copying a few kB."""
+        if self._arrival is not None and self._recv_buf.numel() >= _KEEP_AT:
+            self._landed = self._recv_buf
+            self._use_recv_buf(torch.empty_like(self._recv_buf))
+
+    def latest(self, batch: TensorDictBase) -> TensorDictBase:
+        """The batch that arrived last, laid out as ``batch`` (the announced layout)."""
+        if self._landed is None or self._arrival is None or batch is not self._arrival[1]:
+            return batch  # where every batch arrives
+        return self._arrival[0].views(self._landed)
+
     def own(self, batch: TensorDictBase) -> TensorDictBase:
-        """A copy of the batch that arrived: its bytes at once, with views laid over them."""
-        if self._arrival is not None and batch is self._arrival[1]:
-            return self._arrival[0].copy(self._recv_buf)
-        return batch.clone()
+        """The batch that arrived last, the caller's to keep: no later message lands in it."""
+        if self._arrival is None or batch is not self._arrival[1]:
+            return batch.clone()
+        if self._landed is None:
+            return self._arrival[0].own(self._recv_buf)
+        return self._arrival[0].own(self._landed, copy=False)
 
     def _receive_weights(self) -> None:
         if self._weights is None:

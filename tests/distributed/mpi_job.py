@@ -10,7 +10,7 @@ sleep: rank 0 mostly waits; its CPU time over its wall time is saved as ``busy``
 (rank 0 finalises MPI itself once done, takes a second more, then writes ``OUT.exited``),
 ``stream`` (no end to the frames: rank 0 takes 20 batches and shuts the ranks down while they
 collect, as a trainer does, with no policy: the ranks' random actions; the shutdown's seconds are
-saved as ``shutdown_s``).
+saved as ``shutdown_s``), ``wide`` (large batches, kept as yielded: no ``clone()``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import time
 from functools import partial
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import torch
 from tensordict.nn import TensorDictModule
 
@@ -55,6 +57,24 @@ class Sleepy(Slow):
     pause = 0.05
 
 
+class Wide(CounterEnv):
+    """4,096 floats an observation, each the env's step count since it was made; the reward
+    is the episode length (which rank's frame it is). 24 frames are 786 KB: a batch that keeps
+    the buffer it arrived in."""
+
+    def __init__(self, length: int = 5) -> None:
+        super().__init__(length)
+        self.observation_space = gym.spaces.Box(-1e9, 1e9, (4096,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.full(4096, self.total, np.float32), {}
+
+    def step(self, action):
+        _, _, done, _, info = super().step(action)
+        return np.full(4096, self.total, np.float32), float(self.length), done, False, info
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -76,8 +96,10 @@ def main() -> None:
         serve(timeout=60)
         Path(f"{a.out}.served{rank}").write_text("returned")
         return
-    second = {"raise-env": Failing, "wait": Slow, "idle": Sleepy}.get(a.mode, CounterEnv)
-    first = {"wait": Slow, "idle": Sleepy}.get(a.mode, CounterEnv)
+    second = {"raise-env": Failing, "wait": Slow, "idle": Sleepy, "wide": Wide}.get(
+        a.mode, CounterEnv
+    )
+    first = {"wait": Slow, "idle": Sleepy, "wide": Wide}.get(a.mode, CounterEnv)
     policy = TensorDictModule(BiasPolicy(), ["observation"], ["action"])
     collector = DistributedDataCollector(
         [partial(first, 3), partial(second, 4)],
@@ -95,7 +117,7 @@ def main() -> None:
     batches = []
     wall, cpu = time.perf_counter(), time.process_time()
     for i, batch in enumerate(collector):
-        batches.append(batch.clone())
+        batches.append(batch if a.mode == "wide" else batch.clone())  # wide: kept as given
         if i == 0:
             open(f"{a.out}.started", "w").close()
             pids = [

@@ -105,6 +105,28 @@ def test_mpiexec_job_gives_the_mp_launchers_data(tmp_path, reference, backend):
 
 
 @pytest.mark.timeout(120)
+def test_large_batches_over_mpi_kept_without_a_copy_are_each_their_own(tmp_path):
+    """Over the mpi4py transport, a large batch is yielded in the buffer it arrived in and the
+    next one arrives in another: batches kept as yielded each hold their own frames."""
+    out = tmp_path / "out.pt"
+    code, output, _ = run_job(out, "--backend", "mpi", "--sync", "0", "--mode", "wide")
+    assert code == 0, output
+    got = batches(out)
+    assert len(got) == 10
+    starts: dict[float, list[float]] = {3.0: [], 4.0: []}
+    for batch in got:
+        obs = batch["observation"]
+        assert obs.shape == (24, 4096) and (obs == obs[:, :1]).all()
+        assert (obs[1:, 0] - obs[:-1, 0] == 1).all()  # the env's steps, in order
+        length = float(batch["next", "reward"][0])
+        assert (batch["next", "reward"] == length).all()
+        starts[length].append(float(obs[0, 0]))
+    for mine in starts.values():  # each rank's batches: its steps 0-23, 24-47, ...
+        assert sorted(mine) == [24.0 * k for k in range(len(mine))]
+    assert_gone(job_pids(out))
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_collector_ranks_leave_without_cutting_rank_0_short(tmp_path, backend):
     """Ranks 1..N must tell hydra they finalised (MPICH does it in a C exit hook, which

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -43,15 +45,33 @@ def test_views_lie_in_the_flat_buffer_with_every_key_shape_dtype_and_name():
     assert not views["observation"].any()
 
 
-def test_copy_is_the_batch_as_it_was_and_its_own():
+@pytest.mark.parametrize("copy", [True, False])
+def test_an_owned_batch_is_the_batch_with_one_storage_per_dtype_that_torch_saves(copy):
+    """``own``: what the collector yields. ``copy=False`` leaves the dtype with the most bytes
+    (here the uint8 pixels) in the buffer, which no one writes again; every other dtype is
+    copied out into a storage of its own, so ``torch.save`` takes the batch."""
     td = _batch()
     layout = FlatLayout.of(td)
     flat, views = layout.allocate()
     views.update_(td)
-    mine = layout.copy(flat)
-    flat.fill_(7)  # the next batch arrives in the buffer
+    mine = layout.own(flat, copy=copy)
     assert (mine == td).all() and mine.names == [None, "time"]
-    assert mine["pixels"].data_ptr() != views["pixels"].data_ptr()
+    storages: dict[int, set] = {}
+    for key in td.keys(True, True):
+        leaf = mine.get(key)
+        storages.setdefault(leaf.untyped_storage().data_ptr(), set()).add(leaf.dtype)
+    assert all(len(dtypes) == 1 for dtypes in storages.values())
+    assert len(storages) == 6  # float32, int64, bool, uint8, float16, float64
+    in_flat = mine["pixels"].untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+    assert in_flat is not copy
+    assert mine["observation"].untyped_storage().data_ptr() != flat.data_ptr()
+    saved = io.BytesIO()
+    torch.save(mine, saved)
+    saved.seek(0)
+    assert (torch.load(saved, weights_only=False) == td).all()
+    if copy:
+        flat.fill_(7)  # the next batch arrives in the buffer
+        assert (mine == td).all()
 
 
 def test_a_layout_travels_without_its_recipe_and_builds_the_same_views():
@@ -60,7 +80,7 @@ def test_a_layout_travels_without_its_recipe_and_builds_the_same_views():
     flat, views = layout.allocate()  # made the recipe on this side
     views.update_(td)
     blob = pickle.dumps(layout)
-    assert b"_recipe" not in blob
+    assert b"_made" not in blob
     other = pickle.loads(blob)
     assert other == layout
     assert (other.views(flat) == td).all()
