@@ -90,10 +90,6 @@ class FlatLayout:
         the most bytes, whose leaves stay views into ``flat`` (a buffer no one writes again)."""
         return self._recipe().own(flat, copy)
 
-    def copy(self, flat: torch.Tensor) -> TensorDictBase:
-        """``own(flat)``: every byte copied."""
-        return self._recipe().own(flat, True)
-
     def _recipe(self) -> _Recipe:
         recipe = self.__dict__.get("_made")
         if recipe is None:
