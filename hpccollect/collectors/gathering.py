@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
+from hpccollect.collectors.reports import quiet_reports
 from hpccollect.collectors.rollout import TRAJ_KEY
 from hpccollect.errors import ArgumentValueError
 
@@ -89,6 +90,14 @@ class Gathering:
     def iterator(self) -> Iterator[TensorDictBase | None]:
         raise NotImplementedError
 
+    def _wanted(self, busy: set[int]) -> bool:
+        """Whether another batch can still count: the frames counted and those ``busy`` workers
+        were asked for fall short of ``total_frames``. No worker collects a batch that would be
+        thrown away (a rank writing its own shard keeps every batch it collects)."""
+        c = self.c
+        coming = sum(c._asked[i] for i in busy)
+        return c.total_frames < 0 or c._frames + coming < c.total_frames
+
     def collect_round(self) -> tuple[TensorDictBase, int]:
         """One batch as the iterator gathers it (before ``_finish``), and its real frames."""
         raise NotImplementedError
@@ -100,6 +109,14 @@ class SyncGathering(Gathering):
 
     concatenates = True
     preempts = True
+
+    def __init__(self, collector: GatheringHost) -> None:
+        super().__init__(collector)
+        # With reports (workers keep their batches, so none may be collected past total_frames)
+        # the last round can leave nothing for some workers: they rest, and their last report,
+        # with nothing new in it, stands in for them (``reports.quiet_reports``). Every worker
+        # reports in the first round, so the first batch is whole, as TorchRL's.
+        self._quiet: dict[int, TensorDictBase] = {}
 
     def worker_frames_per_batch(self, index: int) -> int:
         """Worker ``index``'s share of each round: its own value from a per-worker list, or an
@@ -169,16 +186,26 @@ class SyncGathering(Gathering):
         c._drain(c._active)
         if c.interruptor is not None:
             c.interruptor.start_collection()  # before any worker can start
+        resting = set()
         for i in list(c._active):
+            if i in self._quiet and not self._wanted(c._in_flight):
+                resting.add(i)  # the frames still wanted are asked of the others already
+                continue
             c._collect_from(i)
-        return self.gather(self._receive_round())
+        return self.gather(self._receive_round(), resting)
 
-    def gather(self, frames: list[int]) -> tuple[TensorDictBase, int]:
-        """The round's batch and its number of real frames (``frames``: per active worker)."""
+    def gather(
+        self, frames: list[int], resting: set[int] = frozenset()
+    ) -> tuple[TensorDictBase, int]:
+        """The round's batch and its number of real frames (``frames``: per active worker;
+        ``resting``: workers not asked this round, whose quiet report stands in)."""
         c = self.c
-        parts = [c._batch(i) for i in c._active]
         if c._reports:  # one report per worker, nothing to pad or cut
-            return c._stamp_rows(torch.stack(parts, 0), list(c._active)), sum(frames)
+            parts = [self._quiet[i] if i in resting else c._batch(i) for i in c._active]
+            out = torch.stack(parts, 0)
+            self._quiet = dict(zip(c._active, quiet_reports(out).unbind(0), strict=True))
+            return c._stamp_rows(out, list(c._active)), sum(frames)
+        parts = [c._batch(i) for i in c._active]
         steps = [f // (p.numel() // p.shape[-1]) for f, p in zip(frames, parts, strict=True)]
         short = [s < p.shape[-1] for s, p in zip(steps, parts, strict=True)]
         copied = bool(c._by_value)  # batches sent by value are the collector's own
@@ -217,7 +244,7 @@ class SyncGathering(Gathering):
             index, frames[index] = got
             pending.discard(index)
             c._in_flight.discard(index)
-        return [frames[i] for i in c._active]
+        return [frames.get(i, 0) for i in c._active]  # 0: a worker resting this round
 
 
 def _concatenated(
@@ -268,14 +295,6 @@ class AsyncGathering(Gathering):
         index, batch, frames = self._next_ready()
         self.c._collect_from(index)
         return batch, frames
-
-    def _wanted(self, busy: set[int]) -> bool:
-        """Whether another batch can still count: the frames counted and those ``busy`` workers
-        were asked for fall short of ``total_frames``. No worker collects a batch that would be
-        thrown away (a rank writing its own shard keeps every batch it collects)."""
-        c = self.c
-        coming = sum(c._asked[i] for i in busy)
-        return c.total_frames < 0 or c._frames + coming < c.total_frames
 
     def _next_ready(self) -> tuple[int, TensorDictBase, int]:
         """Set every idle worker collecting; the first finished batch (a copy), its worker and

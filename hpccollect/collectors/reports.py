@@ -42,6 +42,7 @@ __all__ = [
     "Reporting",
     "frames_in",
     "is_report",
+    "quiet_reports",
     "report_template",
 ]
 
@@ -73,6 +74,17 @@ def report_template() -> TensorDict:
 def is_report(td: TensorDictBase) -> bool:
     """Whether ``td`` is a report, or reports stacked (``sync=True``), not a batch."""
     return td.batch_dims <= 1 and td.get("recent_returns", None) is not None
+
+
+def quiet_reports(reports: TensorDictBase) -> TensorDictBase:
+    """``reports`` (one, or stacked) as their ranks would send them after a while of not
+    collecting: nothing new (no frames, batches, episodes or returns), the same ranks and
+    committed counts. A new TensorDict."""
+    out = reports.clone()
+    for key in ("frames", "batches", "episodes", "return_sum"):
+        out.get(key).zero_()
+    out.get("recent_returns").fill_(math.nan)
+    return out
 
 
 def frames_in(td: TensorDictBase) -> int:

@@ -442,6 +442,35 @@ def test_with_rank_reports_rank_0_gets_reports_and_the_ranks_keep_every_batch(tm
         assert (returns[~returns.isnan()] == length * (length + 1) / 2).all()
 
 
+class SlowCounter(CounterEnv):
+    """A CounterEnv whose steps take 60 ms: a 20-step batch outlasts a 1 s report interval."""
+
+    def step(self, action):
+        time.sleep(0.06)
+        return super().step(action)
+
+
+@pytest.mark.timeout(120)
+def test_with_rank_reports_a_sync_round_with_nothing_left_for_a_rank_lets_it_rest(tmp_path):
+    """200 frames, 20 per rank batch; rank 1 collects all it is asked within the interval,
+    rank 2 one batch per report. Rounds: 100 + 20, then 40 + 20, then 20 for rank 1 alone:
+    rank 2 is not asked for a batch nobody wants (its shard would keep it), and its report in
+    that round says so, with its committed counts."""
+    sink = partial(CountingSink, str(tmp_path))
+    fns = [partial(CounterEnv, 4), partial(SlowCounter, 4)]
+    with make(
+        fns, sync=True, total_frames=200, rank_sink=sink, rank_reports=True, report_interval=1.0
+    ) as collector:  # fmt: skip
+        rounds = [r.clone() for r in collector]
+    assert [r["frames"].tolist() for r in rounds] == [[100, 20], [40, 20], [20, 0]]
+    assert rounds[-1]["rank"].tolist() == [1, 2] and rounds[-1]["batches"].tolist() == [1, 0]
+    assert rounds[-1]["committed_steps"].tolist() == [200 - 40, 40]
+    assert rounds[-1]["recent_returns"][1].isnan().all()
+    for rank, frames in ((1, 160), (2, 40)):
+        lines = (tmp_path / f"rank-{rank}.txt").read_text().split("\n")[:-1]
+        assert lines[-1] == "closed" and sum(int(x.split()[0]) for x in lines[:-1]) == frames
+
+
 @pytest.mark.timeout(120)
 def test_shutdown_leaves_no_process_thread_or_port():
     with socket.socket() as probe:
