@@ -64,6 +64,41 @@ class CounterEnv(gym.Env):
         return obs, float(self.t), self.t >= self.length, False, {}
 
 
+class WideCounter(CounterEnv):
+    """4,096 floats an observation, each the env's step count since it was made; the reward is
+    the episode length, which tells the ranks' frames apart. A batch of 24 frames is 786 KB:
+    large enough to keep the buffer it arrived in (``rank_channel``)."""
+
+    def __init__(self, length: int = 5) -> None:
+        super().__init__(length)
+        self.observation_space = spaces.Box(-1e9, 1e9, (4096,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.full(4096, self.total, np.float32), {}
+
+    def step(self, action):
+        _, _, done, _, info = super().step(action)
+        return np.full(4096, self.total, np.float32), float(self.length), done, False, info
+
+
+def assert_each_holds_its_own(batches: list, frames: int) -> None:
+    """``batches`` of ``WideCounter`` ranks, kept as yielded (no ``clone()``), each still hold
+    their own ``frames`` frames, laid out and valued as collected: each rank's batches start
+    at its steps 0, ``frames``, ``2 * frames``..."""
+    starts: dict[float, list[float]] = {}
+    for batch in batches:
+        obs, nxt = batch["observation"], batch["next", "observation"]
+        assert obs.shape == (frames, 4096) and (obs == obs[:, :1]).all()
+        assert (nxt == obs + 1).all() and (obs[1:, 0] - obs[:-1, 0] == 1).all()
+        length = float(batch["next", "reward"][0])
+        assert (batch["next", "reward"] == length).all()
+        starts.setdefault(length, []).append(float(obs[0, 0]))
+    assert len(starts) > 1
+    for mine in starts.values():
+        assert sorted(mine) == [float(frames * k) for k in range(len(mine))]
+
+
 class DictObsEnv(gym.Env):
     """A Dict observation (with a nested Dict) and a continuous action; random episode ends."""
 

@@ -22,13 +22,11 @@ import time
 from functools import partial
 from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
 import torch
 from tensordict.nn import TensorDictModule
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import BiasPolicy, CounterEnv, listening_addresses
+from conftest import BiasPolicy, CounterEnv, WideCounter, listening_addresses
 
 from hpccollect import DistributedDataCollector
 
@@ -57,24 +55,6 @@ class Sleepy(Slow):
     pause = 0.05
 
 
-class Wide(CounterEnv):
-    """4,096 floats an observation, each the env's step count since it was made; the reward
-    is the episode length (which rank's frame it is). 24 frames are 786 KB: a batch that keeps
-    the buffer it arrived in."""
-
-    def __init__(self, length: int = 5) -> None:
-        super().__init__(length)
-        self.observation_space = gym.spaces.Box(-1e9, 1e9, (4096,), np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.full(4096, self.total, np.float32), {}
-
-    def step(self, action):
-        _, _, done, _, info = super().step(action)
-        return np.full(4096, self.total, np.float32), float(self.length), done, False, info
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -96,10 +76,10 @@ def main() -> None:
         serve(timeout=60)
         Path(f"{a.out}.served{rank}").write_text("returned")
         return
-    second = {"raise-env": Failing, "wait": Slow, "idle": Sleepy, "wide": Wide}.get(
+    second = {"raise-env": Failing, "wait": Slow, "idle": Sleepy, "wide": WideCounter}.get(
         a.mode, CounterEnv
     )
-    first = {"wait": Slow, "idle": Sleepy, "wide": Wide}.get(a.mode, CounterEnv)
+    first = {"wait": Slow, "idle": Sleepy, "wide": WideCounter}.get(a.mode, CounterEnv)
     policy = TensorDictModule(BiasPolicy(), ["observation"], ["action"])
     collector = DistributedDataCollector(
         [partial(first, 3), partial(second, 4)],

@@ -15,10 +15,16 @@ import time
 from functools import partial
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
-from conftest import BiasPolicy, CounterEnv, alive, listening_addresses
+from conftest import (
+    BiasPolicy,
+    CounterEnv,
+    WideCounter,
+    alive,
+    assert_each_holds_its_own,
+    listening_addresses,
+)
 from tensordict.nn import TensorDictModule
 from torch import nn
 
@@ -525,26 +531,6 @@ def test_64_ranks_each_give_their_rows_and_leave_nothing_behind():
     assert not [t.name for t in threading.enumerate() if t.name.startswith("hpccollect-rank")]
 
 
-class WideEnv(gym.Env):
-    """Observations of 4,096 floats, each the env's step count since it was made (a batch of
-    40 frames is 1.3 MB: one that keeps the buffer it arrived in, see ``rank_channel``)."""
-
-    observation_space = gym.spaces.Box(-1e9, 1e9, (4096,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self, rank: int) -> None:
-        self.rank, self.total = rank, 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.full(4096, self.total, np.float32), {}
-
-    def step(self, action):
-        self.total += 1
-        obs = np.full(4096, self.total, np.float32)
-        return obs, float(self.rank), self.total % 7 == 0, False, {}
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sync", [False, True])
 def test_large_batches_kept_without_a_copy_are_each_their_own(sync):
@@ -552,7 +538,7 @@ def test_large_batches_kept_without_a_copy_are_each_their_own(sync):
     another: batches kept without ``clone()`` each still hold their own frames, laid out and
     valued as collected."""
     collector = make(
-        [partial(WideEnv, 1), partial(WideEnv, 2)],
+        [partial(WideCounter, 3), partial(WideCounter, 4)],
         sync=sync,
         frames_per_batch=80 if sync else 40,  # 40 frames of each rank a batch
         total_frames=8 * 80,
@@ -565,17 +551,7 @@ def test_large_batches_kept_without_a_copy_are_each_their_own(sync):
         assert all(b.shape == (2, 40) for b in kept)
         kept = [row for b in kept for row in b.unbind(0)]
     assert len(kept) == 16
-    firsts: dict[float, list[float]] = {1.0: [], 2.0: []}
-    for batch in kept:
-        obs, nxt = batch["observation"], batch["next", "observation"]
-        assert obs.shape == (40, 4096)
-        assert (obs == obs[:, :1]).all() and (nxt == obs + 1).all()
-        assert (obs[1:, 0] - obs[:-1, 0] == 1).all()  # the env's steps, in order
-        rank = float(batch["next", "reward"][0])
-        assert (batch["next", "reward"] == rank).all()
-        firsts[rank].append(float(obs[0, 0]))
-    for starts in firsts.values():  # each rank's batches: its steps 0-39, 40-79, ...
-        assert sorted(starts) == [40.0 * k for k in range(len(starts))]
+    assert_each_holds_its_own(kept, 40)
     assert len({b["observation"].data_ptr() for b in kept}) == len(kept) or sync
     torch.save(kept[-1], io.BytesIO())  # one storage per dtype, as a clone has
 

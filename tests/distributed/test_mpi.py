@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import alive
+from conftest import alive, assert_each_holds_its_own
 from tensordict import TensorDict
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.usefixtures("no_mpich_segments_left")]
@@ -113,16 +113,7 @@ def test_large_batches_over_mpi_kept_without_a_copy_are_each_their_own(tmp_path)
     assert code == 0, output
     got = batches(out)
     assert len(got) == 10
-    starts: dict[float, list[float]] = {3.0: [], 4.0: []}
-    for batch in got:
-        obs = batch["observation"]
-        assert obs.shape == (24, 4096) and (obs == obs[:, :1]).all()
-        assert (obs[1:, 0] - obs[:-1, 0] == 1).all()  # the env's steps, in order
-        length = float(batch["next", "reward"][0])
-        assert (batch["next", "reward"] == length).all()
-        starts[length].append(float(obs[0, 0]))
-    for mine in starts.values():  # each rank's batches: its steps 0-23, 24-47, ...
-        assert sorted(mine) == [24.0 * k for k in range(len(mine))]
+    assert_each_holds_its_own(got, 24)
     assert_gone(job_pids(out))
 
 
