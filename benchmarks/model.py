@@ -3,12 +3,17 @@
 
 What it models, per rank count N:
 
-* rank 0's CPU per batch it takes in: ``a + bytes / B``, fitted by least squares to the measured
-  rank 0 CPU time per batch (CPU share over batches/s) of every measured row. The per-batch
-  cost does not grow with N: the residuals per rank count are printed to show it.
+* rank 0's CPU per batch it takes in: ``a + bytes / B`` per transport, fitted by least squares
+  to the measured rank 0 CPU time per batch (CPU share over batches/s) of that transport's
+  rows. The per-batch cost does not grow with N: the residuals per rank count are printed to
+  show it.
 * what rank 0 needs to keep up with N ranks that each collect ``fps`` frames a second in batches
-  of ``fpb`` frames: cores (``N * fps / fpb * cost``), bytes a second, memory (its base, plus a
-  receive buffer and the yielded copy of one batch per rank), threads and sockets;
+  of ``fpb`` frames: cores (``N * fps / fpb * cost``, with the mpi4py transport's cost, the one
+  to use past ~100 ranks), bytes a second, memory (its base, plus a receive buffer and the
+  yielded copy of one batch per rank), threads and sockets;
+* gathered per node: one collector rank per node of ``PER_NODE`` cores running a multi-sync
+  collector with a worker per core, so rank 0 takes one batch of ``PER_NODE`` batches per
+  node instead of ``PER_NODE`` batches (``collector_class``/``--collector multi-sync``);
 * dataset jobs (``--shards``): one report per rank every ``report_interval`` s, each costed as
   a batch of a report's size;
 * start-up under ``mpiexec``: a line fitted to the measured points; heartbeat traffic: one
@@ -56,18 +61,24 @@ SOCKETS_RANK0 = {"gloo": 4, "mpi": 1}
 #: sockets per rank of the job (measured: 8 at 2 ranks, 16 at 6); MPI connects on first use
 SOCKETS_RANK = {"gloo": lambda n: 2 * n + 4, "mpi": lambda n: 4}
 FD_LIMIT = 1024  # the usual default ``ulimit -n``
+PER_NODE = 32  # cores of a node: the workers of one gathering rank
+SCALE_TRANSPORT = "mpi"  # the transport the needs are costed for
 
 
 def load() -> list[dict]:
     return json.loads(SCALE.read_text())
 
 
-def fit_cost(rows: list[dict]) -> tuple[float, float]:
-    """(a s, B bytes/s): rank 0 CPU per batch = a + bytes / B, least squares."""
-    x = np.array([r["batch_bytes"] for r in rows], float)
-    y = np.array([r["rank0_cpu"] / r["batches_per_s"] for r in rows], float)
-    slope, a = np.polyfit(x, y, 1)
-    return float(a), float(1 / slope)
+def fit_cost(rows: list[dict]) -> dict[str, tuple[float, float]]:
+    """Per transport, (a s, B bytes/s): rank 0 CPU per batch = a + bytes / B, least squares."""
+    fits = {}
+    for transport in sorted({r["transport"] for r in rows}):
+        mine = [r for r in rows if r["transport"] == transport]
+        x = np.array([r["batch_bytes"] for r in mine], float)
+        y = np.array([r["rank0_cpu"] / r["batches_per_s"] for r in mine], float)
+        slope, a = np.polyfit(x, y, 1)
+        fits[transport] = (float(a), float(1 / slope))
+    return fits
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -76,10 +87,11 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
-def check(rows: list[dict], a: float, bw: float) -> list[dict]:
+def check(rows: list[dict], fits: dict[str, tuple[float, float]]) -> list[dict]:
     """Measured against modelled rank 0 CPU per batch, per row."""
     out = []
     for r in rows:
+        a, bw = fits[r["transport"]]
         measured = r["rank0_cpu"] / r["batches_per_s"]
         model = a + r["batch_bytes"] / bw
         out.append(
@@ -102,12 +114,16 @@ def needs(n: int, kind: str, a: float, bw: float, mem: tuple[float, float]) -> d
     cost = a + nbytes / bw
     batches = n * fps / fpb
     reports_cost = a + REPORT_BYTES / bw
+    nodes = -(-n // PER_NODE)
+    groups = nodes * fps / fpb  # a node's gathering rank sends one group of batches a round
+    group_cost = a + n / nodes * nbytes / bw
     return dict(
         ranks=n,
         kind=kind,
         batch_kb=round(nbytes / 1e3, 1),
         batches_per_s=round(batches),
-        cores=round(batches * cost, 2),
+        cores=round(batches * cost, 4),
+        cores_gathered=round(groups * group_cost, 3),
         gb_per_s=round(n * fps * per_frame / 1e9, 3),
         memory_gb=round((mem[0] + n * (mem[1] + 2 * nbytes / 1e6)) / 1e3, 2),
         max_ranks_one_core=math.floor(fpb / (fps * cost)),
@@ -120,10 +136,12 @@ def main() -> None:
     p.add_argument("--plot", type=Path, help="draw the model into this PNG")
     args = p.parse_args()
     rows = load()
-    a, bw = fit_cost(rows)
-    print(f"rank 0 CPU per batch = {1e6 * a:.0f} us + bytes / {bw / 1e9:.2f} GB/s")
+    fits = fit_cost(rows)
+    for transport, (a, bw) in fits.items():
+        print(f"{transport}: rank 0 CPU per batch = {1e6 * a:.0f} us + bytes / {bw / 1e9:.2f} GB/s")
+    a, bw = fits[SCALE_TRANSPORT]
     print("\nchecked against the measured points (benchmarks/results/scale.json):")
-    checked = check(rows, a, bw)
+    checked = check(rows, fits)
     for c in checked:
         print(
             f"  {c['kind']:8s} {c['transport']:5s} {c['ranks']:3d} ranks: measured "
@@ -145,7 +163,8 @@ def main() -> None:
     for t in table:
         print(
             f"  {t['kind']:8s} {t['ranks']:6d} ranks: {t['batches_per_s']:9,d} batches/s, "
-            f"{t['cores']:8.2f} cores, {t['gb_per_s']:8.3f} GB/s, {t['memory_gb']:8.2f} GB; "
+            f"{t['cores']:8.2f} cores ({t['cores_gathered']:.3f} gathered per node), "
+            f"{t['gb_per_s']:8.3f} GB/s, {t['memory_gb']:8.2f} GB; "
             f"one core keeps up with {t['max_ranks_one_core']} ranks; reports every "
             f"{t['report_interval_for_half_core']} s keep a dataset job under half a core"
         )
@@ -173,8 +192,12 @@ def main() -> None:
     OUT.write_text(
         json.dumps(
             dict(
-                cost_us=round(1e6 * a, 1),
-                bandwidth_gb_s=round(bw / 1e9, 3),
+                fits={
+                    t: dict(cost_us=round(1e6 * fa, 1), bandwidth_gb_s=round(fb / 1e9, 3))
+                    for t, (fa, fb) in fits.items()
+                },
+                needs_costed_for=SCALE_TRANSPORT,
+                per_node=PER_NODE,
                 memory_base_mb=round(base),
                 memory_per_link_mb=round(per_link, 3),
                 startup_s=[round(s0, 3), round(s1, 4)],
@@ -188,10 +211,10 @@ def main() -> None:
         + "\n"
     )
     if args.plot:
-        plot(rows, a, bw, table, args.plot)
+        plot(rows, fits, table, args.plot)
 
 
-def plot(rows: list[dict], a: float, bw: float, table: list[dict], path: Path) -> None:
+def plot(rows: list[dict], fits: dict, table: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -210,18 +233,28 @@ def plot(rows: list[dict], a: float, bw: float, table: list[dict], path: Path) -
                 color=color,
                 label=f"{kind}, {transport} (measured)",
             )
-        nbytes = sel[0]["batch_bytes"]
-        ax.axhline(1e3 * (a + nbytes / bw), color="grey", ls="--", lw=1)
+            a, bw = fits[transport]
+            nbytes = sel[0]["batch_bytes"]
+            ax.axhline(1e3 * (a + nbytes / bw), color=color, ls="--", lw=1)
     ax.set(xscale="log", yscale="log", xlabel="collector ranks", ylabel="ms of CPU a batch")
-    ax.set_title("rank 0's cost per batch: measured, and the model (dashed)")
+    ax.set_title("rank 0 CPU a batch (dashed: model)")
     ax.legend(fontsize=7)
     for ax, key, title in (
-        (axes[1], "cores", "cores rank 0 needs (every batch to rank 0)"),
+        (axes[1], "cores", "rank 0 cores: every batch (-), gathered per node (:)"),
         (axes[2], "memory_gb", "rank 0 memory, GB"),
     ):
         for kind in KINDS:
             sel = [t for t in table if t["kind"] == kind]
-            ax.plot([t["ranks"] for t in sel], [max(t[key], 1e-3) for t in sel], "-o", label=kind)
+            line = ax.plot(
+                [t["ranks"] for t in sel], [max(t[key], 1e-3) for t in sel], "-o", label=kind
+            )
+            if key == "cores":
+                ax.plot(
+                    [t["ranks"] for t in sel],
+                    [max(t["cores_gathered"], 1e-3) for t in sel],
+                    ":",
+                    color=line[0].get_color(),
+                )
         ax.set(xscale="log", yscale="log", xlabel="collector ranks", title=title)
         ax.legend(fontsize=7)
         ax.grid(True, alpha=0.3)

@@ -25,7 +25,7 @@ from torch import nn
 
 from hpccollect.protocol import Command, Layout, Message, Reply
 from hpccollect.transport.base import Channel
-from hpccollect.transport.batches import HEADER, FlatLayout
+from hpccollect.transport.batches import HEADER, FlatLayout, Spares
 from hpccollect.transport.doorbell import Doorbell
 from hpccollect.transport.heartbeat import Heartbeat
 from hpccollect.transport.rank_life import RankLife
@@ -100,6 +100,7 @@ class RankChannel(Channel):
         self._placed: tuple | None = None
         self._arrival: tuple[FlatLayout, TensorDictBase] | None = None  # (layout, views)
         self._landed: torch.Tensor | None = None  # the buffer the last batch came into
+        self._spares = Spares()  # ... and those earlier ones came into
         self._weights: torch.Tensor | None = None
         self._failure: str | None = None
         self.broadcasts = 0  # weight broadcasts this side sent to the peer
@@ -316,21 +317,26 @@ class RankChannel(Channel):
         on the receiving thread, costs more than copying a few kB."""
         if self._arrival is not None and self._recv_buf.numel() >= _KEEP_AT:
             self._landed = self._recv_buf
-            self._use_recv_buf(torch.empty_like(self._recv_buf))
+            self._use_recv_buf(self._spares.next_after(self._landed))
 
     def latest(self, batch: TensorDictBase) -> TensorDictBase:
         """The batch that arrived last, laid out as ``batch`` (the announced layout)."""
-        if self._landed is None or self._arrival is None or batch is not self._arrival[1]:
+        if self._landed is None or not self._arrived_as(batch):
             return batch  # where every batch arrives
         return self._arrival[0].views(self._landed)
 
     def own(self, batch: TensorDictBase) -> TensorDictBase:
         """The batch that arrived last, the caller's to keep: no later message lands in it."""
-        if self._arrival is None or batch is not self._arrival[1]:
+        if not self._arrived_as(batch):
             return batch.clone()
         if self._landed is None:
             return self._arrival[0].own(self._recv_buf)
         return self._arrival[0].own(self._landed, copy=False)
+
+    def _arrived_as(self, batch: TensorDictBase) -> bool:
+        """Whether ``batch`` is the layout this link's batches arrive in (the one announced
+        over it, not buffers of the caller's own)."""
+        return self._arrival is not None and batch is self._arrival[1]
 
     def _receive_weights(self) -> None:
         if self._weights is None:

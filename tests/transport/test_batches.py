@@ -1,4 +1,5 @@
-"""FlatLayout: a TensorDict laid over one flat byte buffer, and a batch's copy of its own."""
+"""FlatLayout: a TensorDict laid over one flat byte buffer, and a batch's copy of its own;
+Spares: the buffers large batches landed in, received into again once no one holds them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from hpccollect.transport.batches import HEADER, FlatLayout
+from hpccollect.transport.batches import HEADER, FlatLayout, Spares
 
 
 def _batch() -> TensorDict:
@@ -84,3 +85,22 @@ def test_a_layout_travels_without_its_recipe_and_builds_the_same_views():
     other = pickle.loads(blob)
     assert other == layout
     assert (other.views(flat) == td).all()
+
+
+def test_a_landed_buffer_is_received_into_again_only_once_no_view_of_it_is_left():
+    layout = FlatLayout.of(_batch())
+    spares = Spares(keep=2)
+    first = torch.empty(layout.nbytes, dtype=torch.uint8)
+    second = spares.next_after(first)  # nothing to reuse yet: a new one
+    assert second.data_ptr() != first.data_ptr() and second.shape == first.shape
+    kept = layout.own(first, copy=False)  # a batch yielded in ``first``, kept by its taker
+    third = spares.next_after(second)
+    assert third.data_ptr() not in (first.data_ptr(), second.data_ptr())
+    del kept  # dropped: ``first`` is free again; ``second`` just took a batch
+    fourth = spares.next_after(third)
+    assert fourth is first
+    views = layout.views(second)
+    assert spares.next_after(fourth) is not second  # a view of ``second`` is still held
+    del views
+    other = torch.empty(layout.nbytes + 64, dtype=torch.uint8)  # another size: never mixed
+    assert spares.next_after(other).shape == other.shape
