@@ -74,6 +74,7 @@ class RankGroups:
     broadcast: Any = None  # weights to every rank at once
     _closed: bool = field(default=False, repr=False)
     _receiver: Receiver | None = field(default=None, repr=False)
+    _links: list[RankChannel] = field(default_factory=list, repr=False)
 
     @property
     def receiver(self) -> Receiver:
@@ -102,7 +103,22 @@ class RankGroups:
         kind = (
             PolledRankChannel if getattr(self.messages, "can_poll", False) else ThreadedRankChannel
         )
-        return kind(self, peer, process=process, device=device, send_timeout=send_timeout)
+        link = kind(self, peer, process=process, device=device, send_timeout=send_timeout)
+        self._links.append(link)
+        return link
+
+    def stop_sent(self) -> None:
+        """On rank 0, once it has told every rank to stop (or lost it): no weights are
+        broadcast again, so the broadcast group is aborted now. That lets each rank's thread
+        waiting in the next broadcast go: over gloo, such a wait ends only from rank 0's side,
+        and a rank's own abort of the group waits for it (until rank 0 kills the rank, 10 s
+        into its shutdown)."""
+        if self.rank != 0 or self.broadcast is None:
+            return
+        if all(link.told_to_stop_or_lost() for link in self._links):
+            group, self.broadcast = self.broadcast, None
+            with contextlib.suppress(Exception):
+                group.abort()
 
     def close(self) -> None:
         """Abort both groups (ends receives still pending on them) and release the store."""

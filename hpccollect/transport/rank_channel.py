@@ -149,7 +149,13 @@ class RankChannel(Channel):
         if kind is Reply.LAYOUT:
             payload = self._announce(payload)
         value, blob = encode(kind, payload)
-        self._send_blob(kind, value, blob)
+        if kind is not Command.SHUTDOWN:
+            self._send_blob(kind, value, blob)
+            return
+        try:
+            self._send_blob(kind, value, blob)
+        finally:
+            self.groups.stop_sent()
 
     def post_weights(self, flat: torch.Tensor) -> Any:
         """Send ``UPDATE_WEIGHTS`` with the weights following point to point (the returned
@@ -161,6 +167,11 @@ class RankChannel(Channel):
         """Note that a weight broadcast was sent to the peer's broadcast thread: every later
         message carries the count, and the peer hands it over only after that update."""
         self.broadcasts += 1
+
+    def told_to_stop_or_lost(self) -> bool:
+        """Whether this side sent the peer ``SHUTDOWN``, or the link or the peer's process
+        failed: the peer takes no weight broadcast again."""
+        return self._sent_shutdown or self._failure is not None or self.life.death() is not None
 
     def wait_sent(self, work: Any) -> None:
         """Wait for a ``post_weights`` send, bounded like every send."""

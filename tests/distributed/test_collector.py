@@ -23,6 +23,7 @@ from conftest import (
     WideCounter,
     alive,
     assert_each_holds_its_own,
+    descendants,
     listening_addresses,
 )
 from tensordict.nn import TensorDictModule
@@ -502,6 +503,39 @@ def test_shutdown_leaves_no_process_thread_or_port():
     del collector
     gc.collect()
     assert_all_gone(pids)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sync", [False, True])
+def test_shutdown_lets_each_rank_end_on_its_own_and_no_process_is_left(sync):
+    """As a user sees it (TorchRL's own test does the same): a few seconds after
+    ``shutdown()`` no process the collector started is there, not even unreaped. The ranks
+    end on their own once told to stop, with weights broadcast to them: a
+    rank whose thread waited in the next broadcast could not end its groups, and was killed
+    10 s into the shutdown."""
+    def started_here() -> set[int]:  # but Python's resource tracker, which lives as we do
+        return {p for p in descendants(os.getpid()) if b"resource_tracker" not in cmdline(p)}
+
+    before = started_here()
+    collector = make(envs(3, 5), bias_policy(), sync=sync, total_frames=400)
+    for i, _ in enumerate(collector):
+        if i == 0:
+            collector.update_policy_weights_()  # a broadcast: each rank waits for the next
+    started = time.monotonic()
+    collector.shutdown()
+    assert time.monotonic() - started < 5  # no rank waited for its kill, 10 s in
+    deadline = time.monotonic() + 5
+    while started_here() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not started_here() - before
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 @pytest.mark.slow
