@@ -82,6 +82,9 @@ class MultiCollectorBase(
     _env_by_inheritance = True
     #: whether workers keep their batches and send reports of them (``reports.py``)
     _reports = False
+    #: whether a policy may come with ``policy_factory`` (TorchRL's distributed collectors:
+    #: the workers build theirs, the policy here is where their weights come from)
+    _policy_with_factory = False
 
     def __init__(
         self,
@@ -175,8 +178,11 @@ class MultiCollectorBase(
         )
         fns = env_fns(a["create_env_fn"], a["num_workers"])
         self.num_workers = n = len(fns)
-        self._factories = factories(
-            a["policy"], a["policy_factory"], n, with_policy=a["weight_sync_schemes"] is not None
+        with_policy = self._policy_with_factory or a["weight_sync_schemes"] is not None
+        self._factories = factories(a["policy"], a["policy_factory"], n, with_policy=with_policy)
+        #: the workers build their policy and have no weights sent but those given by a call
+        self._no_weights_here = self._factories is not None and not (
+            self._policy_with_factory and isinstance(a["policy"], nn.Module)
         )
         self._worker_class = worker_class(a["collector_class"])
         self._init_fn = check_callable("init_fn", a["init_fn"])
@@ -227,9 +233,10 @@ class MultiCollectorBase(
     def _weights_template(self, policy: Any) -> nn.Module | None:
         """The module whose weights the workers' buffers are laid out as: the policy's; with
         ``policy_factory``, local workers make their buffers from the policy they build, ranks
-        need one laid out here first: that of a policy made here once (as TorchRL's
-        distributed collector does), never sent."""
-        if self._factories is None:
+        need one laid out here first: the policy's where it comes too (the weights' source),
+        else that of a policy made here once (as TorchRL's distributed collector does), never
+        sent."""
+        if not self._no_weights_here:
             template = policy
         else:
             template = None if self._env_by_inheritance else self._factories[0]()

@@ -80,7 +80,10 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     round (sync) or the rank that just delivered (async); ``max_weight_update_interval=k`` makes
     sure no rank collects more than ``k`` batches without an update. ``policy_versions[i]``
     counts the updates worker ``i`` received; ``track_policy_version=True`` adds a per-frame
-    ``"policy_version"`` entry with the version each frame was collected with.
+    ``"policy_version"`` entry with the version each frame was collected with. A ``policy``
+    given with ``policy_factory`` (as TorchRL takes them) is where the weights come from: each
+    rank builds its own policy with the factory, and gets the policy's weights as above
+    (``update_interval=1``: before each of its batches, with no call).
 
     ``backend``: ``"gloo"`` (default), ``"nccl"``, ``"ucc"`` or ``"mpi"`` where this torch build
     has them. ``launcher``: ``"mp"`` (local processes, rendezvous on loopback), ``"mpi"`` (the
@@ -235,6 +238,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         return [i + 1 for i in self.lost_workers]
 
     _env_by_inheritance = False  # ranks get everything in their payload
+    _policy_with_factory = True  # as TorchRL's: the ranks build theirs, weights come from here
 
     def _worker_spec(
         self, index: int, create_env_fn: Any, policy: Any, kwargs: dict, threads: int
@@ -287,7 +291,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     # ------------------------------------------------------------------ weights and versions
     def _collect_from(self, index: int) -> None:
         interval = self.max_weight_update_interval
-        if self._factories is not None:
+        if self._no_weights_here:
             interval = -1  # the ranks built their policy: no weights here to push
         try:
             if interval > 0 and self._since_update[index] >= interval:
@@ -301,7 +305,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     def _batches_per_command(self, index: int) -> int:
         batches = super()._batches_per_command(index)
         interval = self.max_weight_update_interval
-        if interval > 0 and self._factories is None:
+        if interval > 0 and not self._no_weights_here:
             batches = min(batches, interval)
         return batches
 

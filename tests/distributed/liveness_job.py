@@ -77,7 +77,9 @@ def main() -> None:
             n += 1
             if n == a.warmup:
                 pids = [os.getpid(), *(c.pid for c in collector._pool.channels)]
-                out.with_suffix(".ranks").write_text(json.dumps(pids))
+                part = out.with_suffix(".ranks-part")  # renamed: never seen half written
+                part.write_text(json.dumps(pids))
+                part.rename(out.with_suffix(".ranks"))
             if collector.lost_ranks:
                 result.setdefault("at", time.time())
                 after += 1
@@ -94,7 +96,9 @@ def main() -> None:
         if a.hold:
             hold(out)
         collector.shutdown()
-    out.with_suffix(".result").write_text(json.dumps(result))
+    part = out.with_suffix(".result-part")
+    part.write_text(json.dumps(result))
+    part.rename(out.with_suffix(".result"))
 
 
 def hold(out: Path) -> None:

@@ -217,6 +217,40 @@ def test_max_weight_update_interval_bounds_how_long_a_rank_goes_without_weights(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_policy_with_a_factory_is_where_the_ranks_weights_come_from(sync):
+    """TorchRL's distributed collectors take a policy and a ``policy_factory`` together: each
+    rank builds its policy with the factory (its first batch takes the factory's weights, here
+    action 1), and with ``update_interval=1`` the policy's weights (action 0) reach it after
+    each batch, with no call; a change to the policy follows."""
+
+    def factory():
+        policy = bias_policy()
+        with torch.no_grad():
+            policy.module.bias.copy_(torch.tensor([0.0, 5.0]))
+        return policy
+
+    policy = bias_policy()
+    batches = 8 if sync else 12
+    collector = make(
+        envs(3, 5), policy, policy_factory=factory, update_interval=1, sync=sync,
+        total_frames=40 * batches,
+    )  # fmt: skip
+    try:
+        actions = []
+        for i, batch in enumerate(collector):
+            actions.append(batch["action"].argmax(-1).unique().tolist())
+            if i == batches // 2 - 1:
+                with torch.no_grad():
+                    policy.module.bias.copy_(torch.tensor([0.0, 1.0]))  # no call follows
+    finally:
+        collector.shutdown()
+    assert actions[0] == [1]  # the factory's own weights
+    assert [0] in actions[1 : batches // 2]  # the policy's, with no call
+    assert actions[-1] == [1]  # its change
+
+
+@pytest.mark.timeout(180)
 def test_set_seed_and_state_dict_round_trip():
     fns = [partial(gym.make, "CartPole-v1")] * 2
     collector = make(fns, None, sync=True, frames_per_batch=64)
@@ -513,6 +547,7 @@ def test_shutdown_lets_each_rank_end_on_its_own_and_no_process_is_left(sync):
     end on their own once told to stop, with weights broadcast to them: a
     rank whose thread waited in the next broadcast could not end its groups, and was killed
     10 s into the shutdown."""
+
     def started_here() -> set[int]:  # but Python's resource tracker, which lives as we do
         return {p for p in descendants(os.getpid()) if b"resource_tracker" not in cmdline(p)}
 
