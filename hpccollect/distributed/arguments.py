@@ -14,6 +14,7 @@ from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = [
+    "RANK_DEVICES",
     "accepted_kwargs",
     "check_collector_class",
     "check_collector_kwargs",
@@ -36,8 +37,9 @@ _OWN = (
     "return_same_td",
     "postproc",
     "split_trajs",
-    "storing_device",
 )
+#: device keywords collector_kwargs may set: they are the rank's own (TorchRL passes them on)
+RANK_DEVICES = ("device", "storing_device", "env_device", "policy_device")
 
 
 def check_collector_class(value: Any) -> type:
@@ -85,13 +87,16 @@ def check_collector_kwargs(value: Any, n: int, cls: type) -> list[dict]:
 
 
 def accepted_kwargs(cls: type) -> set[str] | None:
-    """The keyword arguments ``cls(...)`` takes: those of the first ``__init__`` in its MRO that
-    names them (subclasses often forward ``**kwargs``); None when any name goes."""
+    """The keyword arguments ``cls(...)`` takes: those each ``__init__`` in its MRO names, down
+    to the first that forwards no ``**kwargs`` (a subclass adds its own and forwards the rest);
+    None when any name goes."""
+    names: set[str] = set()
     for klass in cls.__mro__:
         if "__init__" in vars(klass) and klass is not object:
-            params = inspect.signature(klass.__init__).parameters
-            if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-                return set(params)
+            params = inspect.signature(klass.__init__).parameters.values()
+            names |= {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+            if not any(p.kind is p.VAR_KEYWORD for p in params):
+                return names
     return None
 
 

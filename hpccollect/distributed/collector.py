@@ -31,6 +31,7 @@ from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.worker import WorkerSpec
 from hpccollect.distributed.arguments import (
+    RANK_DEVICES,
     accepted_kwargs,
     check_collector_class,
     check_collector_kwargs,
@@ -67,7 +68,11 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     subclass) over ``num_workers_per_collector`` copies of its env: a ``SyncDataCollector`` steps
     them as one vector env (``[k, T]`` batches, as TorchRL's ``ParallelEnv`` gives), a multi
     collector runs them in its own worker processes. ``collector_kwargs`` (a dict, or one per
-    rank) goes to those collectors. Trajectory ids are unique across ranks and their workers.
+    rank) goes to those collectors; its device keywords (``device``, ``storing_device``,
+    ``env_device``, ``policy_device``) are that rank's own: where its env and policy run and
+    where its collector keeps a batch before sending it (the CPU, unless they say
+    otherwise). A rank's ``device`` fills the others it does not give. Trajectory ids are unique across ranks and
+    their workers.
 
     ``sync=True`` yields one batch from every rank stacked ``[N, ...]``, ``frames_per_batch`` in
     total; ``sync=False`` each rank's batch (``frames_per_batch`` frames) as soon as it is ready.
@@ -254,7 +259,12 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
 
     def _worker_kwargs(self, index: int, frames_per_batch: int, devices: Any, env_kwargs: Any):
         kwargs = super()._worker_kwargs(index, frames_per_batch, devices, env_kwargs)
-        kwargs.update(self._collector_kwargs[index])
+        own = self._collector_kwargs[index]
+        if own.get("device") is not None:
+            # the rank's own device fills what its collector_kwargs leave out, as on that rank
+            for key in RANK_DEVICES:
+                kwargs[key] = None
+        kwargs.update(own)
         accepted = accepted_kwargs(self.collector_class)
         return kwargs if accepted is None else {k: v for k, v in kwargs.items() if k in accepted}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import io
 import itertools
+import json
 import os
 import signal
 import socket
@@ -29,7 +30,7 @@ from conftest import (
 from tensordict.nn import TensorDictModule
 from torch import nn
 
-from hpccollect import DistributedDataCollector, MultiSyncDataCollector
+from hpccollect import DistributedDataCollector, MultiSyncDataCollector, SyncDataCollector
 from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
 from hpccollect.collectors.reports import is_report
 from hpccollect.errors import (
@@ -248,6 +249,37 @@ def test_a_policy_with_a_factory_is_where_the_ranks_weights_come_from(sync):
     assert actions[0] == [1]  # the factory's own weights
     assert [0] in actions[1 : batches // 2]  # the policy's, with no call
     assert actions[-1] == [1]  # its change
+
+
+class DeviceRecorder(SyncDataCollector):
+    """Writes the device keywords it was built with to the file ``record_to``."""
+
+    def __init__(self, *args, record_to: str, **kwargs):
+        keys = ("device", "storing_device", "env_device", "policy_device")
+        seen = {k: None if kwargs.get(k) is None else str(kwargs[k]) for k in keys}
+        with open(record_to, "w") as f:
+            json.dump(seen, f)
+        super().__init__(*args, **kwargs)
+
+
+@pytest.mark.timeout(120)
+def test_collector_kwargs_device_keywords_are_each_ranks_own(tmp_path):
+    """As TorchRL takes them (its examples pass ``{"device": "cpu", "storing_device":
+    "cpu"}``): one dict per rank, whose device keywords that rank's collector is built with;
+    a rank's ``device`` fills the others it does not give."""
+    own = [
+        {"device": "cpu", "storing_device": "cpu", "record_to": str(tmp_path / "1.json")},
+        {"env_device": "cpu", "record_to": str(tmp_path / "2.json")},
+    ]
+    with make(envs(3, 5), collector_class=DeviceRecorder, collector_kwargs=own) as collector:
+        assert next(iter(collector)).numel() == 40
+    seen = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (1, 2)]
+    assert seen[0] == dict.fromkeys(("device", "storing_device"), "cpu") | dict.fromkeys(
+        ("env_device", "policy_device")
+    )
+    assert seen[1] == {
+        "device": None, "storing_device": "cpu", "env_device": "cpu", "policy_device": None
+    }  # fmt: skip
 
 
 @pytest.mark.timeout(180)
