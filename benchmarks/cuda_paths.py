@@ -1,7 +1,7 @@
 """The CUDA paths of the distributed collector, checked and timed on a machine with a GPU.
 
-Three checks, each over gloo with two collector ranks (``launcher="mp"``), CartPole, and a
-policy whose action shows its weights (the larger of two biases):
+Three checks, each over gloo with two collector ranks (``launcher="mp"``), CartPole, and an
+MLP policy whose action shows its weights (its output layer's bias):
 
 * ``policy_device="cuda"`` on the ranks (their ``collector_kwargs``): the policy runs there;
 * ``storing_device="cuda"`` on rank 0: every batch yielded is on the GPU;
@@ -18,6 +18,7 @@ checks on the CPU (what CI can run).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
@@ -30,16 +31,21 @@ from torch import nn
 from hpccollect import DistributedDataCollector
 
 
-class Bias(nn.Module):
-    """Action = one-hot of the larger bias: what the weights say shows in every action."""
+class Policy(nn.Module):
+    """An MLP whose output layer reads nothing but its bias (weights zeroed): the action, one-hot
+    of the larger output, shows which weights the policy had. Its hidden layer still runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = 256) -> None:
         super().__init__()
-        self.bias = nn.Parameter(torch.tensor([1.0, 0.0]))
+        self.hidden = nn.Linear(4, hidden)
+        self.out = nn.Linear(hidden, 2)
+        with torch.no_grad():
+            self.out.weight.zero_()
+            self.out.bias.copy_(torch.tensor([1.0, 0.0]))
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        scores = self.bias + 0 * observation[..., :1]
-        return nn.functional.one_hot(scores.argmax(-1), 2)
+        logits = self.out(torch.tanh(self.hidden(observation)))
+        return nn.functional.one_hot(logits.argmax(-1), 2)
 
 
 def cartpole() -> gym.Env:
@@ -47,7 +53,7 @@ def cartpole() -> gym.Env:
 
 
 def check(device: str, sync: bool, batches: int) -> dict:
-    policy = TensorDictModule(Bias(), ["observation"], ["action"]).to(device)
+    policy = TensorDictModule(Policy(), ["observation"], ["action"]).to(device)
     collector = DistributedDataCollector(
         [cartpole, cartpole],
         policy,
@@ -71,12 +77,12 @@ def check(device: str, sync: bool, batches: int) -> dict:
             flipped.append(action)
             frames += batch.numel()
             with torch.no_grad():  # the other action, for the next batches
-                policy.module.bias.copy_(policy.module.bias.flip(0))
+                policy.module.out.bias.copy_(policy.module.out.bias.flip(0))
         elapsed = time.perf_counter() - first
         startup = first - started
     finally:
         collector.shutdown()
-    changes = sum(a != b for a, b in zip(flipped, flipped[1:], strict=False))
+    changes = sum(a != b for a, b in itertools.pairwise(flipped))
     return dict(
         device=device,
         sync=sync,
