@@ -19,6 +19,7 @@ __all__ = [
     "CollectorTimeoutError",
     "EnvError",
     "HpcCollectError",
+    "NotProvidedError",
     "PolicyError",
     "StorageError",
     "WorkerError",
@@ -45,6 +46,11 @@ class HpcCollectError(Exception):
         reduced = super().__reduce__()  # (class, args[, state]); OSError's args have filenames
         state = reduced[2] if len(reduced) > 2 else None
         return (_rebuild, (_picklable_recipe(type(self)), reduced[1]), state)
+
+
+class NotProvidedError(HpcCollectError, NotImplementedError):
+    """A TorchRL name hpccollect does not provide (yet): importing it works, so code written for
+    TorchRL loads; building one raises this, saying what to use instead."""
 
 
 class ArgumentTypeError(HpcCollectError, TypeError):

@@ -4,6 +4,7 @@
 import X``. The distributed ones are in ``hpccollect.collectors.distributed``, as in TorchRL."""
 
 from hpccollect.collectors.base import DataCollectorBase, Interruptor
+from hpccollect.collectors.elsewhere import AsyncBatchedCollector, Evaluator, RayWeightUpdater
 from hpccollect.collectors.multi import (
     MultiaSyncDataCollector,
     MultiCollector,
@@ -27,10 +28,12 @@ MultiSyncCollector = MultiSyncDataCollector
 MultiAsyncCollector = MultiaSyncDataCollector
 
 __all__ = [
+    "AsyncBatchedCollector",
     "AsyncCollector",
     "BaseCollector",
     "Collector",
     "DataCollectorBase",
+    "Evaluator",
     "Interruptor",
     "LocalWeightsUpdaterBase",
     "MultiAsyncCollector",
@@ -39,6 +42,7 @@ __all__ = [
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
     "PolicyWeightsCopier",
+    "RayWeightUpdater",
     "RemoteWeightsUpdaterBase",
     "SyncDataCollector",
     "WeightUpdaterBase",
