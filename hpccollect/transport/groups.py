@@ -112,9 +112,10 @@ class RankGroups:
         broadcast again, so the broadcast group is aborted now. That lets each rank's thread
         waiting in the next broadcast go: over gloo, such a wait ends only from rank 0's side,
         and a rank's own abort of the group waits for it (until rank 0 kills the rank, 10 s
-        into its shutdown)."""
-        if self.rank != 0 or self.broadcast is None:
-            return
+        into its shutdown). Groups that can be polled need none of it: there, rank 0's abort
+        waits for the ranks to close their end, which they do once they have stopped."""
+        if self.rank != 0 or self.broadcast is None or getattr(self.messages, "can_poll", False):
+            return  # polled groups (mpi4py): a rank ends its own waits, and rank 0 sees it end
         if all(link.told_to_stop_or_lost() for link in self._links):
             group, self.broadcast = self.broadcast, None
             with contextlib.suppress(Exception):

@@ -10,7 +10,8 @@ sleep: rank 0 mostly waits; its CPU time over its wall time is saved as ``busy``
 (rank 0 finalises MPI itself once done, takes a second more, then writes ``OUT.exited``),
 ``stream`` (no end to the frames: rank 0 takes 20 batches and shuts the ranks down while they
 collect, as a trainer does, with no policy: the ranks' random actions; the shutdown's seconds are
-saved as ``shutdown_s``), ``wide`` (large batches, kept as yielded: no ``clone()``).
+saved as ``shutdown_s``), ``long-batch`` (the same, but a batch takes a rank 3 s and rank 0
+stops after the first), ``wide`` (large batches, kept as yielded: no ``clone()``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class Sleepy(Slow):
     pause = 0.05
 
 
+class LongSteps(Slow):
+    pause = 0.25  # a rank's 12-step batch takes 3 s: a stop waits that long
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -76,16 +81,15 @@ def main() -> None:
         serve(timeout=60)
         Path(f"{a.out}.served{rank}").write_text("returned")
         return
-    second = {"raise-env": Failing, "wait": Slow, "idle": Sleepy, "wide": WideCounter}.get(
-        a.mode, CounterEnv
-    )
-    first = {"wait": Slow, "idle": Sleepy, "wide": WideCounter}.get(a.mode, CounterEnv)
+    slow = {"wait": Slow, "idle": Sleepy, "wide": WideCounter, "long-batch": LongSteps}
+    second = {"raise-env": Failing, **slow}.get(a.mode, CounterEnv)
+    first = slow.get(a.mode, CounterEnv)
     policy = TensorDictModule(BiasPolicy(), ["observation"], ["action"])
     collector = DistributedDataCollector(
         [partial(first, 3), partial(second, 4)],
         None if a.mode == "stream" else policy,  # no weights: no thread waits for them
         frames_per_batch=24,
-        total_frames=-1 if a.mode in ("wait", "stream") else 240,
+        total_frames=-1 if a.mode in ("wait", "stream", "long-batch") else 240,
         launcher=a.launcher,
         backend=a.backend,
         sync=bool(a.sync),
@@ -110,7 +114,7 @@ def main() -> None:
             with torch.no_grad():
                 policy.module.bias.copy_(torch.tensor([0.0, 1.0]))
             collector.update_policy_weights_()
-        if a.mode == "stream" and i == 19:
+        if (a.mode == "stream" and i == 19) or (a.mode == "long-batch" and i == 0):
             break
     busy = (time.process_time() - cpu) / (time.perf_counter() - wall)
     versions = list(collector.policy_versions)

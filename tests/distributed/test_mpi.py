@@ -86,6 +86,21 @@ def test_a_trainer_stops_ranks_that_collect_without_end_and_the_job_exits_0(tmp_
     assert_gone(job_pids(out))
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_ranks_told_to_stop_mid_batch_finish_it_and_the_job_exits_0(tmp_path, backend):
+    """A stop waits for the batch a rank is collecting (3 s here): rank 0 waits for it, and
+    does not take a rank that is still finishing its batch for one that will not stop (a
+    shutdown that closed the weight broadcast once every rank was told did, over mpi4py:
+    "did not stop when asked", then MPI_Abort)."""
+    out = tmp_path / "out.pt"
+    code, output, _ = run_job(out, "--backend", backend, "--sync", "0", "--mode", "long-batch")
+    assert code == 0, output
+    assert "did not stop when asked" not in output, output
+    assert torch.load(out, weights_only=False)["shutdown_s"] < 10.0
+    assert_gone(job_pids(out))
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_mpiexec_job_gives_the_mp_launchers_data(tmp_path, reference, backend):
