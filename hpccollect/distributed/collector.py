@@ -70,9 +70,9 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     collector runs them in its own worker processes. ``collector_kwargs`` (a dict, or one per
     rank) goes to those collectors; its device keywords (``device``, ``storing_device``,
     ``env_device``, ``policy_device``) are that rank's own: where its env and policy run and
-    where its collector keeps a batch before sending it (the CPU, unless they say
-    otherwise). A rank's ``device`` fills the others it does not give. Trajectory ids are unique across ranks and
-    their workers.
+    where its collector keeps a batch before sending it (the CPU, unless they say otherwise).
+    A rank's ``device`` fills the others it does not give. Trajectory ids are unique across
+    ranks and their workers.
 
     ``sync=True`` yields one batch from every rank stacked ``[N, ...]``, ``frames_per_batch`` in
     total; ``sync=False`` each rank's batch (``frames_per_batch`` frames) as soon as it is ready.
@@ -87,8 +87,9 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     counts the updates worker ``i`` received; ``track_policy_version=True`` adds a per-frame
     ``"policy_version"`` entry with the version each frame was collected with. A ``policy``
     given with ``policy_factory`` (as TorchRL takes them) is where the weights come from: each
-    rank builds its own policy with the factory, and gets the policy's weights as above
-    (``update_interval=1``: before each of its batches, with no call).
+    rank builds its own policy with the factory (its first batch uses that policy's own
+    weights), and gets the policy's weights as above (``update_interval=1``: after each of its
+    batches, with no call).
 
     ``backend``: ``"gloo"`` (default), ``"nccl"``, ``"ucc"`` or ``"mpi"`` where this torch build
     has them. ``launcher``: ``"mp"`` (local processes, rendezvous on loopback), ``"mpi"`` (the
