@@ -576,9 +576,9 @@ def test_shutdown_leaves_no_process_thread_or_port():
 def test_shutdown_lets_each_rank_end_on_its_own_and_no_process_is_left(sync):
     """As a user sees it (TorchRL's own test does the same): a few seconds after
     ``shutdown()`` no process the collector started is there, not even unreaped. The ranks
-    end on their own once told to stop, with weights broadcast to them: a
-    rank whose thread waited in the next broadcast could not end its groups, and was killed
-    10 s into the shutdown."""
+    end on their own once told to stop, weights broadcast to them or not: a rank whose thread
+    waited in the next broadcast could not end its groups, and was killed 10 s into the
+    shutdown."""
 
     def started_here() -> set[int]:  # but Python's resource tracker, which lives as we do
         return {p for p in descendants(os.getpid()) if b"resource_tracker" not in cmdline(p)}
