@@ -100,12 +100,15 @@ class RankGroups:
         """This process's end of the link with rank ``peer`` (see ``RankChannel`` for the
         arguments): polled where the messages group can be polled (the mpi4py transport),
         otherwise with a thread that blocks in each receive."""
-        kind = (
-            PolledRankChannel if getattr(self.messages, "can_poll", False) else ThreadedRankChannel
-        )
+        kind = PolledRankChannel if self.polled else ThreadedRankChannel
         link = kind(self, peer, process=process, device=device, send_timeout=send_timeout)
         self._links.append(link)
         return link
+
+    @property
+    def polled(self) -> bool:
+        """Whether the groups' receives can be polled (the mpi4py transport), not only waited."""
+        return getattr(self.messages, "can_poll", False)
 
     def stop_sent(self) -> None:
         """On rank 0, once it has told every rank to stop (or lost it): no weights are
@@ -114,7 +117,7 @@ class RankGroups:
         and a rank's own abort of the group waits for it (until rank 0 kills the rank, 10 s
         into its shutdown). Groups that can be polled need none of it: there, rank 0's abort
         waits for the ranks to close their end, which they do once they have stopped."""
-        if self.rank != 0 or self.broadcast is None or getattr(self.messages, "can_poll", False):
+        if self.rank != 0 or self.broadcast is None or self.polled:
             return  # polled groups (mpi4py): a rank ends its own waits, and rank 0 sees it end
         if all(link.told_to_stop_or_lost() for link in self._links):
             group, self.broadcast = self.broadcast, None

@@ -149,13 +149,11 @@ class RankChannel(Channel):
         if kind is Reply.LAYOUT:
             payload = self._announce(payload)
         value, blob = encode(kind, payload)
-        if kind is not Command.SHUTDOWN:
-            self._send_blob(kind, value, blob)
-            return
         try:
             self._send_blob(kind, value, blob)
         finally:
-            self.groups.stop_sent()
+            if kind is Command.SHUTDOWN:
+                self.groups.stop_sent()
 
     def post_weights(self, flat: torch.Tensor) -> Any:
         """Send ``UPDATE_WEIGHTS`` with the weights following point to point (the returned
@@ -450,7 +448,7 @@ class RankChannel(Channel):
             timeout,
             self._send_beat,
             self._drain_beats,
-            pollable=bool(getattr(self.groups.messages, "can_poll", False)),
+            pollable=self.groups.polled,
             name=f"hpccollect-rank{self.peer}-beat",
         )
 
