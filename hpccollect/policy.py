@@ -69,11 +69,18 @@ def resolve_exploration_type(
 
 
 class RandomPolicy(TensorDictModuleBase):
-    """Draws uniformly random actions from an action spec (``policy=None``)."""
+    """Draws uniformly random actions from an action spec (``policy=None``).
+
+    Args:
+        action_spec: the spec actions are drawn from. None: the env's, which a collector gives
+            it (``set_action_spec_from_env``) when it is the collector's policy.
+        action_key: where the action is written.
+        generator: the generator actions are drawn with; a freshly seeded one by default.
+    """
 
     def __init__(
         self,
-        action_spec: TensorSpec,
+        action_spec: TensorSpec | None = None,
         action_key: str = "action",
         generator: torch.Generator | None = None,
     ) -> None:
@@ -87,14 +94,26 @@ class RandomPolicy(TensorDictModuleBase):
         self.in_keys: list = []
         self.out_keys = [action_key]
 
+    def set_action_spec_from_env(self, env: Any) -> None:
+        """Draw from ``env``'s action spec, unless a spec was given."""
+        if self.action_spec is None:
+            self.action_spec = env.action_spec
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        action = self.action_spec.rand(generator=self.generator)
+        action = self.sample()
         tensordict.set(self.action_key, action.to(tensordict.device or action.device))
         return tensordict
 
     def sample(self) -> torch.Tensor:
         """One action, without a TensorDict (the collector's fast path)."""
-        return self.action_spec.rand(generator=self.generator)
+        if self.action_spec is None:
+            raise ArgumentValueError(
+                "RandomPolicy() has no action spec: give it one (RandomPolicy(env.action_spec)), "
+                "or pass it to a collector as its policy, which gives it the env's."
+            )
+        if isinstance(self.action_spec, TensorSpec):
+            return self.action_spec.rand(generator=self.generator)
+        return self.action_spec.rand()  # a TorchRL spec draws with torch's generator
 
 
 def takes_tensordict(fn: Any) -> bool:

@@ -135,3 +135,22 @@ def test_policy_error_mid_run_names_the_step():
     with pytest.raises(PolicyError, match="raised ValueError at step 3.*policy broke"):
         next(iter(collector))
     collector.shutdown()
+
+
+def test_random_policy_without_a_spec_takes_the_collectors_env_spec() -> None:
+    """TorchRL's ``RandomPolicy()``: built with no spec, given the env's by the collector."""
+    from hpccollect.collectors import RandomPolicy as FromCollectors
+
+    assert FromCollectors is RandomPolicy
+    with pytest.raises(ArgumentValueError, match=r"RandomPolicy\(\) has no action spec"):
+        RandomPolicy()(TensorDict({}, []))
+    collector = SyncDataCollector(
+        lambda: GymEnv("CartPole-v1"), RandomPolicy(), frames_per_batch=50, total_frames=50
+    )
+    try:
+        (batch,) = list(collector)
+    finally:
+        collector.shutdown()
+    actions = batch["action"]
+    assert actions.shape == (50, 2) and (actions.sum(-1) == 1).all()
+    assert len(set(actions.argmax(-1).tolist())) == 2  # both actions drawn

@@ -11,14 +11,21 @@ from hpccollect.collectors.multi import (
     MultiSyncDataCollector,
     aSyncDataCollector,
 )
+from hpccollect.collectors.profiling import ProfileConfig
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.trajectories import split_trajectories
+from hpccollect.collectors.weight_updaters import (
+    MultiProcessedWeightUpdater,
+    RemoteModuleWeightUpdater,
+    VanillaWeightUpdater,
+)
 from hpccollect.collectors.weights import (
     LocalWeightsUpdaterBase,
     PolicyWeightsCopier,
     RemoteWeightsUpdaterBase,
     WeightUpdaterBase,
 )
+from hpccollect.policy import RandomPolicy
 
 # TorchRL 0.14.1's names for the same classes
 BaseCollector = DataCollectorBase
@@ -38,13 +45,18 @@ __all__ = [
     "LocalWeightsUpdaterBase",
     "MultiAsyncCollector",
     "MultiCollector",
+    "MultiProcessedWeightUpdater",
     "MultiSyncCollector",
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
     "PolicyWeightsCopier",
+    "ProfileConfig",
+    "RandomPolicy",
     "RayWeightUpdater",
+    "RemoteModuleWeightUpdater",
     "RemoteWeightsUpdaterBase",
     "SyncDataCollector",
+    "VanillaWeightUpdater",
     "WeightUpdaterBase",
     "aSyncDataCollector",
     "split_trajectories",

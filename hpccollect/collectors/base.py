@@ -203,8 +203,11 @@ class DataCollectorBase(abc.ABC):
         local: LocalWeightsUpdaterBase | None,
         remote: RemoteWeightsUpdaterBase | None,
         any_updater: WeightUpdaterBase | None = None,
+        policy: Any = None,
     ) -> None:
-        if callable(any_updater) and not isinstance(any_updater, WeightUpdaterBase):
+        if isinstance(any_updater, type) and issubclass(any_updater, WeightUpdaterBase):
+            any_updater = any_updater.from_policy(policy) or any_updater()
+        elif callable(any_updater) and not isinstance(any_updater, WeightUpdaterBase):
             any_updater = any_updater()  # TorchRL also takes the updater's constructor
         if any_updater is not None:
             if isinstance(any_updater, RemoteWeightsUpdaterBase):

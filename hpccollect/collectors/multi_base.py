@@ -161,11 +161,15 @@ class MultiCollectorBase(
         #: called after the pool's shutdown (also at garbage collection)
         self._closers: list = []
         self._start(args, arguments)
-        self._set_weight_updaters(
-            local_weight_updater,
-            remote_weight_updater or self._weights_sender(template),
-            weight_updater,
-        )
+        try:
+            if remote_weight_updater is None and not _remote(weight_updater):
+                remote_weight_updater = self._weights_sender(template)
+            self._set_weight_updaters(
+                local_weight_updater, remote_weight_updater, weight_updater, policy
+            )
+        except BaseException:
+            self.shutdown()
+            raise
         self._gathering.check()
 
     def _check_arguments(self, a: dict[str, Any]) -> tuple[list, list[Devices], list]:
@@ -399,3 +403,9 @@ def _close(pool: WorkerPool, closers: list, timeout: float = 10.0, close_env: bo
     finally:
         for close in closers:
             close()
+
+
+def _remote(updater: Any) -> bool:
+    """Whether ``weight_updater`` (an instance or a class) takes the default sender's place."""
+    cls = updater if isinstance(updater, type) else type(updater)
+    return issubclass(cls, RemoteWeightsUpdaterBase)

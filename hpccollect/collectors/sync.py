@@ -171,6 +171,7 @@ class SyncDataCollector(
             ),
             remote_weight_updater,
             weight_updater,
+            self._wrapped.weights_module,
         )
         self._closed = False
 

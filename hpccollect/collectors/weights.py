@@ -8,7 +8,7 @@ weights to workers). ``update_policy_weights_`` runs the local updater first, th
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -27,9 +27,31 @@ __all__ = [
 
 
 class WeightUpdaterBase(abc.ABC):  # noqa: B024 - the abstract hooks are in the subclasses
-    """Common base: knows its collector, can be initialised with ``collector.init_updater()``."""
+    """How weights reach the policy a collector runs, with TorchRL's hooks.
+
+    A subclass written for TorchRL runs here unchanged: ``push_weights`` takes the weights given
+    (or ``_get_server_weights()``), maps them with ``_maybe_map_weights``, and hands them to
+    ``_sync_weights_with_worker`` once per id of ``all_worker_ids()`` (once, with no id, when
+    that is None), skipping the ids ``_skip_update`` names; then it runs the post hooks.
+
+    Pass one as a collector's ``weight_updater``: an instance, or the class itself, which is
+    built with ``from_policy(policy)`` when that gives one, and with no argument otherwise.
+    """
 
     _collector: Any = None
+    _post_hooks: list[Callable[[], Any]] | None = None
+
+    @classmethod
+    def from_policy(cls, policy: Any) -> WeightUpdaterBase | None:
+        """An updater for ``policy``, or None to be built with no argument (the default).
+
+        Args:
+            policy: the policy of the collector that builds the updater.
+
+        Returns:
+            The updater, or None.
+        """
+        return None
 
     def register_collector(self, collector: Any) -> None:
         """Called by the collector that owns this updater."""
@@ -37,7 +59,24 @@ class WeightUpdaterBase(abc.ABC):  # noqa: B024 - the abstract hooks are in the 
 
     @property
     def collector(self) -> Any:
+        """The collector that owns this updater (None before one registers it)."""
         return self._collector
+
+    @property
+    def collectors(self) -> list[Any] | None:
+        """TorchRL's list form of ``collector``."""
+        return None if self._collector is None else [self._collector]
+
+    @property
+    def post_hooks(self) -> list[Callable[[], Any]]:
+        """Callables run, with no argument, after each ``push_weights``."""
+        if self._post_hooks is None:
+            self._post_hooks = []
+        return self._post_hooks
+
+    def register_post_hook(self, hook: Callable[[], Any]) -> None:
+        """Run ``hook()`` after each ``push_weights`` from now on."""
+        self.post_hooks.append(hook)
 
     def init(self, *args: Any, **kwargs: Any) -> None:  # noqa: B027 - optional hook
         """Optional set-up with user arguments (``collector.init_updater(*args, **kwargs)``)."""
@@ -49,21 +88,39 @@ class WeightUpdaterBase(abc.ABC):  # noqa: B024 - the abstract hooks are in the 
         remote bases below have their own."""
         self.push_weights(policy_or_weights, worker_ids)
 
-    def push_weights(self, weights: Any = None, worker_ids: Any = None) -> None:
-        """The given weights (or ``_get_server_weights()``), mapped by ``_maybe_map_weights``,
-        to each of ``worker_ids`` (default ``all_worker_ids()``) by ``_sync_weights_with_worker``:
-        the hooks a TorchRL ``WeightUpdaterBase`` subclass implements."""
-        if weights is None:
+    def push_weights(self, policy_or_weights: Any = None, worker_ids: Any = None) -> None:
+        """Send weights to workers through the hooks (see the class).
+
+        Args:
+            policy_or_weights: a policy module (its weights are taken), weights, or None for
+                ``_get_server_weights()``.
+            worker_ids: a worker id, a list of them, or None for ``all_worker_ids()``.
+        """
+        if policy_or_weights is None:
             weights = self._get_server_weights()
+        elif isinstance(policy_or_weights, nn.Module):
+            weights = to_weights(policy_or_weights)
+        else:
+            weights = policy_or_weights
         weights = self._maybe_map_weights(weights)
         if worker_ids is None:
-            ids = list(self.all_worker_ids() or [])
+            ids = self.all_worker_ids()
         elif isinstance(worker_ids, Sequence) and not isinstance(worker_ids, str):
             ids = list(worker_ids)
         else:
             ids = [worker_ids]
-        for worker_id in ids:
-            self._sync_weights_with_worker(worker_id=worker_id, server_weights=weights)
+        if ids is None:
+            self._sync_weights_with_worker(server_weights=weights)
+        else:
+            for worker_id in ids:
+                if not self._skip_update(worker_id):
+                    self._sync_weights_with_worker(worker_id=worker_id, server_weights=weights)
+        for hook in self.post_hooks:
+            hook()
+
+    def _skip_update(self, worker_id: Any) -> bool:
+        """Whether ``push_weights`` leaves ``worker_id`` out this time (never, by default)."""
+        return False
 
     def _get_server_weights(self) -> Any:
         raise NotImplementedError(
@@ -74,10 +131,11 @@ class WeightUpdaterBase(abc.ABC):  # noqa: B024 - the abstract hooks are in the 
     def _maybe_map_weights(self, server_weights: Any) -> Any:
         return server_weights
 
-    def all_worker_ids(self) -> Sequence[Any]:
-        return []
+    def all_worker_ids(self) -> Sequence[Any] | None:
+        """The ids ``push_weights`` syncs when given none; None: one sync with no id."""
+        return None
 
-    def _sync_weights_with_worker(self, *, worker_id: Any, server_weights: Any) -> None:
+    def _sync_weights_with_worker(self, *, worker_id: Any = None, server_weights: Any) -> None:
         raise NotImplementedError(
             f"{type(self).__name__}: implement _sync_weights_with_worker(worker_id=..., "
             "server_weights=...) (how weights reach one worker), or __call__."

@@ -26,10 +26,13 @@ __all__ = ["fill_policy_specs", "with_policy_transforms"]
 def fill_policy_specs(env: Any, policy: Any) -> None:
     """Give a TorchRL policy built without specs the env's, as TorchRL's collector does: a
     ``RandomPolicy()`` its action spec, exploration modules made with ``spec=None`` theirs."""
+    fill = getattr(policy, "set_action_spec_from_env", None)
     if not envbase.is_torchrl_env(env):
+        if callable(fill) and getattr(policy, "action_spec", False) is None:
+            fill(env)  # a RandomPolicy() on a gymnasium env
         return
-    if callable(getattr(policy, "set_action_spec_from_env", None)):
-        policy.set_action_spec_from_env(env)
+    if callable(fill):
+        fill(env)
     if isinstance(policy, nn.Module) and envbase.from_torchrl(env):
         modules = importlib.import_module("torchrl.modules")
         modules.set_exploration_modules_spec_from_env(policy, env)
