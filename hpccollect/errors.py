@@ -19,6 +19,7 @@ __all__ = [
     "CollectorTimeoutError",
     "EnvError",
     "HpcCollectError",
+    "JobError",
     "NotProvidedError",
     "PolicyError",
     "StorageError",
@@ -88,6 +89,11 @@ class StorageError(HpcCollectError, OSError):
 
 class CollectorTimeoutError(HpcCollectError, TimeoutError):
     """A blocking wait ran past its timeout."""
+
+
+class JobError(HpcCollectError, RuntimeError):
+    """A job submitted for the user (the main job of ``submitit_delayed_launcher``) failed; the
+    message holds its traceback and names its log."""
 
 
 class WorkerError(HpcCollectError, RuntimeError):

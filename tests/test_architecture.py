@@ -27,6 +27,7 @@ LAYERS = [
 FACADES = {
     "hpccollect": "the public names",
     "hpccollect.collectors.distributed": "TorchRL's torchrl.collectors.distributed path",
+    "hpccollect.collectors.distributed.default_configs": "TorchRL's default_configs path",
 }
 
 

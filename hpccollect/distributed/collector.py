@@ -163,6 +163,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         weight_updater: Any = None,
         weight_sync_schemes: dict | None = None,
         weight_recv_schemes: dict | None = None,
+        trajs_per_batch: int | None = None,
         replay_buffer: Any = None,
         track_policy_version: bool = False,
         on_worker_failure: str = "raise",
@@ -229,7 +230,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             **{name: arguments[name] for name in _PASSED_ON},
             update_at_each_batch=self.update_after_each_batch,
             num_threads=num_threads,
-            cat_results="stack" if self.sync else None,
+            cat_results=self._sync_layout if self.sync else None,
         )
 
     # ------------------------------------------------------------------ the ranks
@@ -243,6 +244,8 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         """Ranks lost during collection (``on_worker_failure="continue"``)."""
         return [i + 1 for i in self.lost_workers]
 
+    #: how a sync round's batches are put together: stacked, or concatenated along a dim
+    _sync_layout: str | int = "stack"
     _env_by_inheritance = False  # ranks get everything in their payload
     _policy_with_factory = True  # as TorchRL's: the ranks build theirs, weights come from here
 
@@ -272,7 +275,9 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     def _weight_buffers(self, module: nn.Module | None) -> list[None]:
         return [None] * self.num_workers  # each rank's channel holds its own
 
-    def _weights_sender(self, module: nn.Module | None) -> RemoteWeightsUpdaterBase:
+    def _weights_sender(
+        self, module: nn.Module | TensorDictBase | None
+    ) -> RemoteWeightsUpdaterBase:
         return RankWeightsSender(
             self._pool,
             module,
@@ -419,6 +424,7 @@ _PASSED_ON = (
     "weight_updater",
     "weight_sync_schemes",
     "weight_recv_schemes",
+    "trajs_per_batch",
 )
 
 

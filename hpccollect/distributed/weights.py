@@ -18,14 +18,15 @@ from hpccollect.policy import copy_weights_
 from hpccollect.protocol import Reply
 from hpccollect.transport.batches import FlatLayout
 
-__all__ = ["RankWeightsSender"]
+__all__ = ["DistributedWeightUpdater", "RPCWeightUpdater", "RankWeightsSender"]
 
 
 class RankWeightsSender(RemoteWeightsUpdaterBase):
     """Default remote updater of ``DistributedDataCollector``.
 
     The trainer policy's parameters are moved into the flat buffer (see ``_alias``), so
-    sending its own weights copies nothing.
+    sending its own weights copies nothing. ``source`` may also be a TensorDict of weights
+    (``DistributedWeightUpdater``'s ``policy_weights``), copied into the buffer at each update.
 
     Sending to every rank still collecting is one broadcast (each rank's receiving thread joins
     it at once, into a buffer of its own); to some ranks, or once a rank is lost,
@@ -41,7 +42,7 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
     def __init__(
         self,
         pool: WorkerPool,
-        source: nn.Module | None,
+        source: nn.Module | TensorDictBase | None,
         groups: Any,
         device: Any,
         timeout: float,
@@ -52,13 +53,17 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
         self.active, self.delivered = active, delivered
         self.flat = self.views = None
         if source is not None:
-            self.layout = FlatLayout.of(TensorDict.from_module(source).data, "policy weight")
+            weights = self._get_server_weights()
+            self.layout = FlatLayout.of(weights.data, "policy weight")
             self.flat, self.views = self.layout.allocate(device)
             self.dst = self.layout.leaves(self.views)
-            _alias(self.layout.leaves(TensorDict.from_module(source)), self.dst)
+            if isinstance(source, nn.Module):
+                _alias(self.layout.leaves(weights), self.dst)
 
     def _get_server_weights(self) -> TensorDictBase | None:
-        return None if self.source is None else TensorDict.from_module(self.source)
+        if self.source is None or isinstance(self.source, TensorDictBase):
+            return self.source
+        return TensorDict.from_module(self.source)
 
     def _maybe_map_weights(self, server_weights: TensorDictBase) -> TensorDictBase:
         return server_weights
@@ -135,6 +140,108 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
                 torch._foreach_copy_(self.dst, leaves)
         else:
             copy_weights_(self.views, weights)
+
+
+class DistributedWeightUpdater(RemoteWeightsUpdaterBase):
+    """TorchRL's remote updater of ``DistributedDataCollector``, with its constructor: sends
+    ``policy_weights`` (or the weights given) to the collector ranks.
+
+    Pass it as ``weight_updater=`` to send a TensorDict of weights that is not the trainer
+    policy's own; the collector's transport carries them as it carries its default updater's
+    (``RankWeightsSender``), which it builds when this one registers.
+
+    Args:
+        store: TorchRL's ``TCPStore``, through which its ranks hear of an update. hpccollect's
+            ranks hear of it on their own link, so none is needed; whatever is given is kept.
+        policy_weights: the weights sent by ``update_policy_weights_()`` with none given.
+        num_workers: the collector's number of ranks; checked when the collector registers
+            this updater. None: any.
+        sync: whether the collector is sync; kept as given.
+    """
+
+    def __init__(
+        self,
+        store: Any = None,
+        policy_weights: TensorDictBase | None = None,
+        num_workers: int | None = None,
+        sync: bool | None = None,
+    ) -> None:
+        if policy_weights is not None and not isinstance(policy_weights, TensorDictBase):
+            raise ArgumentValueError(
+                "DistributedWeightUpdater: policy_weights must be a TensorDict of weights "
+                f"(TensorDict.from_module(policy)), got {type(policy_weights).__name__}."
+            )
+        self.store, self.policy_weights = store, policy_weights
+        self.num_workers, self.sync = num_workers, sync
+        self._sender: RankWeightsSender | None = None
+
+    def register_collector(self, collector: Any) -> None:
+        sender = getattr(collector, "_weights_sender", None)
+        if not callable(sender) or not hasattr(collector, "_groups"):
+            raise ArgumentValueError(
+                f"DistributedWeightUpdater sends weights to collector ranks; "
+                f"{type(collector).__name__} has none: pass it to a DistributedDataCollector."
+            )
+        if self.num_workers is not None and self.num_workers != collector.num_workers:
+            raise ArgumentValueError(
+                f"DistributedWeightUpdater: num_workers={self.num_workers}, but the collector "
+                f"has {collector.num_workers} ranks; give it the collector's, or None."
+            )
+        super().register_collector(collector)
+        self._sender = sender(self.policy_weights)
+
+    def _bound(self) -> RankWeightsSender:
+        if self._sender is None:
+            raise ArgumentValueError(
+                "DistributedWeightUpdater is not registered with a collector yet: pass it to "
+                "DistributedDataCollector(weight_updater=...)."
+            )
+        return self._sender
+
+    def _get_server_weights(self) -> TensorDictBase | None:
+        return self.policy_weights
+
+    def _maybe_map_weights(self, server_weights: TensorDictBase) -> TensorDictBase:
+        return server_weights
+
+    def all_worker_ids(self) -> Sequence[int]:
+        return self._bound().all_worker_ids()
+
+    def _sync_weights_with_worker(self, worker_id: int, server_weights: TensorDictBase) -> None:
+        self._bound()._sync_weights_with_workers([worker_id], server_weights)
+
+    def _sync_weights_with_workers(
+        self, worker_ids: Sequence[int], server_weights: TensorDictBase
+    ) -> None:
+        self._bound()._sync_weights_with_workers(worker_ids, server_weights)
+
+
+class RPCWeightUpdater(DistributedWeightUpdater):
+    """TorchRL's remote updater of ``RPCCollector``, with its constructor: sends
+    ``policy_weights`` (or the weights given) to the collector ranks, as
+    ``DistributedWeightUpdater`` does.
+
+    Args:
+        collector_infos: TorchRL's RPC worker infos; kept as given (hpccollect's ranks are
+            reached over the collector's own links).
+        collector_class: the ranks' collector class; kept as given.
+        collector_rrefs: TorchRL's remote references to the ranks' collectors; kept as given.
+        policy_weights: the weights sent by ``update_policy_weights_()`` with none given.
+        num_workers: the collector's number of ranks; checked when the collector registers
+            this updater. None: any.
+    """
+
+    def __init__(
+        self,
+        collector_infos: Any = None,
+        collector_class: Any = None,
+        collector_rrefs: Any = None,
+        policy_weights: TensorDictBase | None = None,
+        num_workers: int | None = None,
+    ) -> None:
+        super().__init__(None, policy_weights, num_workers)
+        self.collector_infos, self.collector_class = collector_infos, collector_class
+        self.collector_rrefs = collector_rrefs
 
 
 def _alias(params: Sequence[torch.Tensor], views: Sequence[torch.Tensor]) -> None:

@@ -90,8 +90,8 @@ def get_launcher(
 register_launcher("mp", "hpccollect.launchers.mp:MPLauncher")
 register_launcher("mpi", "hpccollect.launchers.mpi:MPILauncher", ranks_exist=True)
 register_launcher("submitit", "hpccollect.launchers.submitit:SubmititLauncher", requires="submitit")
-register_launcher(
-    "submitit_delayed", "hpccollect.launchers.submitit:SubmititLauncher", requires="submitit"
+register_launcher(  # inside a main of submitit_delayed_launcher: its pre-launched ranks
+    "submitit_delayed", "hpccollect.launchers.prelaunched:PrelaunchedLauncher", requires="submitit"
 )
 
 #: the launchers hpccollect brings (``launcher_names()`` also lists those registered later)

@@ -36,11 +36,30 @@ from hpccollect.launchers.rank import RankArgs, serve_rank
 from hpccollect.launchers.submitit_jobs import JobWatch, WatchedJob, cancel, slurm_nodes
 from hpccollect.transport.base import PeerLife
 
-__all__ = ["SubmititLauncher", "SubmititRank", "serve_job", "serve_task"]
+__all__ = [
+    "DEFAULT_SLURM_CONF",
+    "DEFAULT_SLURM_CONF_MAIN",
+    "TCP_PORT",
+    "Packed",
+    "SubmititLauncher",
+    "SubmititRank",
+    "serve_job",
+    "serve_task",
+]
 
 CLUSTERS = ("slurm", "local")
 #: minutes a job may run unless ``slurm_kwargs`` says (``timeout_min`` or ``slurm_time``)
 DEFAULT_TIMEOUT_MIN = {"slurm": 60, "local": 7 * 24 * 60}
+#: what a collection job asks of SLURM when ``submitit_delayed_launcher`` is given nothing
+#: (TorchRL's names). TorchRL's values name a ``train`` partition and 32 CPUs, which most
+#: clusters lack: these take the cluster's default partition and one CPU, so the defaults run
+#: anywhere; pass TorchRL's values (or a partition of your own) to ask for more.
+DEFAULT_SLURM_CONF = {"timeout_min": DEFAULT_TIMEOUT_MIN["slurm"], "slurm_cpus_per_task": 1}
+#: the same, for the main job of ``submitit_delayed_launcher``
+DEFAULT_SLURM_CONF_MAIN = {"timeout_min": DEFAULT_TIMEOUT_MIN["slurm"], "slurm_cpus_per_task": 1}
+#: TorchRL's fixed port for rank 0 (``$TCP_PORT``, else 10003). hpccollect's ranks learn rank
+#: 0's port when they join, so its launchers take a free one unless given ``tcp_port``.
+TCP_PORT = os.environ.get("TCP_PORT", "10003")
 
 
 class SubmititRank(PeerLife):
@@ -179,13 +198,13 @@ class SubmititLauncher(Launcher):
             if self.delayed:
                 per_node = math.ceil(len(ranks) / int(self.parameters.get("nodes", 1)))
                 executor = self._executor({"tasks_per_node": per_node})
-                job = executor.submit(serve_task, _Packed(list(ranks)))
+                job = executor.submit(serve_task, Packed(list(ranks)))
                 watched = WatchedJob(job, [a.rank for a in ranks], timeout, slurm)
                 self._watch.add(watched)
                 started = [SubmititRank(watched, a.rank, i) for i, a in enumerate(ranks)]
             else:
                 for args in ranks:
-                    job = self.executor.submit(serve_job, _Packed(args))
+                    job = self.executor.submit(serve_job, Packed(args))
                     watched = WatchedJob(job, [args.rank], timeout, slurm)
                     self._watch.add(watched)
                     started.append(SubmititRank(watched, args.rank, 0))
@@ -197,7 +216,7 @@ class SubmititLauncher(Launcher):
         return list(started)
 
 
-class _Packed:
+class Packed:
     """A rank's arguments pickled here, with this process's ``sys.path``: the job puts the path
     back before it unpickles them, so env makers and policies from modules the caller imported
     through its own path (a script's directory, ``sys.path.insert``) load in the job, as
@@ -214,12 +233,12 @@ class _Packed:
         return pickle.loads(self.blob)
 
 
-def serve_job(packed: _Packed) -> None:
+def serve_job(packed: Packed) -> None:
     """What a submitit job runs: its rank (see ``_serve``)."""
     _serve(packed.unpack())
 
 
-def serve_task(packed: _Packed) -> None:
+def serve_task(packed: Packed) -> None:
     """What each task of ``submitit_delayed``'s job runs: serve the rank its task number names
     (a task beyond the ranks, when the nodes round the task count up, has nothing to do)."""
     import submitit

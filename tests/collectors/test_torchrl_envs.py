@@ -617,16 +617,71 @@ def test_every_torchrl_keyword_is_accepted(theirs: str, ours: str) -> None:
     assert not missing, f"{ours} lacks TorchRL's {sorted(missing)}"
 
 
-@pytest.mark.parametrize("theirs", ["DistributedCollector", "DistributedSyncCollector"])
+@pytest.mark.parametrize(
+    "theirs", ["DistributedCollector", "DistributedSyncCollector", "RPCCollector"]
+)
 def test_every_distributed_keyword_is_accepted(theirs: str) -> None:
     import torchrl.collectors.distributed
 
     from hpccollect.collectors import distributed
 
     cls = getattr(torchrl.collectors.distributed, theirs)
-    missing = _keywords(cls) - _keywords(hpccollect.DistributedDataCollector)
-    assert not missing, f"DistributedDataCollector lacks TorchRL's {sorted(missing)}"
-    assert getattr(distributed, theirs) is not None
+    missing = _keywords(cls) - _keywords(getattr(distributed, theirs))
+    assert not missing, f"{theirs} lacks TorchRL's {sorted(missing)}"
+
+
+TORCHRL_MODULES = [
+    "collectors",
+    "collectors.distributed",
+    "collectors.distributed.default_configs",
+]
+
+
+@pytest.mark.parametrize("module", TORCHRL_MODULES)
+def test_every_public_torchrl_name_imports_from_the_same_path(module: str) -> None:
+    import importlib
+    import inspect
+
+    theirs = importlib.import_module(f"torchrl.{module}")
+    ours = importlib.import_module(f"hpccollect.{module}")
+    names = getattr(theirs, "__all__", None) or ["DEFAULT_SLURM_CONF", "DEFAULT_SLURM_CONF_MAIN"]
+    missing = [name for name in names if not hasattr(ours, name)]
+    assert not missing, f"hpccollect.{module} lacks {missing}"
+    for name in names:  # callables take TorchRL's parameters by name
+        theirs_obj, ours_obj = getattr(theirs, name), getattr(ours, name)
+        if not callable(theirs_obj) or name in ("Collector", "SyncDataCollector"):
+            continue  # (the collectors' keywords: test_every_torchrl_keyword_is_accepted)
+        try:
+            wanted = set(inspect.signature(theirs_obj).parameters)
+        except (TypeError, ValueError):
+            continue
+        if "Collector" in name or "Evaluator" in name:
+            continue
+        have = set(inspect.signature(ours_obj).parameters)
+        if not {"args", "kwargs"} & have:
+            assert wanted - {"self"} <= have, f"{name} lacks {sorted(wanted - have)}"
+
+
+def test_vanilla_weight_updater_writes_what_torchrls_writes() -> None:
+    from torchrl.collectors import VanillaWeightUpdater as Theirs
+
+    from hpccollect.collectors import VanillaWeightUpdater as Ours
+
+    results = []
+    for cls in (Theirs, Ours):
+        torch.manual_seed(0)
+        policy = torch.nn.Linear(3, 2)
+        server = torch.nn.Linear(3, 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            updater = cls(
+                weight_getter=lambda server=server: TensorDict.from_module(server).data,
+                policy_weights=TensorDict.from_module(policy),
+            )
+        updater.push_weights()
+        results.append(torch.cat([policy.weight.flatten(), policy.bias]).detach())
+        assert torch.equal(results[-1], torch.cat([server.weight.flatten(), server.bias]))
+    assert torch.equal(*results)
 
 
 def _rank_job(launcher: str, backend: str, tmp_path) -> dict:
@@ -683,6 +738,50 @@ def test_distributed_collector_on_a_torchrl_env_with_policy_factory(launcher, ba
     acts = saved["actions"]
     assert (acts[0] == 0).all() and (acts[1] == 0).all()
     assert (acts[-1] == 1).all()  # both ranks act on the weights sent after the second batch
+
+
+def _rpc_batches(cls: type) -> list:
+    import socket
+
+    with socket.socket() as probe:  # TorchRL's RPC agent needs a port named in advance
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        collector = cls(
+            [cartpole, cartpole], None, frames_per_batch=100, total_frames=200, sync=True,
+            launcher="mp", tcp_port=port,
+        )  # fmt: skip
+        try:
+            return list(collector)
+        finally:
+            collector.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_rpc_collector_gives_torchrls_rpc_batches() -> None:
+    """The same RPC collector call, TorchRL's and hpccollect's: the same rounds, each both
+    ranks' batches concatenated (keys, shapes, dtypes); each half one rank's steps."""
+    from torchrl.collectors.distributed import RPCCollector as Theirs
+
+    from hpccollect.collectors.distributed import RPCCollector as Ours
+
+    theirs, ours = _rpc_batches(Theirs), _rpc_batches(Ours)
+    assert len(ours) == len(theirs) == 2
+
+    def layout(batch: TensorDict) -> dict:
+        keys = batch.keys(True, True)
+        return {str(k): (batch.get(k).shape, batch.get(k).dtype) for k in keys}
+
+    for mine, their in zip(ours, theirs, strict=True):
+        assert layout(mine) == layout(their)
+        assert mine.batch_size == their.batch_size == torch.Size([100])
+        for half in (mine[:50], mine[50:]):  # one rank's steps: counts rise by one in an episode
+            counts = half["next", "step_count"].squeeze(-1)
+            ends = half["next", "done"].squeeze(-1)
+            rises = counts[1:] == counts[:-1] + 1
+            assert (rises | ends[:-1]).all()
 
 
 def pendulum_vecnorm() -> TransformedEnv:

@@ -27,10 +27,12 @@ from conftest import (
     descendants,
     listening_addresses,
 )
+from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torch import nn
 
 from hpccollect import DistributedDataCollector, MultiSyncDataCollector, SyncDataCollector
+from hpccollect.collectors.distributed import DistributedWeightUpdater
 from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
 from hpccollect.collectors.reports import is_report
 from hpccollect.errors import (
@@ -177,6 +179,27 @@ def test_weights_reach_exactly_the_named_ranks_and_every_later_batch():
         assert (next(it)["action"][..., 0] == 1).all()  # weights given explicitly
     finally:
         collector.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_distributed_weight_updater_sends_its_policy_weights_to_the_ranks():
+    """TorchRL's ``DistributedWeightUpdater(store, policy_weights, num_workers, sync)``: what
+    ``update_policy_weights_()`` sends is its ``policy_weights``, not the trainer policy's."""
+    weights = TensorDict({"module": {"bias": torch.tensor([1.0, 0.0])}}, [])
+    updater = DistributedWeightUpdater(None, weights, num_workers=2, sync=True)
+    collector = make(envs(3, 5), bias_policy(), sync=True, weight_updater=updater)
+    try:
+        assert collector.remote_weight_updater is updater
+        it = iter(collector)
+        assert (next(it)["action"][..., 0] == 1).all()
+        weights["module", "bias"] = torch.tensor([0.0, 1.0])
+        collector.update_policy_weights_()
+        assert (next(it)["action"][..., 1] == 1).all()
+    finally:
+        collector.shutdown()
+    wrong = DistributedWeightUpdater(None, weights, num_workers=3, sync=True)
+    with pytest.raises(ArgumentValueError, match="num_workers=3, but the collector has 2"):
+        make(envs(3, 5), bias_policy(), weight_updater=wrong)
 
 
 @pytest.mark.timeout(180)
