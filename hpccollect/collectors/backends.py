@@ -3,8 +3,9 @@ point that builds the collector an execution backend names.
 
 ``"direct"`` (the default without ``num_collectors``) is the single-process collector itself,
 ``"process"`` (the default with ``num_collectors``) a ``MultiCollector`` with one worker per
-env constructor, ``"distributed"`` and ``"submitit"`` a ``DistributedDataCollector``. TorchRL's
-``"ray"`` and ``"rpc"`` have no counterpart here and are refused, naming what to use.
+env constructor, ``"distributed"`` and ``"submitit"`` a ``DistributedDataCollector``, ``"rpc"``
+an ``RPCCollector``. TorchRL's ``"ray"`` has no counterpart here and is refused, naming what to
+use.
 """
 
 from __future__ import annotations
@@ -19,18 +20,19 @@ from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["ByBackend", "register_backend"]
 
-_OFFERED = ("direct", "process", "distributed", "submitit")
+_OFFERED = ("direct", "process", "distributed", "submitit", "rpc")
 #: the module that registers each backend's collector when it loads; a backend is loaded on its
 #: first use, so building a local collector never imports the distributed layer
 _PROVIDERS = {
     "process": "hpccollect.collectors.multi",
     "distributed": "hpccollect.distributed",
     "submitit": "hpccollect.distributed",
+    "rpc": "hpccollect.distributed.rpc",
 }
 #: backend -> (the class it builds, the constructor whose defaults it has)
 _REGISTERED: dict[str, tuple[type, Callable]] = {}
 _ALIASES = {"multiprocessing": "process"}  # TorchRL's long spelling, kept as an alias there
-_THEIRS = {"ray": "RayCollector", "rpc": "RPCCollector"}
+_THEIRS = {"ray": "RayCollector"}
 _SELECTORS = frozenset({"backend_options", "num_collectors", "num_workers", "sync"})
 
 
@@ -120,7 +122,7 @@ def _check_num_collectors(num_collectors: Any) -> None:
 
 
 def _unknown(backend: Any) -> str:
-    if backend in ("ray", "rpc"):
+    if backend in _THEIRS:
         return (
             f"backend={backend!r} needs TorchRL's {_THEIRS[backend]}, which hpccollect does not "
             "have: use backend='process' (worker processes on this machine) or "

@@ -71,6 +71,23 @@ def test_process_builds_a_multi_collector(kwargs: dict, expected: type | None) -
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
+def test_rpc_builds_the_rpc_collector() -> None:
+    from hpccollect.collectors.distributed import RPCCollector
+
+    collector = Collector(
+        counter, None, frames_per_batch=8, total_frames=16, backend="rpc", num_collectors=2,
+        sync=True, backend_options={"launcher": "mp"},
+    )  # fmt: skip
+    try:
+        assert isinstance(collector, RPCCollector) and collector.sync
+        batches = list(collector)
+    finally:
+        collector.shutdown()
+    assert [b.batch_size for b in batches] == [torch.Size([8])] * 2  # both ranks' 4, end to end
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_distributed_builds_the_distributed_collector() -> None:
     collector = Collector(
         counter,
@@ -94,7 +111,6 @@ def test_distributed_builds_the_distributed_collector() -> None:
     ("kwargs", "error", "match"),
     [  # the phrases TorchRL's own tests look for, and the fix
         ({"backend": "ray"}, ArgumentValueError, "RayCollector"),
-        ({"backend": "rpc"}, ArgumentValueError, "RPCCollector"),
         ({"backend": "dask"}, ArgumentValueError, "backend must be one of"),
         ({"num_collectors": 0}, ArgumentValueError, "num_collectors must be a positive integer"),
         ({"num_collectors": True}, ArgumentTypeError, "num_collectors must be a positive integer"),
