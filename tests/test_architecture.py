@@ -13,7 +13,7 @@ ROOT = Path(hpccollect.__file__).parent
 
 #: lowest first; a module may import its own layer and those below it
 LAYERS = [
-    {"_version", "_startup", "_compat", "_checks", "_lazy", "errors", "protocol"},
+    {"_version", "_startup", "_compat", "_checks", "_lazy", "_signals", "errors", "protocol"},
     {"transport"},
     {"envs"},
     {"policy"},

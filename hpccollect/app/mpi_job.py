@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import socket
 import time
 import uuid
@@ -31,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpccollect._signals import ignore_stop_signals
 from hpccollect.app.agreement import Describe, agree
 from hpccollect.app.config import RunConfig
 from hpccollect.app.lifecycle import Job, Progress
@@ -102,8 +102,7 @@ class MPICollect:
         if self.size > 1:
             abort_on_uncaught(self.comm)
         if self.rank:  # the launcher forwards signals to every rank; rank 0 decides
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            ignore_stop_signals()
         self.describe_error: Describe | None = None
         self.announce: Callable[[MPICollect], None] | None = None
         self.run_id = uuid.uuid4().hex

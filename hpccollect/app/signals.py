@@ -3,8 +3,9 @@
 
 * during start-up (env probe, worker start, before the first batch) nothing is worth finishing:
   ``Stopped`` is raised, the workers are stopped at once and no dataset is written;
-* while collecting, SIGTERM and a first SIGINT stop the run after the current batch; a second
-  SIGINT interrupts at once (committed data is still kept).
+* while collecting, SIGTERM, SIGUSR1 (what to send Open MPI's ``mpirun``, see ``_signals.py``)
+  and a first SIGINT stop the run after the current batch; a second SIGINT interrupts at once
+  (committed data is still kept).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+from hpccollect._signals import STOP_SIGNALS
 
 __all__ = ["StopSignals", "Stopped"]
 
@@ -70,7 +73,7 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         try:
             yield self
         finally:

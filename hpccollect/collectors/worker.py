@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from hpccollect._signals import ignore_stop_signals
 from hpccollect.collectors.buffers import store
 from hpccollect.collectors.remote import Call
 from hpccollect.collectors.reports import RankReporter, Reporting
@@ -97,8 +97,7 @@ def worker_main(
     ``buffer``: a replay buffer that reaches workers only that way (see ``inherited_buffer``)."""
     # A scheduler (SLURM, timeout) or Ctrl-C signals the whole process group: the collector
     # decides when to stop and sends SHUTDOWN; if it is gone, recv() ends with EOF.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stop_signals()
     serve(PipeChannel(conn), payload, weights, interruptor, env, buffer)
 
 

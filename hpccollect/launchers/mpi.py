@@ -9,7 +9,9 @@ through rank 0's store, or MPI itself).
 Under ``mpiexec`` a rank that exits with an error leaves the others waiting forever, so an
 uncaught exception on any rank prints its traceback, names the rank and host, and aborts the
 whole job (``MPI_Abort``). A rank killed by a signal ends the whole job too: hydra and srun tear
-every rank down, so under MPI a job cannot go on without a lost rank.
+every rank down, so under MPI a job cannot go on without a lost rank. A launcher that ends
+without passing SIGTERM on (Intel MPI's ``mpirun`` script) is noticed by the ranks, which stop
+as if it had (``launcher_watch``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, NoReturn
 
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.launchers.base import Launcher
+from hpccollect.launchers.launcher_watch import watch_launcher
 from hpccollect.launchers.rank import LOST_RANK0_STATUS, RankArgs, serve_rank
 from hpccollect.transport.base import PeerLife
 from hpccollect.transport.mpi4py_group import abort_job, end_job_at_exit, mpi4py_comm, quiesce
@@ -48,6 +51,7 @@ class MPILauncher(Launcher):
     def __init__(self, master_addr: str | None = None, interface: str | None = None) -> None:
         self.comm = mpi4py_comm()
         abort_on_uncaught(self.comm)
+        watch_launcher()  # a launcher that ends without passing SIGTERM on: see launcher_watch
         size = self.comm.Get_size()
         if size < 2:
             raise ArgumentValueError(

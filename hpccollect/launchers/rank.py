@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hpccollect._signals import ignore_stop_signals
 from hpccollect.collectors.worker import serve
 from hpccollect.transport.groups import RankGroups, open_store
 
@@ -50,7 +51,7 @@ def serve_rank(
 ) -> None:
     """Join the job as ``args.rank`` and serve rank 0 until it says stop or goes away.
 
-    SIGTERM and SIGINT are ignored: a scheduler signals every process of a job, and the stop
+    SIGTERM, SIGINT and SIGUSR1 are ignored: a scheduler signals every process of a job, and the stop
     belongs to rank 0, which sends ``SHUTDOWN`` after committing its last batch.
     ``stop_on_sigterm``: SIGTERM ends the process instead (a rank in a job of its own, whose
     rank 0 is outside the job: the signal means the scheduler ends the job).
@@ -59,8 +60,9 @@ def serve_rank(
     ``end_lost()`` ends the process (default: exit status ``LOST_RANK0_STATUS`` at once, with
     no teardown that could wait on rank 0).
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL if stop_on_sigterm else signal.SIG_IGN)
+    ignore_stop_signals()
+    if stop_on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     store = None
     if args.host is not None:
         store = open_store(args.host, args.port, args.world_size, False, args.start_timeout)

@@ -48,7 +48,7 @@ def mpi4py_comm() -> Any:
     """``MPI.COMM_WORLD`` from mpi4py, checked to allow calls from several threads. When every
     rank runs on this node and MPI is not initialised yet, UCX is kept on loopback (MPICH's
     UCX would otherwise listen on every network interface for peers that cannot exist)."""
-    _loopback_ucx_on_one_node()
+    _loopback_mpi_on_one_node()
     try:
         from mpi4py import MPI
     except ImportError as err:
@@ -137,15 +137,28 @@ def _drain_output(timeout: float = _GRACE) -> None:
         waiting.pop(0)
 
 
-def _loopback_ucx_on_one_node() -> None:
-    if "UCX_NET_DEVICES" in os.environ or "mpi4py.MPI" in sys.modules:
+#: what keeps each MPI off the network, set (when the user set none of a group) for a job whose
+#: ranks all share one node: MPICH's UCX on loopback; Open MPI without its TCP transport (it
+#: listens on every address whatever interface it is told to use; shared memory carries it all);
+#: Intel MPI's libfabric TCP provider on loopback
+_LOOPBACK = (
+    (("UCX_NET_DEVICES",), {"UCX_NET_DEVICES": "lo"}),
+    (("OMPI_MCA_btl",), {"OMPI_MCA_btl": "^tcp"}),
+    (("FI_TCP_IFACE",), {"FI_TCP_IFACE": "lo"}),
+)
+
+
+def _loopback_mpi_on_one_node() -> None:
+    if "mpi4py.MPI" in sys.modules:
         return
     from hpccollect.transport.rendezvous import detect
 
     with contextlib.suppress(Exception):  # only a hint: MPI's defaults work too
         found = detect()
         if found.world_size > 1 and found.local_size == found.world_size:
-            os.environ["UCX_NET_DEVICES"] = "lo"
+            for names, values in _LOOPBACK:
+                if not any(name in os.environ for name in names):
+                    os.environ.update(values)
 
 
 class _Work:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import mpirun
 import numpy as np
 import pytest
 from conftest import alive, descendants
@@ -23,11 +23,9 @@ from hpccollect.storage import open_dataset
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.usefixtures("no_mpich_segments_left")]
 
-BIN = os.path.dirname(sys.executable)
-MPIEXEC = shutil.which("mpiexec", path=BIN)
-if MPIEXEC is None and not os.environ.get("CI"):
-    pytestmark.append(pytest.mark.skip(reason="no mpiexec next to this Python (pip install mpich)"))
-ENV = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
+if mpirun.skip_reason():
+    pytestmark.append(pytest.mark.skip(reason=mpirun.skip_reason()))
+ENV = {**os.environ, "PATH": mpirun.BIN + os.pathsep + os.environ.get("PATH", "")}
 TOTAL, BATCH = 2000, 200
 SMALL = ["--env", "CartPole-v1", "--frames-per-batch", str(BATCH), "--total-frames", str(TOTAL)]
 
@@ -36,10 +34,11 @@ class Job:
     """``mpiexec -n 3 python -m hpccollect collect ...`` in ``cwd``, watched: every process it
     starts is remembered, so the test can check that none is left."""
 
-    def __init__(self, cwd: Path, *args: str, ranks: int = 3) -> None:
+    def __init__(self, cwd: Path, *args: str, ranks: int = 3, launcher: str = "mpiexec") -> None:
         self.log = cwd / "job.log"
         self.cwd = cwd
-        cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "hpccollect", "collect", *args]
+        cmd = [sys.executable, "-m", "hpccollect", "collect", *args]
+        cmd = mpirun.command(ranks, *cmd, launcher=launcher)
         self.out = open(cwd / "job.stdout", "w")  # noqa: SIM115 - closed in wait()
         self.err = open(self.log, "w")  # noqa: SIM115
         self.start = time.monotonic()
@@ -106,6 +105,7 @@ def episodes(path: Path) -> tuple[int, np.ndarray]:
         return len(ds), order
 
 
+@pytest.mark.anympi
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     ("extra", "shards"),
@@ -147,20 +147,31 @@ def test_collect_under_mpiexec_keeps_every_episode_of_every_rank(tmp_path, capsy
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.anympi
 @pytest.mark.parametrize("shards", [False, True], ids=["rank-0-writes", "shards"])
-def test_sigterm_to_mpiexec_keeps_the_committed_episodes(tmp_path, capsys, shards):
+@pytest.mark.parametrize(
+    ("launcher", "stop"), mpirun.STOPS, ids=["-".join(s) for s in mpirun.STOPS]
+)
+def test_a_stop_sent_to_the_launcher_keeps_the_committed_episodes(
+    tmp_path, capsys, shards, launcher, stop
+):
+    """What a scheduler or Ctrl-C does to a job: the run stops after its batch, every file is
+    finished, the job exits 0 and nothing is left (an Intel MPI ``mpirun`` script dies of the
+    SIGTERM itself: its job, orphaned, notices and stops the same way)."""
     args = ["--env", "CartPole-v1", "--collector", "single", "--frames-per-batch", "100"]
     args += ["--total-frames", "100000000", "--out", "run.h5"] + (["--shards"] if shards else [])
-    job = Job(tmp_path, *args)
+    job = Job(tmp_path, *args, launcher=launcher)
     collecting = re.compile(r"\] [1-9]\d*/100000000 frames")
     started = job.watch(150, lambda: bool(collecting.search(job.stderr())))
     assert started and job.proc.poll() is None, job.stderr()
-    job.proc.send_signal(signal.SIGTERM)
+    job.proc.send_signal(getattr(signal, stop))
     stopped = time.monotonic()
-    code, out, err, _ = job.wait(60)
-    assert code == 0, err
+    code, *_ = job.wait(60)
+    job.assert_nothing_left()  # an orphaned job (the mpirun script gone) ends by itself
+    out = (tmp_path / "job.stdout").read_text()
+    assert code == (-signal.SIGTERM if launcher == "mpirun" and mpirun.FLAVOUR == "impi" else 0)
     assert time.monotonic() - stopped < 30
-    assert "stopped early by SIGTERM" in out
+    assert f"stopped early by {stop}" in out, job.stderr()
     frames, order = episodes(tmp_path / "run.h5")
     assert frames >= 100 and len(order)
     inspect_ok(tmp_path / "run.h5", capsys)
@@ -168,9 +179,34 @@ def test_sigterm_to_mpiexec_keeps_the_committed_episodes(tmp_path, capsys, shard
         for rank in (1, 2):  # every rank closed its shard: no unfinished file
             assert (tmp_path / "run.shards" / f"rank-{rank:04d}.h5").exists()
         assert not list((tmp_path / "run.shards").glob("*.partial"))
-    job.assert_nothing_left()
 
 
+if mpirun.FLAVOUR == "openmpi":
+
+    @pytest.mark.anympi
+    @pytest.mark.timeout(240)
+    def test_sigterm_to_open_mpis_mpirun_loses_no_committed_episode(tmp_path, capsys):
+        """Open MPI's mpirun answers SIGTERM with SIGKILL to every rank 0.5 s later and exit 1
+        (hard-coded in PRRTE; SIGUSR1 stops a job cleanly, above): the shards are left
+        unfinished, and every episode they committed is there once repaired."""
+        args = ["--env", "CartPole-v1", "--collector", "single", "--frames-per-batch", "100"]
+        args += ["--total-frames", "100000000", "--out", "run.h5", "--shards"]
+        job = Job(tmp_path, *args)
+        collecting = re.compile(r"\] [1-9]\d*/100000000 frames")
+        assert job.watch(150, lambda: bool(collecting.search(job.stderr()))), job.stderr()
+        job.proc.send_signal(signal.SIGTERM)
+        code, *_ = job.wait(30)
+        assert code == 1
+        job.assert_nothing_left()
+        for rank in (1, 2):
+            partial = tmp_path / "run.shards" / f"rank-{rank:04d}.h5.partial"
+            assert main(["repair", str(partial)]) == 0
+            frames, order = episodes(partial.with_suffix(""))
+            assert frames > 0 and len(order)
+        capsys.readouterr()
+
+
+@pytest.mark.anympi
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     ("args", "says"),
@@ -186,7 +222,7 @@ def test_a_mistake_under_mpiexec_ends_every_rank_with_one_line(tmp_path, args, s
     job = Job(tmp_path, *args)
     code, out, err, seconds = job.wait(120)
     assert code == 2, err
-    assert [line for line in err.splitlines() if not line.startswith("collecting ")] == [
+    assert [line for line in mpirun.own_lines(err) if not line.startswith("collecting ")] == [
         next(line for line in err.splitlines() if line.startswith(says))
     ], err
     assert out == ""

@@ -685,7 +685,6 @@ def test_vanilla_weight_updater_writes_what_torchrls_writes() -> None:
 
 
 def _rank_job(launcher: str, backend: str, tmp_path) -> dict:
-    import shutil
     import signal
     import subprocess
     import sys
@@ -695,10 +694,11 @@ def _rank_job(launcher: str, backend: str, tmp_path) -> dict:
     out = tmp_path / "out.pt"
     cmd = [sys.executable, str(job), str(out), launcher, backend]
     if launcher == "mpi":
-        mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
-        if mpiexec is None and not os.environ.get("CI"):
-            pytest.skip("no mpiexec next to this Python (pip install mpich)")
-        cmd = [mpiexec, "-n", "3", *cmd]
+        import mpirun
+
+        if mpirun.skip_reason():
+            pytest.skip(mpirun.skip_reason())
+        cmd = mpirun.command(3, *cmd)
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

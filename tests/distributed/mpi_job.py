@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--sync", type=int, default=1)
     p.add_argument("--mode", default="collect")
     a = p.parse_args()
-    rank = int(os.environ.get("PMI_RANK", "0"))
+    rank = int(os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
     with open(f"{a.out}.pid{rank}", "w") as f:
         f.write(str(os.getpid()))
     os.environ["MPI_JOB_OUT"] = a.out  # the ranks' envs inherit it

@@ -10,22 +10,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import mpirun
 import pytest
 from conftest import alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]  # asserts how long detection takes
 
 JOB = Path(__file__).with_name("liveness_job.py")
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
 needs_mpiexec = pytest.mark.skipif(
-    MPIEXEC is None and not os.environ.get("CI"), reason="no mpiexec next to this Python"
+    mpirun.skip_reason() is not None, reason=str(mpirun.skip_reason())
 )
 LIVENESS = 3.0  # the job's liveness_timeout
 
@@ -37,7 +36,7 @@ class Job:
         self.out = tmp_path / "out"
         cmd = [sys.executable, str(JOB), str(self.out), *args]
         if ranks:
-            cmd = [MPIEXEC, "-n", str(ranks), *cmd, "--launcher", "mpi"]
+            cmd = mpirun.command(ranks, *cmd, "--launcher", "mpi")
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )

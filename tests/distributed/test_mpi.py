@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import mpirun
 import pytest
 import torch
 from conftest import alive, assert_each_holds_its_own
@@ -21,9 +21,8 @@ from tensordict import TensorDict
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.usefixtures("no_mpich_segments_left")]
 
 JOB = Path(__file__).with_name("mpi_job.py")
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
-if MPIEXEC is None and not os.environ.get("CI"):
-    pytestmark.append(pytest.mark.skip(reason="no mpiexec next to this Python (pip install mpich)"))
+if mpirun.skip_reason():
+    pytestmark.append(pytest.mark.skip(reason=mpirun.skip_reason()))
 
 
 def run_job(out: Path, *args: str, ranks: int = 3, timeout: float = 90, job: Path = JOB) -> tuple:
@@ -31,7 +30,7 @@ def run_job(out: Path, *args: str, ranks: int = 3, timeout: float = 90, job: Pat
     seconds)."""
     cmd = [sys.executable, str(job), str(out), *args]
     if ranks:
-        cmd = [MPIEXEC, "-n", str(ranks), *cmd]
+        cmd = mpirun.command(ranks, *cmd)
     start = time.monotonic()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -101,6 +100,7 @@ def test_ranks_told_to_stop_mid_batch_finish_it_and_the_job_exits_0(tmp_path, ba
     assert_gone(job_pids(out))
 
 
+@pytest.mark.anympi
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_mpiexec_job_gives_the_mp_launchers_data(tmp_path, reference, backend):
@@ -195,6 +195,7 @@ def test_rank_0_does_not_burn_a_core_while_it_waits_on_mpi(tmp_path):
     assert busy < 0.3, f"rank 0 used {busy:.0%} of a core while its ranks' envs slept"
 
 
+@pytest.mark.anympi
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("mode", "says"),
@@ -218,7 +219,7 @@ def test_an_exception_on_one_rank_ends_the_whole_job(tmp_path, mode, says):
 @pytest.mark.timeout(120)
 def test_a_rank_killed_with_sigkill_ends_the_job_within_seconds(tmp_path):
     out = tmp_path / "out.pt"
-    cmd = [MPIEXEC, "-n", "3", sys.executable, str(JOB), str(out), "--backend", "mpi"]
+    cmd = mpirun.command(3, sys.executable, str(JOB), str(out), "--backend", "mpi")
     proc = subprocess.Popen(
         [*cmd, "--mode", "wait"],
         stdout=subprocess.DEVNULL,

@@ -10,14 +10,14 @@ import threading
 import time
 from pathlib import Path
 
+import mpirun
 import pytest
-from test_mpi import MPIEXEC, assert_gone, job_pids, run_job
+from test_mpi import assert_gone, job_pids, run_job
 
 from hpccollect.transport.mpi_waits import Pace, wait_request
 
-needs_mpiexec = pytest.mark.skipif(
-    MPIEXEC is None and not os.environ.get("CI"),  # in CI the test runs, and fails
-    reason="no mpiexec next to this Python (pip install mpich)",
+needs_mpiexec = pytest.mark.skipif(  # in CI the test runs, and fails
+    mpirun.skip_reason() is not None, reason=str(mpirun.skip_reason())
 )
 
 JOB = Path(__file__).with_name("transport_job.py")

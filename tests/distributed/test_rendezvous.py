@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import mpirun
 import pytest
 from conftest import alive
 
@@ -25,8 +26,6 @@ from hpccollect.transport.rendezvous import (
     interface_address,
     launched_ranks,
 )
-
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 TORCHRUN = {
     "RANK": "3",
@@ -255,7 +254,7 @@ def _run_mpiexec(script: str, n: int, tmp_path: Path) -> tuple[list[dict], float
     env.pop("TCP_PORT", None)
     start = time.monotonic()
     proc = subprocess.Popen(
-        [str(MPIEXEC), "-n", str(n), sys.executable, str(path)],
+        mpirun.command(n, sys.executable, str(path)),
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,

@@ -10,17 +10,16 @@ from __future__ import annotations
 import csv
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import mpirun
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "ppo_distributed.py"
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
 FINAL = re.compile(r"final mean return (\d+\.\d) over (\d+) frames")
 
 
@@ -47,19 +46,14 @@ def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.usefixtures("no_mpich_segments_left")
-@pytest.mark.skipif(
-    MPIEXEC is None and not os.environ.get("CI"),
-    reason="no mpiexec next to this Python (pip install mpich)",
-)
+@pytest.mark.skipif(mpirun.skip_reason() is not None, reason=str(mpirun.skip_reason()))
 def test_ppo_learns_under_mpiexec(tmp_path: Path) -> None:
     """40k frames, seed 0 (about 30 s on a quiet 2-core machine): the mean return of the last 20
     training episodes and the final line (the best policy, greedy) end well above 150, the curve
     starts near random, CSV and PNG are written and the last line has the documented format."""
     out = tmp_path / "run"
     cmd = [
-        MPIEXEC,
-        "-n",
-        "3",
+        *mpirun.command(3),
         sys.executable,
         str(SCRIPT),
         "--total-frames",

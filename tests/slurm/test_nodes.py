@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import mpirun
 import pytest
 from conftest import alive
 
@@ -24,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NODES = ROOT / "slurm" / "nodes.sh"
 SSH = ROOT / "slurm" / "node-ssh"
 LIVENESS_JOB = ROOT / "tests" / "distributed" / "liveness_job.py"
-BIN = os.path.dirname(sys.executable)
-MPIEXEC = shutil.which("mpiexec", path=BIN)
+BIN = mpirun.BIN
+MPIEXEC = mpirun.MPIEXEC  # MPICH's hydra: its ssh launcher reaches the simulated nodes
 # UCX would carry MPI between the simulated nodes through shared memory (one machine, one /dev/shm):
 # TCP over each node's own link, as between real nodes
 ENV = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", ""), "UCX_TLS": "tcp,self"}

