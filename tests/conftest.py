@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from tensordict import TensorDict
 from torch import nn
 
 # The SLURM clusters are session fixtures shared by every module that takes them (a module that
@@ -237,3 +238,16 @@ class BiasPolicy(nn.Module):
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         scores = self.bias + 0 * observation[..., :1]
         return nn.functional.one_hot(scores.argmax(-1), 2)
+
+
+def assert_flips_with(collector: object, weights: TensorDict) -> None:
+    """``collector`` (over ``BiasPolicy`` ranks, whose updater sends ``weights``) acts on
+    ``weights``: action 0 first, action 1 once the bias in ``weights`` is flipped and sent."""
+    try:
+        it = iter(collector)
+        assert (next(it)["action"][..., 0] == 1).all()
+        weights["module", "bias"] = torch.tensor([0.0, 1.0])
+        collector.update_policy_weights_()
+        assert (next(it)["action"][..., 1] == 1).all()
+    finally:
+        collector.shutdown()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BiasPolicy, CounterEnv
+from conftest import BiasPolicy, CounterEnv, assert_flips_with
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
@@ -64,15 +64,7 @@ def test_async_yields_one_ranks_batch_at_a_time():
 def test_an_rpc_weight_updater_sends_its_policy_weights():
     weights = TensorDict({"module": {"bias": torch.tensor([1.0, 0.0])}}, [])
     updater = RPCWeightUpdater(policy_weights=weights, num_workers=2)
-    collector = make(bias_policy(), sync=True, weight_updater=updater)
-    try:
-        it = iter(collector)
-        assert (next(it)["action"][..., 0] == 1).all()
-        weights["module", "bias"] = torch.tensor([0.0, 1.0])
-        collector.update_policy_weights_()
-        assert (next(it)["action"][..., 1] == 1).all()
-    finally:
-        collector.shutdown()
+    assert_flips_with(make(bias_policy(), sync=True, weight_updater=updater), weights)
 
 
 @pytest.mark.parametrize(
