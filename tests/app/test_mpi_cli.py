@@ -147,8 +147,13 @@ def test_collect_under_mpiexec_keeps_every_episode_of_every_rank(tmp_path, capsy
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.anympi
-@pytest.mark.parametrize("shards", [False, True], ids=["rank-0-writes", "shards"])
+@pytest.mark.parametrize(
+    "shards",  # under the other MPIs (tests/all.sh's suite 3), the shards alone
+    [
+        pytest.param(False, id="rank-0-writes"),
+        pytest.param(True, id="shards", marks=pytest.mark.anympi),
+    ],
+)
 @pytest.mark.parametrize(
     ("launcher", "stop"), mpirun.STOPS, ids=["-".join(s) for s in mpirun.STOPS]
 )
@@ -206,16 +211,23 @@ if mpirun.FLAVOUR == "openmpi":
         capsys.readouterr()
 
 
-@pytest.mark.anympi
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--frames-per-batch", "7"], "hpccollect: error: --frames-per-batch 7 cannot be split"),
+        pytest.param(
+            ["--frames-per-batch", "7"],
+            "hpccollect: error: --frames-per-batch 7 cannot be split",
+            id="every-rank",
+        ),
         # found on rank 0 only, after MPI started: the others must not wait for it forever
-        (["--collector", "single", "--out", "taken.h5"], "hpccollect: error: taken.h5 already"),
+        pytest.param(
+            ["--collector", "single", "--out", "taken.h5"],
+            "hpccollect: error: taken.h5 already",
+            id="rank-0-only",
+            marks=pytest.mark.anympi,
+        ),
     ],
-    ids=["every-rank", "rank-0-only"],
 )
 def test_a_mistake_under_mpiexec_ends_every_rank_with_one_line(tmp_path, args, says):
     (tmp_path / "taken.h5").write_bytes(b"")

@@ -678,7 +678,8 @@ def test_vanilla_weight_updater_writes_what_torchrls_writes() -> None:
                 weight_getter=lambda server=server: TensorDict.from_module(server).data,
                 policy_weights=TensorDict.from_module(policy),
             )
-        updater.push_weights()
+        with torch.no_grad():  # as the collectors call it (TorchRL's own writes in place)
+            updater.push_weights()
         results.append(torch.cat([policy.weight.flatten(), policy.bias]).detach())
         assert torch.equal(results[-1], torch.cat([server.weight.flatten(), server.bias]))
     assert torch.equal(*results)
