@@ -56,7 +56,9 @@ fi
 # Not through srun: srun takes SIGTERM as "kill the step". `scancel --signal` without --batch
 # signals the tasks of every step (each rank sees one SIGTERM; a second one changes nothing).
 # srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05): pass it on.
-srun --mpi=pmi2 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
+# The ranks' MPI: PMI-2 by default (MPICH; Intel MPI with I_MPI_PMI_LIBRARY=libpmi2.so.0, SLURM's
+# libpmi2); Open MPI 5 needs PMIx: sbatch --export=ALL,HPCCOLLECT_SRUN_MPI=pmix jobs/collect.sh
+srun --mpi="${HPCCOLLECT_SRUN_MPI:-pmi2}" --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
     python -m hpccollect collect "${where[@]}" "$@" &
 step=$!
 warned=0

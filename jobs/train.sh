@@ -44,7 +44,7 @@ echo "hpccollect train job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-$(hostnam
 # Every rank runs the script (it picks launcher="mpi" inside an srun step); srun does not inherit
 # --cpus-per-task from sbatch (SLURM >= 22.05): pass it on. Arguments given later win, so --out
 # may be overridden.
-srun --mpi=pmi2 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
+srun --mpi="${HPCCOLLECT_SRUN_MPI:-pmi2}" --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
     python "$script" --out "$run" "$@"
 rc=$?
 echo "hpccollect train job: training exited with $rc"

@@ -26,7 +26,9 @@ set -euo pipefail
 
 POINTER="${TMPDIR:-/tmp}/hpccollect-slurm.current"
 NODES_SH="$(dirname "$(readlink -f "$0")")/nodes.sh"
-PACKAGES=(slurmctld slurmd slurm-client munge)
+# libpmi2-0: srun --mpi=pmi2 for Intel MPI (I_MPI_PMI_LIBRARY); libpmix-dev: the libpmix.so
+# SLURM's pmix plugin loads, for srun --mpi=pmix (Open MPI 5)
+PACKAGES=(slurmctld slurmd slurm-client munge libpmi2-0 libpmix-dev)
 TIMEOUT="${HPCCOLLECT_SLURM_TIMEOUT:-60}"
 
 log() { echo "slurm/up.sh: $*" >&2; }
@@ -52,6 +54,8 @@ install_packages() {
     command -v slurmctld >/dev/null || missing+=(slurmctld)
     command -v slurmd >/dev/null || missing+=(slurmd)
     command -v sbatch >/dev/null || missing+=(slurm-client)
+    ldconfig -p | grep -q 'libpmi2\.so\.0' || missing+=(libpmi2-0)
+    compgen -G '/usr/lib/*/pmix2/lib/libpmix.so' >/dev/null || missing+=(libpmix-dev)
     ((${#missing[@]} == 0)) && return 0
     [[ "$(id -u)" == 0 ]] || die "SLURM is not installed (${missing[*]}) and installing it needs root"
     command -v apt-get >/dev/null || die "no apt-get: install ${PACKAGES[*]} (SLURM >= 22.05) yourself"

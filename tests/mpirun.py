@@ -56,6 +56,14 @@ def command(ranks: int, *args: str, launcher: str = "mpiexec") -> list[str]:
 #: with exit 0 and finished files: MPICH's and Intel MPI's mpiexec pass SIGTERM on; Intel MPI's
 #: mpirun script dies of it, and the ranks notice (``launcher_watch``); Open MPI's mpirun kills
 #: the ranks 0.5 s after a SIGTERM, and passes SIGUSR1 on
+#: what a SLURM job needs for ``srun`` to start the ranks under each MPI (jobs/collect.sh):
+#: PMI-2 for MPICH and Intel MPI (which loads SLURM's libpmi2), PMIx for Open MPI 5
+SRUN_ENV = {
+    "mpich": {},
+    "impi": {"I_MPI_PMI_LIBRARY": "libpmi2.so.0"},
+    "openmpi": {"HPCCOLLECT_SRUN_MPI": "pmix"},
+}[FLAVOUR]
+
 STOPS = {
     "mpich": [("mpiexec", "SIGTERM"), ("mpiexec", "SIGUSR1")],
     "impi": [("mpiexec", "SIGTERM"), ("mpirun", "SIGTERM")],

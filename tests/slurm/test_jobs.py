@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import mpirun
 import numpy as np
 import pytest
 
@@ -41,13 +42,16 @@ def _inspect(path: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.anympi
 @pytest.mark.timeout(300)
 def test_sbatch_collect_writes_every_rank(slurm_cluster: Cluster, tmp_path: Path) -> None:
     """`sbatch --wait jobs/collect.sh ARGS` runs distributed: every collector rank writes its
     shard, rank 0 the merged view in runs/<name>-<id>/, which `inspect` reads whole."""
     args = [*SMALL, "--total-frames", "2000", "--shards", "--quiet"]
     # 25 s on a quiet 2-core machine; 3 ranks importing torch when it is busy
-    job, code, text = slurm_cluster.sbatch_wait(tmp_path, "t-collect", JOB, *args, timeout=280)
+    job, code, text = slurm_cluster.sbatch_wait(
+        tmp_path, "t-collect", JOB, *args, timeout=280, **mpirun.SRUN_ENV
+    )
     assert code == 0, text
     run = tmp_path / "runs" / f"t-collect-{job}"
     out = _inspect(run / "data.h5")
@@ -66,6 +70,26 @@ def test_sbatch_collect_writes_every_rank(slurm_cluster: Cluster, tmp_path: Path
     assert shard_ids[0] and shard_ids[1] and not shard_ids[0] & shard_ids[1]
     assert shard_ids[0] | shard_ids[1] == ids
     slurm_cluster.assert_job_gone(job)
+
+
+@pytest.mark.anympi
+@pytest.mark.timeout(120)
+def test_srun_starts_the_ranks_under_the_tests_mpi(slurm_cluster: Cluster) -> None:
+    """What jobs/collect.sh's srun line starts, with the environment the tests' MPI needs: every
+    rank runs that MPI, and they form one world."""
+    code = (
+        "from mpi4py import MPI; "
+        "print(MPI.COMM_WORLD.size, MPI.Get_library_version().splitlines()[0], flush=True)"
+    )
+    plugin = mpirun.SRUN_ENV.get("HPCCOLLECT_SRUN_MPI", "pmi2")
+    out = slurm_cluster.run(
+        "srun", f"--mpi={plugin}", "-n", "2", sys.executable, "-c", code, timeout=90,
+        **mpirun.SRUN_ENV,
+    )  # fmt: skip
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 2 and all(line.startswith("2 ") for line in lines), out
+    expected = {"mpich": "MPICH", "impi": "Intel(R) MPI", "openmpi": "Open MPI"}[mpirun.FLAVOUR]
+    assert all(expected in line for line in lines), out
 
 
 def _submit(cluster: Cluster, tmp_path: Path, name: str, *args: str) -> tuple[str, Path]:
