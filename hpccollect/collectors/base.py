@@ -205,10 +205,7 @@ class DataCollectorBase(abc.ABC):
         any_updater: WeightUpdaterBase | None = None,
         policy: Any = None,
     ) -> None:
-        if isinstance(any_updater, type) and issubclass(any_updater, WeightUpdaterBase):
-            any_updater = any_updater.from_policy(policy) or any_updater()
-        elif callable(any_updater) and not isinstance(any_updater, WeightUpdaterBase):
-            any_updater = any_updater()  # TorchRL also takes the updater's constructor
+        any_updater = built_updater(any_updater, policy)
         if any_updater is not None:
             if isinstance(any_updater, RemoteWeightsUpdaterBase):
                 remote = remote or any_updater
@@ -371,3 +368,13 @@ class BackgroundThread:
         if self._error is not None:
             err, self._error = self._error, None
             raise err
+
+
+def built_updater(updater: Any, policy: Any) -> Any:
+    """``weight_updater`` as an instance: TorchRL takes the updater, its class (built with
+    ``from_policy(policy)`` when that gives one, else with no argument) or a constructor."""
+    if isinstance(updater, type) and issubclass(updater, WeightUpdaterBase):
+        return updater.from_policy(policy) or updater()
+    if callable(updater) and not isinstance(updater, WeightUpdaterBase):
+        return updater()
+    return updater

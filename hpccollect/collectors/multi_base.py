@@ -16,7 +16,7 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_callable, check_int
-from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
+from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor, built_updater
 from hpccollect.collectors.filling import WorkerFilling, inherited_buffer
 from hpccollect.collectors.gathering import Gathering
 from hpccollect.collectors.options import (
@@ -162,7 +162,10 @@ class MultiCollectorBase(
         self._closers: list = []
         self._start(args, arguments)
         try:
-            if remote_weight_updater is None and not _remote(weight_updater):
+            weight_updater = built_updater(weight_updater, policy)
+            if remote_weight_updater is None and not isinstance(
+                weight_updater, RemoteWeightsUpdaterBase
+            ):  # a remote weight_updater takes the default sender's place
                 remote_weight_updater = self._weights_sender(template)
             self._set_weight_updaters(
                 local_weight_updater, remote_weight_updater, weight_updater, policy
@@ -403,9 +406,3 @@ def _close(pool: WorkerPool, closers: list, timeout: float = 10.0, close_env: bo
     finally:
         for close in closers:
             close()
-
-
-def _remote(updater: Any) -> bool:
-    """Whether ``weight_updater`` (an instance or a class) takes the default sender's place."""
-    cls = updater if isinstance(updater, type) else type(updater)
-    return issubclass(cls, RemoteWeightsUpdaterBase)

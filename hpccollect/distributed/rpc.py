@@ -84,9 +84,8 @@ class RPCCollector(DistributedDataCollector):
         self.visible_devices = _check_visible_devices(visible_devices, ranks)
         super().__init__(create_env_fn, policy, trajs_per_batch=trajs_per_batch, **kwargs)
         if trajs_per_batch is not None and self.sync:  # each rank's trajectories, end to end
-            self.options = dataclasses.replace(
-                self.options, trajs_per_batch=trajs_per_batch * self.num_workers
-            )
+            self.trajs_per_batch = trajs_per_batch * self.num_workers
+            self.options = dataclasses.replace(self.options, trajs_per_batch=self.trajs_per_batch)
         if self.visible_devices is not None and len(self.visible_devices) != self.num_workers:
             n = len(self.visible_devices)
             self.shutdown()

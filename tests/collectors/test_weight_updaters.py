@@ -128,7 +128,8 @@ def test_push_weights_runs_torchrls_hooks_in_torchrls_order():
 
 
 @pytest.mark.timeout(120)
-def test_a_remote_updater_given_as_weight_updater_takes_the_default_senders_place():
+@pytest.mark.parametrize("given", ["instance", "constructor"])
+def test_a_remote_updater_given_as_weight_updater_takes_the_default_senders_place(given):
     sent: list = []
 
     class Recording(RemoteWeightsUpdaterBase):
@@ -146,7 +147,10 @@ def test_a_remote_updater_given_as_weight_updater_takes_the_default_senders_plac
 
     updater = Recording()
     collector = MultiSyncDataCollector(
-        [counter, counter], bias_policy(), frames_per_batch=8, weight_updater=updater
+        [counter, counter],
+        bias_policy(),
+        frames_per_batch=8,
+        weight_updater=updater if given == "instance" else lambda: updater,
     )
     try:
         assert collector.remote_weight_updater is updater

@@ -216,6 +216,7 @@ def test_an_exception_on_one_rank_ends_the_whole_job(tmp_path, mode, says):
     assert_gone(job_pids(out))
 
 
+@pytest.mark.anympi
 @pytest.mark.timeout(120)
 def test_a_rank_killed_with_sigkill_ends_the_job_within_seconds(tmp_path):
     out = tmp_path / "out.pt"
