@@ -42,7 +42,6 @@ def _inspect(path: Path) -> str:
     return done.stdout
 
 
-@pytest.mark.anympi
 @pytest.mark.timeout(300)
 def test_sbatch_collect_writes_every_rank(slurm_cluster: Cluster, tmp_path: Path) -> None:
     """`sbatch --wait jobs/collect.sh ARGS` runs distributed: every collector rank writes its
@@ -72,7 +71,6 @@ def test_sbatch_collect_writes_every_rank(slurm_cluster: Cluster, tmp_path: Path
     slurm_cluster.assert_job_gone(job)
 
 
-@pytest.mark.anympi
 @pytest.mark.timeout(120)
 def test_srun_starts_the_ranks_under_the_tests_mpi(slurm_cluster: Cluster) -> None:
     """What jobs/collect.sh's srun line starts, with the environment the tests' MPI needs: every
