@@ -24,10 +24,10 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from tensordict.nn import TensorDictModule
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from conftest import BiasPolicy, CounterEnv, WideCounter, listening_addresses
+from tensordict.nn import TensorDictModule
 
 from hpccollect import DistributedDataCollector
 
