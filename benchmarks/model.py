@@ -57,9 +57,10 @@ BEAT = min(5.0, LIVENESS / 6)  # heartbeat.beat_interval
 #: it; the mpi4py transport: none) and sockets (gloo: measured 4 a rank; MPI: one connection)
 THREADS = {"gloo": 3, "mpi": 0}
 SOCKETS_RANK0 = {"gloo": 4, "mpi": 1}
-#: gloo connects every pair of ranks in both of the job's groups: each collector rank holds two
-#: sockets per rank of the job (measured: 8 at 2 ranks, 16 at 6); MPI connects on first use
-SOCKETS_RANK = {"gloo": lambda n: 2 * n + 4, "mpi": lambda n: 4}
+#: gloo connects a pair of ranks when they first talk (``transport/backends._gloo``): a collector
+#: rank holds the store's, two listeners, rank 0's and its broadcast tree's (at most
+#: log2(N + 1)) sockets (measured: 6 at 2 ranks, 9 at 12, 10 at 32); MPI connects on first use
+SOCKETS_RANK = {"gloo": lambda n: 5 + math.ceil(math.log2(n + 1)), "mpi": lambda n: 4}
 FD_LIMIT = 1024  # the usual default ``ulimit -n``
 PER_NODE = 32  # cores of a node: the workers of one gathering rank
 SCALE_TRANSPORT = "mpi"  # the transport the needs are costed for

@@ -17,9 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from hpccollect.errors import ArgumentValueError
+from hpccollect.transport.wire import HELLO
 
 __all__ = [
     "Backend",
@@ -98,11 +100,48 @@ def _torch_has(name: str) -> Callable[[], bool]:
     return has
 
 
+#: torch's switch (read when gloo's device is made) that connects a pair of ranks at its first
+#: message instead of every rank to every other one as the group is made
+_LAZY = "TORCH_GLOO_LAZY_INIT"
+
+
 def _gloo(store: Any, rank: int, world_size: int, name: str) -> Any:
-    options = dist.ProcessGroupGloo._Options()
-    options._timeout = IDLE
-    options._devices = [_gloo_device(store)]
-    return dist.ProcessGroupGloo(store, rank, world_size, options)
+    """A gloo group whose ranks connect only when they first exchange a message: a collector
+    rank then holds a connection to rank 0 (messages) and to its few neighbours in the
+    broadcast's tree, not one to each of the job's ranks (64 x 64 at 64 ranks), and the group
+    is made without waiting for all of those. ``TORCH_GLOO_LAZY_INIT=0`` in the environment
+    keeps torch's full mesh."""
+    chosen = os.environ.get(_LAZY)
+    os.environ[_LAZY] = chosen if chosen is not None else "1"  # before the device is made
+    try:
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = IDLE
+        options._devices = [_gloo_device(store)]
+        group = dist.ProcessGroupGloo(store, rank, world_size, options)
+    finally:
+        if chosen is None:
+            del os.environ[_LAZY]
+    _connect_pairs_in_use(group, rank, world_size, name, store.timeout)
+    return group
+
+
+def _connect_pairs_in_use(
+    group: Any, rank: int, world_size: int, name: str, timeout: datetime.timedelta
+) -> None:
+    """Connect, before the group is used, every pair of ranks the job's traffic will use:
+    rank 0 with each rank in the messages group, the broadcast's tree in the broadcast group.
+    The rank links count on a connection that is there from the start (a send to a rank that
+    posted no receive goes out; a rank whose connection closes is seen at once), as torch's
+    full mesh gave them; pairs that never talk stay unconnected."""
+    token = torch.zeros(1, dtype=torch.uint8)
+    if name == "broadcast":
+        works = [group.broadcast([token])]
+    elif rank == 0:
+        works = [group.send([token], peer, HELLO) for peer in range(1, world_size)]
+    else:
+        works = [group.recv([token], 0, HELLO)]
+    for work in works:
+        work.wait(timeout)
 
 
 def _gloo_device(store: Any) -> Any:

@@ -45,6 +45,7 @@ HEARTBEAT = len(KINDS)  # the code of a heartbeat: a header alone, no protocol m
 # point-to-point tags. Heartbeats travel apart: a gloo send completes only into a receive the
 # peer has posted, and a beat must never take the one a stopped peer left for the next message.
 MESSAGES, WEIGHTS, BEATS = 0, 1, 2
+HELLO = 3  # rank 0's first message to each rank over gloo (``backends._connect_pairs_in_use``)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import itertools
@@ -614,6 +615,15 @@ def test_shutdown_lets_each_rank_end_on_its_own_and_no_process_is_left(sync):
     assert not started_here() - before
 
 
+def sockets(pid: int) -> int:
+    """How many sockets process ``pid`` holds."""
+    held = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            held += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    return held
+
+
 def cmdline(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -626,17 +636,25 @@ def cmdline(pid: int) -> bytes:
 @pytest.mark.timeout(300)
 def test_64_ranks_each_give_their_rows_and_leave_nothing_behind():
     """A trainer over 64 collector ranks, which fork from the job's own server (``launcher="mp"``):
-    each batch holds every rank's rows, and shutdown ends every rank and the server (reaped,
-    not a zombie) and every thread of the ranks' links."""
+    each batch holds every rank's rows, each rank is connected only to the few ranks it talks
+    to, and shutdown ends every rank and the server (reaped, not a zombie) and every thread of
+    the ranks' links."""
     collector = make(
         envs(*range(1, 65)), sync=True, frames_per_batch=64 * 64, total_frames=2 * 64 * 64
     )
     server = collector.launcher._server.pid
     pids = rank_pids(collector)
     try:
-        batches = [batch.clone() for batch in collector]
+        batches = []
+        for batch in collector:
+            batches.append(batch.clone())
+            held = max(sockets(pid) for pid in pids)
     finally:
         collector.shutdown()
+    # gloo connects a rank only to the ranks it talks to (rank 0; transport/backends._gloo):
+    # the store, two listeners, rank 0 and the broadcast tree's few, where a full mesh of the
+    # two groups is 128 connections a rank
+    assert held <= 12, f"a collector rank holds {held} sockets"
     assert len(batches) == 2
     for batch in batches:
         assert batch.shape == (64, 64)
