@@ -17,6 +17,7 @@ if os.environ.get("HPCCOLLECT_REQUIRE_TORCHRL") != "1":
 
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
 from torchrl.collectors import Collector as TorchRLCollector
 from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync
 from torchrl.data import Bounded, Composite, Unbounded
@@ -783,6 +784,68 @@ def test_rpc_collector_gives_torchrls_rpc_batches() -> None:
             ends = half["next", "done"].squeeze(-1)
             rises = counts[1:] == counts[:-1] + 1
             assert (rises | ends[:-1]).all()
+
+
+def fixed_policy() -> TensorDictModule:
+    """CartPole's action 0 (one-hot) until its bias is flipped; the ranks build it too."""
+    layer = nn.Linear(4, 2)
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.bias.copy_(torch.tensor([1.0, 0.0]))
+    return TensorDictModule(layer, in_keys=["observation"], out_keys=["action"])
+
+
+def _distributed_sync_batches(cls: type) -> list:
+    import socket
+
+    with socket.socket() as probe:  # TorchRL's ranks are told the port in advance
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    policy = fixed_policy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        collector = cls(
+            [cartpole, cartpole], policy, policy_factory=fixed_policy, frames_per_batch=40,
+            total_frames=160, launcher="mp", tcp_port=port, update_interval=1,
+            collector_kwargs=[{"device": "cpu"}, {"device": "cpu", "storing_device": "cpu"}],
+        )  # fmt: skip
+        batches = []
+        try:
+            for batch in collector:
+                batches.append(batch.clone())
+                with torch.no_grad():  # no update call: update_interval pushes it
+                    policy.module.bias.copy_(torch.tensor([0.0, 1.0]))
+        finally:
+            collector.shutdown()
+    return batches
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_distributed_sync_collector_as_torchrls_with_a_factory_and_update_interval() -> None:
+    """The same ``DistributedSyncCollector`` call, TorchRL's and hpccollect's (a policy and a
+    ``policy_factory``, ``collector_kwargs`` per rank, ``update_interval=1``): the same
+    batches (keys, shapes, dtypes), the first with the ranks' own weights, and the policy's
+    new weights reach every rank without a call. TorchRL's ranks collect on while its weights
+    travel, so they use them one or two batches later; hpccollect's, from the next batch."""
+    from torchrl.collectors.distributed import DistributedSyncCollector as Theirs
+
+    from hpccollect.collectors.distributed import DistributedSyncCollector as Ours
+
+    theirs, ours = _distributed_sync_batches(Theirs), _distributed_sync_batches(Ours)
+    assert len(ours) == len(theirs) == 4
+
+    def layout(batch: TensorDict) -> dict:
+        keys = batch.keys(True, True)
+        return {str(k): (batch.get(k).shape, batch.get(k).dtype) for k in keys}
+
+    for mine, their in zip(ours, theirs, strict=True):
+        assert layout(mine) == layout(their)
+        assert mine.batch_size == their.batch_size == torch.Size([2, 20])
+    for batches in (ours, theirs):
+        acts = [batch["action"].argmax(-1) for batch in batches]
+        assert (acts[0] == 0).all() and (acts[-1] == 1).all()
+    assert [int(batch["action"].argmax(-1).min()) for batch in ours] == [0, 1, 1, 1]
 
 
 def pendulum_vecnorm() -> TransformedEnv:
