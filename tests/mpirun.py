@@ -11,10 +11,22 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
-__all__ = ["FLAVOUR", "MPIEXEC", "command", "own_lines", "skip_reason"]
+__all__ = [
+    "FLAVOUR",
+    "MPIEXEC",
+    "assert_gone",
+    "command",
+    "job_pids",
+    "own_lines",
+    "run",
+    "skip_reason",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 #: name -> (its library under the prefix's lib/, what mpiexec needs on a 2-core machine)
@@ -52,10 +64,6 @@ def command(ranks: int, *args: str, launcher: str = "mpiexec") -> list[str]:
     return [found, "-n", str(ranks), *_EXTRA, *args]
 
 
-#: how each MPI's launcher is told to stop a job (which launcher, which signal), so that it ends
-#: with exit 0 and finished files: MPICH's and Intel MPI's mpiexec pass SIGTERM on; Intel MPI's
-#: mpirun script dies of it, and the ranks notice (``launcher_watch``); Open MPI's mpirun kills
-#: the ranks 0.5 s after a SIGTERM, and passes SIGUSR1 on
 #: what a SLURM job needs for ``srun`` to start the ranks under each MPI (jobs/collect.sh):
 #: PMI-2 for MPICH and Intel MPI (which loads SLURM's libpmi2), PMIx for Open MPI 5
 SRUN_ENV = {
@@ -64,6 +72,10 @@ SRUN_ENV = {
     "openmpi": {"HPCCOLLECT_SRUN_MPI": "pmix"},
 }[FLAVOUR]
 
+#: how each MPI's launcher is told to stop a job (which launcher, which signal), so that it ends
+#: with exit 0 and finished files: MPICH's and Intel MPI's mpiexec pass SIGTERM on; Intel MPI's
+#: mpirun script dies of it, and the ranks notice (``launcher_watch``); Open MPI's mpirun kills
+#: the ranks 0.5 s after a SIGTERM, and passes SIGUSR1 on
 STOPS = {
     "mpich": [("mpiexec", "SIGTERM"), ("mpiexec", "SIGUSR1")],
     "impi": [("mpiexec", "SIGTERM"), ("mpirun", "SIGTERM")],
@@ -89,3 +101,38 @@ def own_lines(text: str) -> list[str]:
         if not inside and (line.strip() or FLAVOUR == "mpich"):
             lines.append(line)
     return lines
+
+
+def run(job: Path, out: Path, *args: str, ranks: int = 3, timeout: float = 90) -> tuple:
+    """Run the script ``job`` with ``out`` and ``args`` under ``mpiexec -n ranks`` (in one
+    plain process if ``ranks`` is 0); (returncode, output, seconds). A job still running after
+    ``timeout`` s has every process of it killed."""
+    cmd = [sys.executable, str(job), str(out), *args]
+    if ranks:
+        cmd = command(ranks, *cmd)
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:  # a hung job: end every process of it, then fail
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, output, time.monotonic() - start
+
+
+def job_pids(out: Path) -> list[int]:
+    """The pids a job's ranks wrote beside ``out`` (``out.pid<rank>``)."""
+    return [int(p.read_text()) for p in sorted(out.parent.glob(f"{out.name}.pid*"))]
+
+
+def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
+    """Fail unless every process of ``pids`` has ended within ``timeout`` s."""
+    from conftest import alive
+
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)], "processes of the job are still running"

@@ -15,7 +15,8 @@ from pathlib import Path
 import mpirun
 import pytest
 import torch
-from conftest import alive, assert_each_holds_its_own
+from conftest import assert_each_holds_its_own
+from mpirun import assert_gone, job_pids
 from tensordict import TensorDict
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.usefixtures("no_mpich_segments_left")]
@@ -26,37 +27,12 @@ if mpirun.skip_reason():
 
 
 def run_job(out: Path, *args: str, ranks: int = 3, timeout: float = 90, job: Path = JOB) -> tuple:
-    """Run ``job`` (mpi_job.py; under mpiexec unless ``ranks`` is 0); (returncode, output,
-    seconds)."""
-    cmd = [sys.executable, str(job), str(out), *args]
-    if ranks:
-        cmd = mpirun.command(ranks, *cmd)
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:  # a hung job: end every process of it, then fail
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, output, time.monotonic() - start
+    """Run ``job`` (mpi_job.py by default; see ``mpirun.run``)."""
+    return mpirun.run(job, out, *args, ranks=ranks, timeout=timeout)
 
 
 def batches(out: Path) -> list[TensorDict]:
     return [TensorDict(b) for b in torch.load(out, weights_only=False)["batches"]]
-
-
-def job_pids(out: Path) -> list[int]:
-    return [int(p.read_text()) for p in sorted(out.parent.glob(f"{out.name}.pid*"))]
-
-
-def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in pids if alive(p)], "processes of the job are still running"
 
 
 @pytest.fixture(scope="module")

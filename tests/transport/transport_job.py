@@ -1,4 +1,4 @@
-"""The script both ranks of ``mpiexec -n 2`` run in tests/distributed/test_mpi_transport.py: the
+"""The script both ranks of ``mpiexec -n 2`` run in tests/transport/test_mpi_transport.py: the
 mpi4py transport's hot path (``MPIGroup.wire``/``send_now``/``try_recv``) and its goodbye.
 
 Each rank writes its pid to ``OUT.pid<rank>``; rank 0 prints one ``ok ...`` line per check.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import mpirun
 import pytest
-from test_mpi import assert_gone, job_pids, run_job
+from mpirun import assert_gone, job_pids
 
 from hpccollect.transport.mpi_waits import Pace, wait_request
 
@@ -30,7 +30,7 @@ JOB = Path(__file__).with_name("transport_job.py")
 @pytest.mark.usefixtures("no_mpich_segments_left")
 def test_the_hot_path_moves_every_size_and_ends_on_goodbye(tmp_path):
     out = tmp_path / "out"
-    code, output, seconds = run_job(out, ranks=2, timeout=90, job=JOB)
+    code, output, seconds = mpirun.run(JOB, out, ranks=2, timeout=90)
     assert code == 0, output
     for line in ("ok nothing to receive", "ok messages", "ok goodbye", "ok quiesced"):
         assert line in output, output
