@@ -41,7 +41,8 @@ from hpccollect.app.summary import Summary
 from hpccollect.collectors.reports import DEFAULT_REPORT_INTERVAL, ReportTally
 from hpccollect.distributed import DistributedDataCollector
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
-from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
+from hpccollect.launchers import get_launcher
+from hpccollect.launchers.mpi import abort_on_uncaught
 from hpccollect.storage import Sink, dataset_format, open_sink
 from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 from hpccollect.transport.mpi4py_group import abort_job, mpi4py_comm
@@ -190,13 +191,14 @@ class MPICollect:
                 "start the job with the mpiexec of the MPI library mpi4py uses (or srun with "
                 "its PMI plug-in), or pass --launcher none to run one job per process."
             )
+        name = self.cfg.launcher or "mpi"
         if self.size == 1:
             raise ArgumentValueError(
-                "--launcher mpi needs rank 0 and at least one collector rank: start the job with "
-                "mpiexec -n N or srun -n N (N >= 2), or drop --launcher mpi to collect in one "
-                "process."
+                f"--launcher {name} needs rank 0 and at least one collector rank: start the job "
+                f"with mpiexec -n N or srun -n N (N >= 2), or drop --launcher {name} to collect "
+                "in one process."
             )
-        return MPILauncher(master_addr=self.cfg.master_addr, interface=self.cfg.interface)
+        return get_launcher(name, master_addr=self.cfg.master_addr, interface=self.cfg.interface)
 
     def _check(self) -> Any:
         """Rank 0's checks before anything starts (the run to resume, env, output, shards

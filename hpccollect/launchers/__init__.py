@@ -61,11 +61,25 @@ def job_launchers() -> tuple[str, ...]:
 
 
 def get_launcher(
-    launcher: Any, starts_processes: bool = False, slurm_kwargs: dict | None = None
+    launcher: Any,
+    starts_processes: bool = False,
+    slurm_kwargs: dict | None = None,
+    *,
+    master_addr: str | None = None,
+    interface: str | None = None,
 ) -> Launcher:
-    """The launcher ``launcher`` names (or ``launcher`` itself when it is a ``Launcher``);
-    ``starts_processes``: the ranks' collectors start processes of their own;
-    ``slurm_kwargs``: the submitit launchers' executor parameters."""
+    """The launcher ``launcher`` names (or ``launcher`` itself when it is a ``Launcher``).
+
+    Args:
+        launcher: a registered name (``register_launcher``) or a ``Launcher``.
+        starts_processes: the ranks' collectors start processes of their own.
+        slurm_kwargs: the submitit launchers' executor parameters.
+        master_addr: where rank 0 listens, for launchers that take it (``LaunchRequest``).
+        interface: the network interface rank 0 listens on, likewise.
+
+    Returns:
+        The launcher, built by its class's ``from_request``.
+    """
     if isinstance(launcher, Launcher):
         return launcher
     if not isinstance(launcher, str):
@@ -83,7 +97,7 @@ def get_launcher(
             "processes."
         )
     return load_target(entry.target).from_request(
-        LaunchRequest(launcher, starts_processes, slurm_kwargs)
+        LaunchRequest(launcher, starts_processes, slurm_kwargs, master_addr, interface)
     )
 
 

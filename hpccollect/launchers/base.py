@@ -23,6 +23,10 @@ class LaunchRequest:
     starts_processes: bool = False
     #: the submitit launchers' executor parameters
     slurm_kwargs: dict | None = None
+    #: where rank 0 listens, for a launcher that lets it be chosen (``python -m hpccollect
+    #: collect --master-addr/--interface``); None: the launcher's own choice
+    master_addr: str | None = None
+    interface: str | None = None
 
 
 class Launcher(abc.ABC):

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
-from hpccollect.launchers.base import Launcher
+from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.launcher_watch import watch_launcher
 from hpccollect.launchers.rank import LOST_RANK0_STATUS, RankArgs, serve_rank
 from hpccollect.transport.base import PeerLife
@@ -47,6 +47,11 @@ class MPILauncher(Launcher):
     every rank is on this node, see ``hpccollect.transport.rendezvous``)."""
 
     mpi_world = True
+
+    @classmethod
+    def from_request(cls, request: LaunchRequest) -> MPILauncher:
+        """``launcher="mpi"``, listening where the request says (``--master-addr``)."""
+        return cls(master_addr=request.master_addr, interface=request.interface)
 
     def __init__(self, master_addr: str | None = None, interface: str | None = None) -> None:
         self.comm = mpi4py_comm()

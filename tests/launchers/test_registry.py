@@ -8,6 +8,7 @@ import subprocess
 import sys
 from functools import partial
 
+import mpirun
 import pytest
 from conftest import CounterEnv
 
@@ -27,6 +28,26 @@ def test_the_builtin_launchers_are_registered():
     assert job_launchers() == ("mpi",)  # the one whose ranks all run the job's own command
     launcher = get_launcher("mp", starts_processes=True)
     assert type(launcher) is MPLauncher and launcher.daemon is False
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_the_jobs_address_options_reach_the_launcher_through_the_registry():
+    """``python -m hpccollect collect`` takes its launcher from the registry (app/mpi_job.py),
+    and ``--master-addr``/``--interface`` travel in the request to the launcher's class."""
+    if mpirun.skip_reason():
+        pytest.skip(mpirun.skip_reason())
+    code = (
+        "from hpccollect.launchers import get_launcher\n"
+        "named = get_launcher('mpi', master_addr='10.1.2.3', interface='ib0')\n"
+        "plain = get_launcher('mpi')\n"
+        "print(type(named).__name__, named.master_addr, named.interface, plain.master_addr)\n"
+    )
+    done = subprocess.run(
+        mpirun.command(2, sys.executable, "-c", code), capture_output=True, text=True, timeout=100
+    )
+    assert done.returncode == 0, done.stderr
+    assert mpirun.own_lines(done.stdout) == ["MPILauncher 10.1.2.3 ib0 None"] * 2
 
 
 def test_an_unknown_or_unusable_launcher_is_refused_with_what_there_is():
