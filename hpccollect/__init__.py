@@ -38,9 +38,20 @@ from hpccollect.collectors import (
     aSyncDataCollector,
     split_trajectories,
 )
+from hpccollect.collectors.execution import register_execution
 from hpccollect.envs import GymEnv
 from hpccollect.policy import ExplorationType, RandomPolicy
 from hpccollect.storage import ReplayBuffer
+
+# ``Collector(backend=...)`` builds the distributed layer's collectors too; registered here, by
+# name, so that neither layer imports the other and the distributed one loads on first use
+register_execution("distributed", "hpccollect.distributed:DistributedDataCollector")
+register_execution("submitit", "hpccollect.distributed:DistributedDataCollector")
+register_execution(
+    "rpc",
+    "hpccollect.distributed.rpc:RPCCollector",
+    defaults_from="hpccollect.distributed:DistributedDataCollector",
+)
 
 _DISTRIBUTED = ("DistributedCollector", "DistributedDataCollector", "DistributedSyncCollector")
 

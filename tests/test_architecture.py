@@ -137,10 +137,47 @@ def test_no_module_imports_a_layer_above_its_own():
     assert not upward, upward
 
 
+def _registrations(source: str) -> list[str]:
+    """The modules named by ``"module:attr"`` targets of the ``register_*(...)`` calls in
+    ``source``: imports made later, by name, which ``_runtime_imports`` cannot see."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and ast.unparse(node.func).startswith("register_")):
+            continue
+        for arg in [*node.args, *(k.value for k in node.keywords)]:
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and ":" in arg.value:
+                found.append(arg.value.partition(":")[0])
+    return found
+
+
+def test_what_is_registered_by_name_exists_and_is_not_above_who_registers_it():
+    """A registration by name (``register_launcher``, ``register_execution``, ...) is an import
+    made on first use: it names a module of the package that exists, in the registering
+    module's layer or below (the public facade ties the layers together)."""
+    modules = _modules()
+    named = {
+        module: _registrations(path.read_text())
+        for module, path in modules.items()
+        if "register_" in path.read_text()
+    }
+    assert sum(len(targets) for targets in named.values()) >= 8  # launchers, execution, ...
+    missing = [t for targets in named.values() for t in targets if t not in modules]
+    assert not missing, missing
+    upward = [
+        f"{module} -> {target}"
+        for module, targets in named.items()
+        if module not in FACADES
+        for target in targets
+        if _layer(target) > _layer(module)
+    ]
+    assert not upward, upward
+
+
 def test_the_checks_see_a_cycle_and_an_upward_import():
     """The checks themselves can fail."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
     assert _layer("hpccollect.transport.base") < _layer("hpccollect.collectors.pool")
+    assert _registrations('register_x("a", "m.n:A", defaults_from="m.o:B")') == ["m.n", "m.o"]
 
 
 def test_the_transport_layer_knows_nothing_above_it():

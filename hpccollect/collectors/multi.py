@@ -9,7 +9,6 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from hpccollect.collectors.backends import register_backend
 from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.errors import ArgumentValueError
@@ -87,4 +86,3 @@ class MultiCollector(metaclass=_BySync):
 
 MultiCollector.register(MultiSyncDataCollector)
 MultiCollector.register(MultiaSyncDataCollector)
-register_backend("process", MultiCollector, init=MultiCollectorBase.__init__)

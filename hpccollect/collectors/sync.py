@@ -13,8 +13,8 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_bool, check_int
-from hpccollect.collectors.backends import ByBackend
 from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
+from hpccollect.collectors.execution import ByExecution
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.options import CollectorArgs
 from hpccollect.collectors.policy_options import factories, wrap_for_speed
@@ -45,7 +45,12 @@ __all__ = ["SyncDataCollector"]
 
 
 class SyncDataCollector(
-    TracksPolicyVersion, Profiling, ThreadFilling, SyncState, DataCollectorBase, metaclass=ByBackend
+    TracksPolicyVersion,
+    Profiling,
+    ThreadFilling,
+    SyncState,
+    DataCollectorBase,
+    metaclass=ByExecution,
 ):
     """Generic data collector: steps an env (or vector env) with a policy in this process.
 
@@ -72,7 +77,7 @@ class SyncDataCollector(
     ``max_frames_per_traj`` (0 when not given), ``reset_at_each_iter``.
 
     ``Collector(..., backend=..., num_collectors=..., sync=...)`` builds the collector the
-    backend names, as TorchRL's ``Collector`` does (``collectors/backends.py``): "direct" (this
+    backend names, as TorchRL's ``Collector`` does (``collectors/execution.py``): "direct" (this
     class), "process" (``MultiCollector``), "distributed" or "submitit"
     (``DistributedDataCollector``).
 

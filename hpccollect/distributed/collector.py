@@ -22,7 +22,6 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_bool, check_float, check_int
-from hpccollect.collectors.backends import register_backend
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
 from hpccollect.collectors.multi_base import MultiCollectorBase
@@ -455,7 +454,3 @@ class DistributedSyncCollector(DistributedDataCollector):
                 "DistributedDataCollector(sync=...)."
             )
         super().__init__(*args, sync=True, update_interval=update_interval, **kwargs)
-
-
-register_backend("distributed", DistributedDataCollector)
-register_backend("submitit", DistributedDataCollector)

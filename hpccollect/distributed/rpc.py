@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from hpccollect.collectors.backends import register_backend
 from hpccollect.distributed.collector import DistributedDataCollector
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
@@ -138,6 +137,3 @@ def _check_visible_devices(devices: Any, ranks: int | None) -> list[torch.device
             "give one per rank."
         )
     return parsed
-
-
-register_backend("rpc", RPCCollector, init=DistributedDataCollector.__init__)

@@ -170,3 +170,29 @@ def test_signature_is_the_constructors() -> None:
     params = list(inspect.signature(Collector).parameters)
     assert params[:2] == ["create_env_fn", "policy"]
     assert {"backend", "num_collectors", "sync", "frames_per_batch"} <= set(params)
+
+
+class Recording:
+    """An execution backend a user registers: it keeps what ``Collector`` passed it."""
+
+    def __init__(self, create_env_fn, policy, *, sync: bool, frames_per_batch: int) -> None:
+        self.given = (create_env_fn, policy, sync, frames_per_batch)
+
+
+def test_an_execution_backend_registered_by_name_is_built_on_first_use() -> None:
+    """``register_execution(name, "module:Class")``, as launchers are registered: the class is
+    imported when ``Collector(backend=name)`` first asks for it."""
+    from hpccollect.collectors.execution import execution_names, register_execution
+
+    register_execution("recording", f"{__name__}:Recording")
+    try:
+        assert "recording" in execution_names()
+        built = Collector(counter, None, backend="recording", frames_per_batch=8, sync=True)
+        assert type(built) is Recording
+        assert built.given == ([counter], None, True, 8)  # one env constructor per collector
+        with pytest.raises(ArgumentValueError, match="'module:attr'"):
+            register_execution("bad", "no colon")
+    finally:
+        from hpccollect.collectors import execution
+
+        execution._EXECUTIONS.pop("recording", None)

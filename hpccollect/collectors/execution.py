@@ -1,5 +1,6 @@
 """``Collector(..., backend=..., num_collectors=..., sync=...)``: TorchRL 0.14.1's one entry
-point that builds the collector an execution backend names.
+point that builds the collector an execution backend names (TorchRL's word; a transport's
+``backend=`` is another registry, ``hpccollect/transport/backends.py``).
 
 ``"direct"`` (the default without ``num_collectors``) is the single-process collector itself,
 ``"process"`` (the default with ``num_collectors``) a ``MultiCollector`` with one worker per
@@ -11,32 +12,25 @@ use.
 from __future__ import annotations
 
 import abc
-import importlib
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hpccollect._lazy import check_target, load_target
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
-__all__ = ["ByBackend", "register_backend"]
+__all__ = ["ByExecution", "execution_names", "register_execution"]
 
-_OFFERED = ("direct", "process", "distributed", "submitit", "rpc")
-#: the module that registers each backend's collector when it loads; a backend is loaded on its
-#: first use, so building a local collector never imports the distributed layer
-_PROVIDERS = {
-    "process": "hpccollect.collectors.multi",
-    "distributed": "hpccollect.distributed",
-    "submitit": "hpccollect.distributed",
-    "rpc": "hpccollect.distributed.rpc",
-}
-#: backend -> (the class it builds, the constructor whose defaults it has)
-_REGISTERED: dict[str, tuple[type, Callable]] = {}
+#: execution backend -> ("module:Class" it builds, "module:Class" whose constructor's defaults
+#: it has); each is imported on its first use, so a local collector never loads the
+#: distributed layer (whose backends ``hpccollect/__init__.py`` registers)
+_EXECUTIONS: dict[str, tuple[str, str]] = {}
 _ALIASES = {"multiprocessing": "process"}  # TorchRL's long spelling, kept as an alias there
 _THEIRS = {"ray": "RayCollector"}
 _SELECTORS = frozenset({"backend_options", "num_collectors", "num_workers", "sync"})
 
 
-class ByBackend(abc.ABCMeta):
+class ByExecution(abc.ABCMeta):
     """Metaclass of the single-process collector: ``backend``, ``backend_options``,
     ``num_collectors`` and ``sync`` select what calling the class itself builds."""
 
@@ -74,7 +68,7 @@ class ByBackend(abc.ABCMeta):
             backend = "direct" if num_collectors is None else "process"
         backend = _ALIASES.get(backend, backend)
         options = _options(backend_options, args, kwargs)
-        if backend not in _OFFERED:
+        if backend not in execution_names():
             raise ArgumentValueError(_unknown(backend))
         if backend == "direct":
             if num_collectors not in (None, 1):
@@ -129,7 +123,7 @@ def _unknown(backend: Any) -> str:
             "'distributed'/'submitit' (ranks over torch.distributed or MPI, started by mp, "
             "mpiexec or SLURM)."
         )
-    return f"backend must be one of {list(_OFFERED)}, got {backend!r}."
+    return f"backend must be one of {list(execution_names())}, got {backend!r}."
 
 
 def _options(backend_options: Any, args: tuple, kwargs: dict) -> dict:
@@ -190,18 +184,35 @@ def _env_per_collector(args: tuple, kwargs: dict, num_collectors: Any) -> tuple[
     return _with_env(args, kwargs, positional, env)
 
 
-def register_backend(name: str, target: type, init: Callable | None = None) -> None:
-    """Make ``Collector(backend=name)`` build ``target``; ``init`` is the constructor whose
-    defaults it has when that is not ``target.__init__`` (a class that dispatches)."""
-    if name not in _PROVIDERS:
-        raise ArgumentValueError(f"backend must be one of {list(_PROVIDERS)}, got {name!r}.")
-    _REGISTERED[name] = (target, init or target.__init__)
+def register_execution(name: str, target: str, *, defaults_from: str | None = None) -> None:
+    """Make ``Collector(backend=name)`` build a collector of another kind.
+
+    Args:
+        name: the ``backend`` value that selects it.
+        target: ``"module:Class"`` of what it builds, imported on its first use.
+        defaults_from: ``"module:Class"`` whose constructor's defaults it has, when not
+            ``target``'s own (a class that dispatches to others).
+    """
+    defaults = target if defaults_from is None else defaults_from
+    _EXECUTIONS[name] = (check_target(target), check_target(defaults))
+
+
+def execution_names() -> tuple[str, ...]:
+    """Every ``Collector(backend=...)`` value: ``"direct"`` and the registered ones."""
+    return ("direct", *_EXECUTIONS)
 
 
 def _target(backend: str) -> tuple[type, Callable]:
-    if backend not in _REGISTERED:
-        importlib.import_module(_PROVIDERS[backend])
-    return _REGISTERED[backend]
+    target, defaults = _EXECUTIONS[backend]
+    return load_target(target), load_target(defaults).__init__
+
+
+# the distributed layer's, which sits above this one, are registered by ``hpccollect`` itself
+register_execution(
+    "process",
+    "hpccollect.collectors.multi:MultiCollector",
+    defaults_from="hpccollect.collectors.multi_base:MultiCollectorBase",
+)
 
 
 def _drop_defaults_the_target_has_otherwise(cls: type, init: Callable, kwargs: dict) -> None:
