@@ -742,6 +742,12 @@ def test_distributed_collector_on_a_torchrl_env_with_policy_factory(launcher, ba
     assert (acts[-1] == 1).all()  # both ranks act on the weights sent after the second batch
 
 
+def leaves(batch: TensorDict) -> dict:
+    """Each leaf's key, shape and dtype."""
+    keys = batch.keys(True, True)
+    return {str(k): (batch.get(k).shape, batch.get(k).dtype) for k in keys}
+
+
 def _rpc_batches(cls: type) -> list:
     import socket
 
@@ -772,12 +778,8 @@ def test_rpc_collector_gives_torchrls_rpc_batches() -> None:
     theirs, ours = _rpc_batches(Theirs), _rpc_batches(Ours)
     assert len(ours) == len(theirs) == 2
 
-    def layout(batch: TensorDict) -> dict:
-        keys = batch.keys(True, True)
-        return {str(k): (batch.get(k).shape, batch.get(k).dtype) for k in keys}
-
     for mine, their in zip(ours, theirs, strict=True):
-        assert layout(mine) == layout(their)
+        assert leaves(mine) == leaves(their)
         assert mine.batch_size == their.batch_size == torch.Size([100])
         for half in (mine[:50], mine[50:]):  # one rank's steps: counts rise by one in an episode
             counts = half["next", "step_count"].squeeze(-1)
@@ -835,12 +837,8 @@ def test_distributed_sync_collector_as_torchrls_with_a_factory_and_update_interv
     theirs, ours = _distributed_sync_batches(Theirs), _distributed_sync_batches(Ours)
     assert len(ours) == len(theirs) == 4
 
-    def layout(batch: TensorDict) -> dict:
-        keys = batch.keys(True, True)
-        return {str(k): (batch.get(k).shape, batch.get(k).dtype) for k in keys}
-
     for mine, their in zip(ours, theirs, strict=True):
-        assert layout(mine) == layout(their)
+        assert leaves(mine) == leaves(their)
         assert mine.batch_size == their.batch_size == torch.Size([2, 20])
     for batches in (ours, theirs):
         acts = [batch["action"].argmax(-1) for batch in batches]
