@@ -139,6 +139,15 @@ class DictObsEnv(gym.Env):
         return self._obs(), float(np.sum(action)), done, self.t >= 30, {}
 
 
+def descriptors(kind: str, pid: int | str = "self") -> int:
+    """How many descriptors of ``kind`` ("socket", "pipe") process ``pid`` holds, from /proc."""
+    held = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            held += os.readlink(f"/proc/{pid}/fd/{fd}").startswith(f"{kind}:")
+    return held
+
+
 def alive(pid: int) -> bool:
     """Whether process ``pid`` runs (exists and is not a zombie), from /proc."""
     try:

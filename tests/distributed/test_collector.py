@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import io
 import itertools
@@ -27,6 +26,7 @@ from conftest import (
     assert_each_holds_its_own,
     assert_flips_with,
     descendants,
+    descriptors,
     listening_addresses,
 )
 from tensordict import TensorDict
@@ -615,15 +615,6 @@ def test_shutdown_lets_each_rank_end_on_its_own_and_no_process_is_left(sync):
     assert not started_here() - before
 
 
-def sockets(pid: int) -> int:
-    """How many sockets process ``pid`` holds."""
-    held = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):
-            held += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-    return held
-
-
 def cmdline(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -648,7 +639,7 @@ def test_64_ranks_each_give_their_rows_and_leave_nothing_behind():
         batches = []
         for batch in collector:
             batches.append(batch.clone())
-            held = max(sockets(pid) for pid in pids)
+            held = max(descriptors("socket", pid) for pid in pids)
     finally:
         collector.shutdown()
     # gloo connects a rank only to the ranks it talks to (rank 0; transport/backends._gloo):

@@ -4,7 +4,6 @@ runs a collector rank. ``BACKEND`` is the transport (gloo or mpi), heartbeats on
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -12,18 +11,9 @@ import threading
 from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import CounterEnv
+from conftest import CounterEnv, descriptors
 
 from hpccollect import DistributedDataCollector
-
-
-def pipes() -> int:
-    """How many pipe ends this process holds."""
-    held = 0
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            held += os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
-    return held
 
 
 def main() -> None:
@@ -43,7 +33,7 @@ def main() -> None:
     for _ in range(3 * ranks):  # every rank has sent batches and beats by now
         next(it)
     threads = sorted(t.name for t in threading.enumerate())
-    held = pipes()
+    held = descriptors("pipe")
     collector.shutdown()
     print("THREADS " + json.dumps({"ranks": ranks, "threads": threads, "pipes": held}))
 
