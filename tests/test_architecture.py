@@ -1,6 +1,6 @@
 """The package's layers, read from its own imports: no import cycle (imports inside functions
-count; those under ``TYPE_CHECKING`` do not) and no import from a lower layer up. The README's
-"Layout" section draws the same picture."""
+count; those under ``TYPE_CHECKING`` do not) and no import from a lower layer up. The
+"Layout" section of docs/development.md draws the same picture."""
 
 from __future__ import annotations
 
@@ -13,7 +13,17 @@ ROOT = Path(hpccollect.__file__).parent
 
 #: lowest first; a module may import its own layer and those below it
 LAYERS = [
-    {"_version", "_startup", "_compat", "_checks", "_lazy", "_signals", "errors", "protocol"},
+    {
+        "_version",
+        "_startup",
+        "_compat",
+        "_checks",
+        "_lazy",
+        "_signals",
+        "_launchers",
+        "errors",
+        "protocol",
+    },
     {"transport"},
     {"envs"},
     {"policy"},

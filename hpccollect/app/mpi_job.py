@@ -45,7 +45,8 @@ from hpccollect.launchers import get_launcher
 from hpccollect.launchers.mpi import abort_on_uncaught
 from hpccollect.storage import Sink, dataset_format, open_sink
 from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
-from hpccollect.transport.mpi4py_group import abort_job, mpi4py_comm
+from hpccollect.transport.mpi4py_group import mpi4py_comm
+from hpccollect.transport.mpi_job_end import abort_job
 from hpccollect.transport.rendezvous import detect, launched_ranks
 
 __all__ = ["MPICollect", "launched_rank", "open_shard", "shard_name", "wants_mpi"]

@@ -19,60 +19,21 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
+
+from hpccollect._launchers import LAUNCHERS, launcher_chain, process
 
 __all__ = ["LAUNCHERS", "launcher_chain", "watch_launcher"]
 
-#: process names of MPI launchers and their per-node daemons
-LAUNCHERS = frozenset(
-    {
-        "mpirun",
-        "mpiexec",
-        "mpiexec.hydra",
-        "hydra_pmi_proxy",
-        "prterun",
-        "prte",
-        "prted",
-        "orterun",
-        "orted",
-    }
-)
 _PERIOD = 0.5  # s between two looks at the launcher processes
 
 _watching = threading.Lock()
 _watcher: threading.Thread | None = None
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """``pid``'s name, parent and start time (clock ticks since boot), or None if it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    name = text[text.index("(") + 1 : text.rindex(")")]
-    fields = text[text.rindex(")") + 2 :].split()
-    return name, int(fields[1]), int(fields[19])
-
-
-def launcher_chain(pid: int | None = None) -> list[tuple[int, int]]:
-    """The launcher processes above ``pid`` (default: this process), nearest first, each as
-    (pid, start time): its ancestors while their names are launchers' (``LAUNCHERS``)."""
-    chain: list[tuple[int, int]] = []
-    own = _stat(os.getpid() if pid is None else pid)
-    parent = own[1] if own else 0
-    while parent > 1:
-        found = _stat(parent)
-        if found is None or found[0] not in LAUNCHERS:
-            break
-        chain.append((parent, found[2]))
-        parent = found[1]
-    return chain
-
-
 def _gone(chain: list[tuple[int, int]]) -> bool:
     for pid, started in chain:
-        found = _stat(pid)
-        if found is None or found[2] != started:  # ended (its pid may be another's now)
+        found = process(pid)
+        if found is None or found.started != started:  # ended (its pid may be another's now)
             return True
     return False
 

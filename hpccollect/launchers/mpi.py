@@ -30,7 +30,8 @@ from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.launcher_watch import watch_launcher
 from hpccollect.launchers.rank import LOST_RANK0_STATUS, RankArgs, serve_rank
 from hpccollect.transport.base import PeerLife
-from hpccollect.transport.mpi4py_group import abort_job, end_job_at_exit, mpi4py_comm, quiesce
+from hpccollect.transport.mpi4py_group import mpi4py_comm, quiesce
+from hpccollect.transport.mpi_job_end import abort_job, end_job_at_exit
 from hpccollect.transport.mpi_waits import recv_object, send_object
 
 __all__ = ["MPILauncher", "serve"]

@@ -31,16 +31,15 @@ import torch
 
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.transport.at_exit import run_before_close
+from hpccollect.transport.mpi_job_end import end_job_at_exit, unlink_node_segment
 from hpccollect.transport.mpi_waits import IDLE_SLEEP, SPIN, Pace, wait_request
 
-__all__ = ["MPIGroup", "abort_job", "end_job_at_exit", "mpi4py_comm", "quiesce"]
+__all__ = ["MPIGroup", "mpi4py_comm", "quiesce"]
 
 _SPIN_PER_BYTE = 2e-9  # ... and for as long as the bytes of a transfer under way take
 _NOTICE = 32765  # the tag of "a broadcast follows"
 _BYE = 32767  # the tag of the goodbye message (below MPI's guaranteed tag upper bound)
 _GRACE = 2.0  # seconds a closing end waits for its peers' goodbyes, then for its own to leave
-#: collector ranks that did not stop, the job ends at exit: whether each was known lost
-_ABORTING: dict[int, bool] = {}
 _GROUPS: weakref.WeakSet = weakref.WeakSet()  # this process's open groups
 
 
@@ -63,20 +62,8 @@ def mpi4py_comm() -> Any:
             "needs; do not set mpi4py.rc.threads = False or initialise MPI yourself with a "
             "lower thread level."
         )
-    _unlink_node_segment()
+    unlink_node_segment()
     return MPI.COMM_WORLD
-
-
-def _unlink_node_segment() -> None:
-    """Unlink the shared-memory segment MPICH made for this node's ranks: every rank of the
-    node has mapped it once MPI is initialised, and MPICH unlinks it only in ``MPI_Finalize``,
-    so a job that ends otherwise (an abort, a rank killed on another node) would leave it in
-    /dev/shm. The mappings live on; only the name goes."""
-    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
-        mapped = {line.split()[-1] for line in maps if "/dev/shm/mpich_shm_" in line}
-    for path in mapped:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
 
 
 def quiesce(timeout: float = 2.0) -> None:
@@ -98,43 +85,6 @@ def _quiesce_at_exit() -> None:
         return
     run_before_close()  # live collectors tell their ranks to stop first, over these groups
     quiesce()
-
-
-def abort_job(comm: Any, code: int) -> None:
-    """End every rank of the MPI job with ``code`` (``MPI_Abort``), leaving no shared-memory
-    segment (see ``_unlink_node_segment``), once the launcher has taken what this process
-    wrote (see ``_drain_output``)."""
-    _unlink_node_segment()
-    _drain_output()
-    comm.Abort(code)
-
-
-def _drain_output(timeout: float = _GRACE) -> None:
-    """Flush stdout and stderr, and wait (bounded) until the launcher's proxy has read them
-    from their pipes. The proxy forwards what it read before it handles the abort; what is
-    still in a pipe when the job is torn down is lost (a message that says why the job ended,
-    then nothing: seen under hydra)."""
-    import fcntl
-    import stat
-    import termios
-
-    waiting = []
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-            fd = stream.fileno()
-            if stat.S_ISFIFO(os.fstat(fd).st_mode):
-                waiting.append(fd)
-    unread = bytearray(4)
-    deadline = time.monotonic() + timeout
-    while waiting and time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            # FIONREAD on either end of a pipe: the bytes still in it
-            fcntl.ioctl(waiting[0], termios.FIONREAD, unread)
-            if int.from_bytes(unread, sys.byteorder) > 0:
-                time.sleep(1e-3)
-                continue
-        waiting.pop(0)
 
 
 #: what keeps each MPI off the network, set (when the user set none of a group) for a job whose
@@ -426,32 +376,6 @@ class MPIGroup:
         why = self._closed or self._gone.get(peer)  # type: ignore[arg-type]
         if why is not None:
             raise RuntimeError(why)
-
-
-def end_job_at_exit(ranks: Sequence[int], lost: bool) -> None:
-    """End the MPI job when this process (rank 0) exits, for collector ranks still running
-    that MPI cannot end one by one and ``MPI_Finalize`` would wait for forever. ``lost``: the
-    collector knew them lost (silent, let go) and finished without them: the job ends with
-    status 0; else they did not stop when asked, status 1."""
-    if not _ABORTING:
-        atexit.register(_abort)
-    for rank in ranks:  # a rank the collector knew lost is one, whoever saw it stuck first
-        _ABORTING[rank] = _ABORTING.get(rank, False) or lost
-
-
-def _abort() -> None:
-    ranks = sorted(_ABORTING)
-    if all(_ABORTING.values()):
-        why, code = "were lost and cannot be stopped from here; ending the MPI job", 0
-    else:
-        why, code = "did not stop when asked; aborting the MPI job so that it ends", 1
-    sys.stderr.write(f"hpccollect: collector ranks {ranks} {why}.\n")
-    sys.stderr.flush()
-    from mpi4py import MPI
-
-    # on the world: an abort on a group's duplicate of it ends the job "killed by signal 9"
-    # (the ranks are numbered alike in both)
-    abort_job(MPI.COMM_WORLD, code)
 
 
 def _spin(request: Any, buffer: Any) -> bool:

@@ -80,7 +80,7 @@ def test_an_abort_waits_until_the_launcher_has_read_what_this_process_wrote(monk
     import sys
     import termios
 
-    from hpccollect.transport.mpi4py_group import _drain_output
+    from hpccollect.transport.mpi_job_end import _drain_output
 
     def unread(fd: int) -> int:
         count = bytearray(4)

