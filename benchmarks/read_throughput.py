@@ -4,7 +4,7 @@ A CartPole dataset (8 envs, random actions) is written to a temporary file. Then
 minibatches of 256 rows are read from disk, the same batches for every reader:
 
 1. plain h5py: every dataset of the file read at the batch's sorted unique rows into numpy;
-2. the README recipe: ``DataLoader(TransitionDataset(path), batch_size=256, shuffle=True)``
+2. the docs' recipe (docs/datasets.md): ``DataLoader(TransitionDataset(path), batch_size=256, shuffle=True)``
    (here with a sampler that yields the same rows);
 3. ``H5Dataset.read_rows`` directly, and the old per-row recipe (``collate_fn=torch.stack``).
 

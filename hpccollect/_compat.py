@@ -4,7 +4,7 @@
   ``default_collate`` hands a batch that a dataset read in one ``__getitems__`` call back as is
   and stacks a list of TensorDicts. tensordict 0.14 registers nothing: ``default_collate`` takes
   a TensorDict for a plain mapping, iterates it (over rows, not keys) and fails, which breaks
-  ``DataLoader(TransitionDataset(path), batch_size=...)``, the README's recipe.
+  ``DataLoader(TransitionDataset(path), batch_size=...)``, the docs' recipe (docs/datasets.md).
   ``register_tensordict_collate`` adds the same entry where none covers TensorDicts.
 * Names: ``tensordict.pad`` keeps dim names on 0.15 and drops them on 0.14. TorchRL's
   ``split_trajectories`` pads every trajectory, so its padded split of a ``[T]`` batch is named

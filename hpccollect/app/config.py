@@ -1,7 +1,7 @@
 """Run configuration of the ``python -m hpccollect`` job: one frozen dataclass, from defaults,
 a TOML file and command-line options (later ones win). The only place the application reads
 environment variables (``HPCCOLLECT_DATA_DIR``); the library reads its own, each where its
-concern lives (README, "Environment variables")."""
+concern lives (docs/errors.md, "Environment variables")."""
 
 from __future__ import annotations
 

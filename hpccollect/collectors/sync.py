@@ -54,12 +54,12 @@ class SyncDataCollector(
 ):
     """Generic data collector: steps an env (or vector env) with a policy in this process.
 
-    Takes TorchRL's arguments (see the README and ``../shared/seeds/SyncDataCollector.txt``);
+    Takes TorchRL's arguments (TorchRL's documentation of its ``Collector``);
     batches are ``[T]`` named ``["time"]`` for one env and ``[N, T]`` named ``[None, "time"]``
     for N envs, with ``frames_per_batch`` frames in all (rounded up to a multiple of N). The env
     is a gymnasium one (through ``GymEnv``) or a TorchRL env (``EnvBase``), stepped as TorchRL's
     ``Collector`` steps it (``td_rollout``). Every keyword of TorchRL 0.14.1's ``Collector`` is
-    taken: see the README's "Coming from TorchRL" (``policy_factory``, ``compile_policy``,
+    taken: see "Coming from TorchRL" (docs/torchrl.md) (``policy_factory``, ``compile_policy``,
     hooks, ``compact_obs``, ``extend_buffer``, ...; ``torchrl_keywords`` for those not offered).
 
     TorchRL keywords with their TorchRL meaning:
