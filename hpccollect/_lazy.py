@@ -1,14 +1,32 @@
 """Registered plug-ins named as ``"module:attr"``: imported on first use, so registering one
-loads nothing (a launcher's mpi4py, a collector kind's worker machinery)."""
+loads nothing (a launcher's mpi4py, a collector kind's worker machinery).
+
+Every kind of plug-in (launcher, transport, collector kind, storage format, execution backend)
+is registered the same way, ``register_*(name, "module:attr")``, and a package outside can add
+one through its entry-point group (``GROUPS``), read once, when the registry is first asked::
+
+    [project.entry-points."hpccollect.launchers"]
+    mine = "my_package.launch:MyLauncher"
+"""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 from hpccollect.errors import ArgumentValueError
 
-__all__ = ["check_target", "load_target"]
+__all__ = ["GROUPS", "check_target", "entry_points", "load_target", "with_entry_points"]
+
+#: the entry-point group of each kind of plug-in
+GROUPS = {
+    "launcher": "hpccollect.launchers",
+    "transport": "hpccollect.transports",
+    "collector kind": "hpccollect.collector_kinds",
+    "storage format": "hpccollect.storage_formats",
+    "execution backend": "hpccollect.executions",
+}
 
 
 def check_target(target: str) -> str:
@@ -22,3 +40,24 @@ def load_target(target: str) -> Any:
     """The object ``"module:attr"`` names, its module imported now."""
     module, _, attr = check_target(target).partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def entry_points(kind: str) -> dict[str, str]:
+    """The plug-ins of ``kind`` (a key of ``GROUPS``) that installed packages declare: name ->
+    ``"module:attr"``, nothing imported."""
+    from importlib.metadata import entry_points as declared
+
+    return {point.name: check_target(point.value) for point in declared(group=GROUPS[kind])}
+
+
+_READ: set[str] = set()
+
+
+def with_entry_points(kind: str, registry: dict, make: Callable[[str], Any] = str) -> dict:
+    """``registry`` with the installed packages' plug-ins of ``kind`` added (read once per
+    process; a name already registered keeps its plug-in), each as ``make(target)``."""
+    if kind not in _READ:
+        _READ.add(kind)
+        for name, target in entry_points(kind).items():
+            registry.setdefault(name, make(target))
+    return registry

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpccollect.collectors.kinds import COLLECTOR_KINDS
+from hpccollect.collectors.kinds import COLLECTOR_KINDS, collector_kinds
 from hpccollect.errors import ArgumentValueError
 from hpccollect.launchers import job_launchers
 from hpccollect.transport.backends import backend_names
@@ -105,9 +105,10 @@ class RunConfig:
             )
         for name in RENAMED:  # a config built in code: as from_sources, without the warning
             object.__setattr__(self, name, current_spelling(name, getattr(self, name)))
-        if self.collector not in COLLECTORS:
+        if self.collector not in collector_kinds():
             raise ArgumentValueError(
-                f"--collector must be one of {', '.join(COLLECTORS)}; got {self.collector!r}."
+                f"--collector must be one of {', '.join(collector_kinds())}; "
+                f"got {self.collector!r}."
             )
         if self.compression not in COMPRESSIONS:
             raise ArgumentValueError(

@@ -10,13 +10,13 @@ from typing import Any, NoReturn
 
 from hpccollect.app.config import (
     BACKENDS,
-    COLLECTORS,
     COMPRESSIONS,
     LAUNCHERS,
     RANK_FAILURES,
     RENAMED,
     RunConfig,
 )
+from hpccollect.collectors.kinds import collector_kinds
 from hpccollect.collectors.reports import DEFAULT_REPORT_INTERVAL
 from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 
@@ -104,8 +104,8 @@ def _collect_options(collect: argparse.ArgumentParser) -> None:
     )
     collect.add_argument(
         "--collector",
-        choices=_spellings("collector", COLLECTORS),
-        metavar="{" + ",".join(COLLECTORS) + "}",
+        choices=_spellings("collector", collector_kinds()),
+        metavar="{" + ",".join(collector_kinds()) + "}",
         help=f"default {d.collector}",
     )
     collect.add_argument("--frames-per-batch", type=int, help=f"default {d.frames_per_batch}")

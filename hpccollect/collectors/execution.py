@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hpccollect._lazy import check_target, load_target
+from hpccollect._lazy import check_target, load_target, with_entry_points
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["ByExecution", "execution_names", "register_execution"]
@@ -197,13 +197,19 @@ def register_execution(name: str, target: str, *, defaults_from: str | None = No
     _EXECUTIONS[name] = (check_target(target), check_target(defaults))
 
 
+def _executions() -> dict[str, tuple[str, str]]:
+    """The registered backends, installed packages' ``hpccollect.executions`` included (whose
+    defaults are their class's own)."""
+    return with_entry_points("execution backend", _EXECUTIONS, lambda target: (target, target))
+
+
 def execution_names() -> tuple[str, ...]:
     """Every ``Collector(backend=...)`` value: ``"direct"`` and the registered ones."""
-    return ("direct", *_EXECUTIONS)
+    return ("direct", *_executions())
 
 
 def _target(backend: str) -> tuple[type, Callable]:
-    target, defaults = _EXECUTIONS[backend]
+    target, defaults = _executions()[backend]
     return load_target(target), load_target(defaults).__init__
 
 

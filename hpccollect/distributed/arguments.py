@@ -8,7 +8,7 @@ import warnings
 from typing import Any
 
 from hpccollect._checks import check_bool, check_int
-from hpccollect.collectors.kinds import COLLECTOR_KINDS, TORCHRL_KINDS, collector_kind
+from hpccollect.collectors.kinds import collector_kind, collector_kinds
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
@@ -26,7 +26,6 @@ __all__ = [
     "weight_schedule",
 ]
 
-_KINDS = [*COLLECTOR_KINDS, *TORCHRL_KINDS]
 #: collector arguments the ranks' collectors get from this one; collector_kwargs cannot set them
 _OWN = (
     "frames_per_batch",
@@ -44,9 +43,10 @@ RANK_DEVICES = ("device", "storing_device", "env_device", "policy_device")
 
 def check_collector_class(value: Any) -> type:
     if isinstance(value, str):
-        if value not in _KINDS:
+        kinds = list(collector_kinds(torchrl_names=True))
+        if value not in kinds:
             raise ArgumentValueError(
-                f"collector_class must be a collector class or one of {_KINDS}, got {value!r}."
+                f"collector_class must be a collector class or one of {kinds}, got {value!r}."
             )
         return collector_kind(value, torchrl_names=True)
     if isinstance(value, type) and issubclass(value, (SyncDataCollector, MultiCollectorBase)):
@@ -56,9 +56,10 @@ def check_collector_class(value: Any) -> type:
                 "collector."
             )
         return value
+    kinds = list(collector_kinds(torchrl_names=True))
     raise ArgumentTypeError(
         "collector_class must be SyncDataCollector, MultiSyncDataCollector, "
-        f"MultiaSyncDataCollector (or a subclass), or one of {_KINDS}; got {value!r}."
+        f"MultiaSyncDataCollector (or a subclass), or one of {kinds}; got {value!r}."
     )
 
 

@@ -11,7 +11,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
-from hpccollect._lazy import check_target, load_target
+from hpccollect._lazy import check_target, load_target, with_entry_points
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.mp import MPLauncher
@@ -50,14 +50,21 @@ def register_launcher(
     _LAUNCHERS[name] = _Entry(check_target(target), requires, ranks_exist)
 
 
+def _launchers() -> dict[str, _Entry]:
+    """The registered launchers, those of installed packages' ``hpccollect.launchers`` entry
+    points included (``requires=None``, ``ranks_exist=False``: call ``register_launcher`` for
+    others)."""
+    return with_entry_points("launcher", _LAUNCHERS, lambda target: _Entry(target, None, False))
+
+
 def launcher_names() -> tuple[str, ...]:
     """Every registered launcher (the one list of them)."""
-    return tuple(_LAUNCHERS)
+    return tuple(_launchers())
 
 
 def job_launchers() -> tuple[str, ...]:
     """The launchers whose ranks all run the job's own command: those ``collect`` runs under."""
-    return tuple(name for name, entry in _LAUNCHERS.items() if entry.ranks_exist)
+    return tuple(name for name, entry in _launchers().items() if entry.ranks_exist)
 
 
 def get_launcher(
@@ -84,10 +91,10 @@ def get_launcher(
         return launcher
     if not isinstance(launcher, str):
         raise ArgumentTypeError(
-            f"launcher must be a name {list(_LAUNCHERS)} or an hpccollect.launchers.Launcher, "
+            f"launcher must be a name {list(_launchers())} or an hpccollect.launchers.Launcher, "
             f"got {type(launcher).__name__}."
         )
-    entry = _LAUNCHERS.get(launcher)
+    entry = _launchers().get(launcher)
     if entry is None:
         raise ArgumentValueError(f"launcher must be one of {list(_LAUNCHERS)}, got {launcher!r}.")
     if entry.requires is not None and importlib.util.find_spec(entry.requires) is None:
@@ -109,4 +116,4 @@ register_launcher(  # inside a main of submitit_delayed_launcher: its pre-launch
 )
 
 #: the launchers hpccollect brings (``launcher_names()`` also lists those registered later)
-LAUNCHERS = launcher_names()
+LAUNCHERS = tuple(_LAUNCHERS)

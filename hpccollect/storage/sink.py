@@ -3,7 +3,9 @@ formats registered by name (writer, reader, merge, repair), and ``EpisodeTally``
 keeps nothing but the episode count and returns.
 
 The application reaches datasets only through this module: a new format (Zarr, Minari's Arrow
-layout, Parquet) is one module with a ``Sink`` and a ``register_format`` call.
+layout, Parquet) is one module with a ``Sink`` and a ``StorageFormat``, registered by name:
+``register_format("zarr", "my_module:ZARR")`` (or an ``hpccollect.storage_formats`` entry point
+of an installed package).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any, TypeVar
 import numpy as np
 from tensordict import TensorDictBase
 
-from hpccollect.errors import ArgumentValueError, StorageError
+from hpccollect._lazy import check_target, load_target, with_entry_points
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError, StorageError
 
 __all__ = [
     "EpisodeReturns",
@@ -143,26 +146,55 @@ class StorageFormat:
     partial_path: Callable[[str | os.PathLike], Path]
 
 
-_FORMATS: dict[str, StorageFormat] = {}
+_FORMATS: dict[str, StorageFormat | str] = {}  # a StorageFormat, or "module:attr" naming one
 
 
-def register_format(fmt: StorageFormat) -> None:
-    """Offer ``fmt`` under its name and its file name endings."""
-    _FORMATS[fmt.name] = fmt
+def register_format(name: str | StorageFormat, target: str | None = None) -> None:
+    """Offer a dataset format under its name and its file name endings.
+
+    Args:
+        name: its name; or a ``StorageFormat``, registered under its own name.
+        target: ``"module:attr"`` naming the ``StorageFormat``, imported on first use.
+    """
+    if isinstance(name, StorageFormat):
+        _FORMATS[name.name] = name
+    elif isinstance(name, str) and target is not None:
+        _FORMATS[name] = check_target(target)
+    else:
+        raise ArgumentTypeError(
+            "register_format takes (name, 'module:attr') or a StorageFormat, got "
+            f"{type(name).__name__} and {target!r}."
+        )
+
+
+def _formats() -> dict[str, StorageFormat]:
+    """Every registered format (installed packages' ``hpccollect.storage_formats`` too), loaded."""
+    registry = with_entry_points("storage format", _FORMATS)
+    for name, entry in registry.items():
+        if isinstance(entry, str):
+            fmt = load_target(entry)
+            if not isinstance(fmt, StorageFormat):
+                raise ArgumentTypeError(
+                    f"the storage format {name!r} ({entry}) is a {type(fmt).__name__}, not an "
+                    "hpccollect.storage.StorageFormat."
+                )
+            registry[name] = fmt
+    return registry  # type: ignore[return-value]
 
 
 def dataset_format(path: str | os.PathLike | None = None, name: str | None = None) -> StorageFormat:
     """The format called ``name``, or the one whose file name ending ``path`` has (a
     ``.partial`` file is its format's too); HDF5 for a name with no known ending."""
+    formats = _formats()
     if name is not None:
-        if name not in _FORMATS:
-            raise ArgumentValueError(f"format must be one of {list(_FORMATS)}, got {name!r}.")
-        return _FORMATS[name]
+        if name not in formats:
+            raise ArgumentValueError(f"format must be one of {list(formats)}, got {name!r}.")
+        return formats[name]
     file = str(path or "").removesuffix(".partial")
-    for fmt in _FORMATS.values():
+    for fmt in formats.values():
         if file.endswith(fmt.suffixes):
             return fmt
-    return _FORMATS["hdf5"]
+    return formats["hdf5"]
 
 
 def read_dataset(path: str | os.PathLike) -> Any:

@@ -1,6 +1,7 @@
 """The transport backends, registered by name: what each needs, whether this process has it, and
 how it opens a process group. ``RankGroups`` and the collector look a backend up here and never
-branch on its name; a new transport is one module that calls ``register_backend``.
+branch on its name; a new transport is one module with a ``Backend``, registered by name:
+``register_backend("mine", "my_module:BACKEND")`` (or an ``hpccollect.transports`` entry point).
 
 A process group here is the part of torch's ``ProcessGroup`` API the rank channels and the
 weight sender use (``ProcessGroup`` in ``transport/base.py``).
@@ -20,7 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpccollect.errors import ArgumentValueError
+from hpccollect._lazy import check_target, load_target, with_entry_points
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.transport.wire import HELLO
 
 __all__ = [
@@ -53,29 +55,58 @@ class Backend:
     needs_store: bool = True
 
 
-_BACKENDS: dict[str, Backend] = {}
+_BACKENDS: dict[str, Backend | str] = {}  # a Backend, or "module:attr" naming one
 
 
-def register_backend(backend: Backend) -> None:
-    """Offer ``backend`` under its name (``DistributedDataCollector(backend=...)``)."""
-    _BACKENDS[backend.name] = backend
+def register_backend(name: str | Backend, target: str | None = None) -> None:
+    """Offer a transport as ``DistributedDataCollector(backend=name)``.
+
+    Args:
+        name: its name; or a ``Backend``, registered under its own name.
+        target: ``"module:attr"`` naming the ``Backend``, imported on first use.
+    """
+    if isinstance(name, Backend):
+        _BACKENDS[name.name] = name
+    elif isinstance(name, str) and target is not None:
+        _BACKENDS[name] = check_target(target)
+    else:
+        raise ArgumentTypeError(
+            "register_backend takes (name, 'module:attr') or a Backend, got "
+            f"{type(name).__name__} and {target!r}."
+        )
+
+
+def _backends() -> dict[str, Backend]:
+    """Every registered backend (installed packages' ``hpccollect.transports`` too), loaded."""
+    registry = with_entry_points("transport", _BACKENDS)
+    for name, entry in registry.items():
+        if isinstance(entry, str):
+            backend = load_target(entry)
+            if not isinstance(backend, Backend):
+                raise ArgumentTypeError(
+                    f"the transport {name!r} ({entry}) is a {type(backend).__name__}, not an "
+                    "hpccollect.transport.backends.Backend."
+                )
+            registry[name] = backend
+    return registry  # type: ignore[return-value]
 
 
 def backend_named(name: str) -> Backend:
     """The registered backend ``name``; an error naming those there are."""
-    if name not in _BACKENDS:
-        raise ArgumentValueError(f"backend must be one of {list(_BACKENDS)}, got {name!r}.")
-    return _BACKENDS[name]
+    backends = _backends()
+    if name not in backends:
+        raise ArgumentValueError(f"backend must be one of {list(backends)}, got {name!r}.")
+    return backends[name]
 
 
 def backend_names() -> tuple[str, ...]:
     """Every backend hpccollect can use where it is available (the one list of them)."""
-    return tuple(name for name, b in _BACKENDS.items() if b.unsupported is None)
+    return tuple(name for name, b in _backends().items() if b.unsupported is None)
 
 
 def available_backends() -> list[str]:
     """The backends this process can use."""
-    return [name for name, b in _BACKENDS.items() if b.available() and b.unsupported is None]
+    return [name for name, b in _backends().items() if b.available() and b.unsupported is None]
 
 
 def check_backend(name: Any) -> str:
