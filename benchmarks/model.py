@@ -49,7 +49,7 @@ KINDS = {
     "atari": (2 * 4 * 84 * 84 + 40, 64, 1_000),
 }
 RANKS = (1, 10, 100, 1_000, 10_000)
-REPORT_BYTES = 1_200  # a rank report (``collectors/reports.py``) as it travels
+REPORT_BYTES = 1_200  # a rank report (``collectors/workers/reports.py``) as it travels
 #: rank 0's own memory (MB) and what each link holds besides its batches, fitted below
 LIVENESS = 30.0  # s, the default liveness_timeout
 BEAT = min(5.0, LIVENESS / 6)  # heartbeat.beat_interval

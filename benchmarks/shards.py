@@ -62,7 +62,7 @@ def _job(args: argparse.Namespace) -> None:
         rank_reports=args.job == "reports",
         liveness_timeout=None,
     )
-    from hpccollect.collectors.reports import ReportTally, frames_in
+    from hpccollect.collectors.workers.reports import ReportTally, frames_in
     from hpccollect.storage import EpisodeTally
 
     tally = ReportTally() if args.job == "reports" else EpisodeTally()

@@ -11,7 +11,7 @@ Launchers (``--launchers``):
 * ``mp-spawn``: ``launcher=MPLauncher("spawn")``, every rank a fresh interpreter (the default
   before ranks forked from a server);
 * ``mp``: ``launcher="mp"``, the ranks fork from the job's own server, which imported torch
-  and hpccollect once (``hpccollect/collectors/fork_server.py``);
+  and hpccollect once (``hpccollect/collectors/workers/fork_server.py``);
 * ``mpiexec``: ``mpiexec -n N+1`` with ``launcher="mpi"`` (gloo between the ranks);
 * ``submitit``: ``launcher="submitit_delayed"`` on submitit's local executor (one job whose
   tasks are the ranks).

@@ -38,7 +38,7 @@ from hpccollect.collectors import (
     aSyncDataCollector,
     split_trajectories,
 )
-from hpccollect.collectors.execution import register_execution
+from hpccollect.collectors.torchrl_api.execution import register_execution
 from hpccollect.envs import GymEnv
 from hpccollect.policy import ExplorationType, RandomPolicy
 from hpccollect.storage import ReplayBuffer

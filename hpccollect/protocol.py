@@ -59,7 +59,7 @@ class Layout:
 @dataclass(frozen=True)
 class RemoteError:
     """``ERROR``'s payload: an exception raised in a worker, described so the collector can raise
-    one of the same type (see ``hpccollect.collectors.pool``) without unpickling foreign classes.
+    one of the same type (see ``hpccollect.collectors.workers.pool``) without unpickling foreign classes.
 
     ``kind`` is the hpccollect error class it is (a name in ``hpccollect.errors.__all__``), if any;
     ``builtin_bases`` the builtin exception classes it derives from, most specific first;
@@ -137,7 +137,7 @@ class Command(enum.Enum):
     """What the collector asks a worker to do: payload type, expected reply, local-only flag."""
 
     # write one batch into the buffers; a worker that sends reports: up to this many batches,
-    # then their report (``collectors/reports.py``)
+    # then their report (``collectors/workers/reports.py``)
     COLLECT = ("collect", int, Reply.BATCH, False)
     UPDATE_WEIGHTS = ("update_weights", type(None), Reply.ACK, False)  # load the weights buffer
     SEED = ("seed", Seed, Reply.SEEDED, False)

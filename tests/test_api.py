@@ -55,7 +55,7 @@ def test_import_has_no_side_effects_even_under_mpiexec():
 
 # what a process started by hpccollect (a worker, a rank, a SLURM job) or a user may import first
 ENTRY_MODULES = [
-    "hpccollect.collectors.worker",
+    "hpccollect.collectors.workers.worker",
     "hpccollect.collectors.distributed",
     "hpccollect.distributed",
     "hpccollect.launchers.rank",

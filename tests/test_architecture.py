@@ -186,7 +186,7 @@ def test_what_is_registered_by_name_exists_and_is_not_above_who_registers_it():
 def test_the_checks_see_a_cycle_and_an_upward_import():
     """The checks themselves can fail."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
-    assert _layer("hpccollect.transport.base") < _layer("hpccollect.collectors.pool")
+    assert _layer("hpccollect.transport.base") < _layer("hpccollect.collectors.workers.pool")
     assert _registrations('register_x("a", "m.n:A", defaults_from="m.o:B")') == ["m.n", "m.o"]
 
 
@@ -222,9 +222,9 @@ def _used_of(tree: ast.AST, holder: str) -> set[str]:
 def test_a_gathering_uses_only_what_its_host_interface_declares():
     """The strategies read their collector through ``GatheringHost`` alone: a new use of the
     collector must be declared there (where the collector's side sees it)."""
-    from hpccollect.collectors.gathering import GatheringHost
+    from hpccollect.collectors.workers.gathering import GatheringHost
 
-    tree = ast.parse((ROOT / "collectors" / "gathering.py").read_text())
+    tree = ast.parse((ROOT / "collectors" / "workers" / "gathering.py").read_text())
     strategies = [n for n in tree.body if isinstance(n, ast.ClassDef) and "Gathering" in n.name]
     used = set().union(*(_used_of(cls, "c") for cls in strategies if cls.name != "GatheringHost"))
     declared = set(GatheringHost.__annotations__) | {

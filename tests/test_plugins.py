@@ -86,7 +86,7 @@ ENTRY_POINTS = {
 USE = """
 import gymnasium as gym
 from hpccollect import Collector, DistributedDataCollector
-from hpccollect.collectors.kinds import collector_kinds
+from hpccollect.collectors.torchrl_api.kinds import collector_kinds
 from hpccollect.launchers import launcher_names
 from hpccollect.storage import open_sink, read_dataset
 from hpccollect.transport.backends import backend_names
@@ -173,7 +173,7 @@ def test_a_package_that_declares_plug_ins_is_found_and_used(tmp_path: Path) -> N
 
 def test_without_the_package_its_names_are_unknown() -> None:
     """The same names, not installed: each registry refuses them, naming what it has."""
-    from hpccollect.collectors.kinds import collector_kinds
+    from hpccollect.collectors.torchrl_api.kinds import collector_kinds
     from hpccollect.launchers import launcher_names
     from hpccollect.transport.backends import backend_names
 

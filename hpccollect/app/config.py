@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpccollect.collectors.kinds import COLLECTOR_KINDS, collector_kinds
+from hpccollect.collectors.torchrl_api.kinds import COLLECTOR_KINDS, collector_kinds
 from hpccollect.errors import ArgumentValueError
 from hpccollect.launchers import job_launchers
 from hpccollect.transport.backends import backend_names

@@ -20,7 +20,7 @@ from hpccollect.app.config import RunConfig
 from hpccollect.app.resume import Attempt
 from hpccollect.app.signals import Stopped, StopSignals
 from hpccollect.app.summary import Summary
-from hpccollect.collectors.reports import frames_in
+from hpccollect.collectors.workers.reports import frames_in
 from hpccollect.errors import CollectorTimeoutError
 from hpccollect.storage import Sink
 

@@ -19,8 +19,8 @@ from hpccollect.app.preflight import check_output, env_maker, probe_policy, reco
 from hpccollect.app.resume import Attempt, remove_run_files, start_attempt
 from hpccollect.app.signals import StopSignals
 from hpccollect.app.summary import Summary
-from hpccollect.collectors.kinds import collector_kind
 from hpccollect.collectors.multi_base import MultiCollectorBase
+from hpccollect.collectors.torchrl_api.kinds import collector_kind
 from hpccollect.storage import Sink, open_sink
 
 __all__ = ["LocalPart", "run_collect"]

@@ -38,7 +38,7 @@ from hpccollect.app.preflight import check_output, env_maker, probe_policy, reco
 from hpccollect.app.resume import Attempt, remove_run_files, start_attempt
 from hpccollect.app.signals import StopSignals
 from hpccollect.app.summary import Summary
-from hpccollect.collectors.reports import DEFAULT_REPORT_INTERVAL, ReportTally
+from hpccollect.collectors.workers.reports import DEFAULT_REPORT_INTERVAL, ReportTally
 from hpccollect.distributed import DistributedDataCollector
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
 from hpccollect.launchers import get_launcher

@@ -16,8 +16,8 @@ from hpccollect.app.config import (
     RENAMED,
     RunConfig,
 )
-from hpccollect.collectors.kinds import collector_kinds
-from hpccollect.collectors.reports import DEFAULT_REPORT_INTERVAL
+from hpccollect.collectors.torchrl_api.kinds import collector_kinds
+from hpccollect.collectors.workers.reports import DEFAULT_REPORT_INTERVAL
 from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 
 __all__ = ["COMMANDS", "EXIT_CODES", "UsageError", "build_parser"]

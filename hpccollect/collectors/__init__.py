@@ -4,7 +4,7 @@
 import X``. The distributed ones are in ``hpccollect.collectors.distributed``, as in TorchRL."""
 
 from hpccollect.collectors.base import DataCollectorBase, Interruptor
-from hpccollect.collectors.elsewhere import AsyncBatchedCollector, Evaluator, RayWeightUpdater
+from hpccollect.collectors.loops.trajectories import split_trajectories
 from hpccollect.collectors.multi import (
     MultiaSyncDataCollector,
     MultiCollector,
@@ -13,8 +13,12 @@ from hpccollect.collectors.multi import (
 )
 from hpccollect.collectors.profiling import ProfileConfig
 from hpccollect.collectors.sync import SyncDataCollector
-from hpccollect.collectors.trajectories import split_trajectories
-from hpccollect.collectors.weight_updaters import (
+from hpccollect.collectors.torchrl_api.elsewhere import (
+    AsyncBatchedCollector,
+    Evaluator,
+    RayWeightUpdater,
+)
+from hpccollect.collectors.torchrl_api.weight_updaters import (
     MultiProcessedWeightUpdater,
     RemoteModuleWeightUpdater,
     VanillaWeightUpdater,

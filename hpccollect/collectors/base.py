@@ -16,14 +16,14 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from hpccollect.collectors.buffers import store
-from hpccollect.collectors.remote import Call, calls_here, resolve_attr
+from hpccollect.collectors.loops.buffers import store
+from hpccollect.collectors.loops.whole_trajs import TrajectoryAssembler
 from hpccollect.collectors.weights import (
     LocalWeightsUpdaterBase,
     RemoteWeightsUpdaterBase,
     WeightUpdaterBase,
 )
-from hpccollect.collectors.whole_trajs import TrajectoryAssembler
+from hpccollect.collectors.workers.remote import Call, calls_here, resolve_attr
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, CollectorTimeoutError
 
 __all__ = ["DataCollectorBase", "Interruptor", "SharedInterruptor"]

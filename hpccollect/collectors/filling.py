@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from hpccollect.collectors.base import BackgroundThread
-from hpccollect.collectors.buffers import store
+from hpccollect.collectors.loops.buffers import store
 from hpccollect.protocol import Command, Reply
 
 __all__ = ["ThreadFilling", "WorkerFilling", "inherited_buffer"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
 from hpccollect.collectors.multi_base import MultiCollectorBase
+from hpccollect.collectors.workers.gathering import AsyncGathering, SyncGathering
 from hpccollect.errors import ArgumentValueError
 
 __all__ = [

@@ -18,8 +18,7 @@ from torch import nn
 from hpccollect._checks import check_callable, check_int
 from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor, built_updater
 from hpccollect.collectors.filling import WorkerFilling, inherited_buffer
-from hpccollect.collectors.gathering import Gathering
-from hpccollect.collectors.options import (
+from hpccollect.collectors.torchrl_api.options import (
     CollectorArgs,
     Devices,
     check_cat_results,
@@ -27,23 +26,24 @@ from hpccollect.collectors.options import (
     env_fns,
     per_worker,
 )
-from hpccollect.collectors.policy_options import factories
-from hpccollect.collectors.pool import WorkerPool, remote_exception
-from hpccollect.collectors.processes import start_local_workers
-from hpccollect.collectors.remote import Call
-from hpccollect.collectors.torchrl_keywords import check_weight_schemes
+from hpccollect.collectors.torchrl_api.policy_options import factories
+from hpccollect.collectors.torchrl_api.torchrl_keywords import check_weight_schemes
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
-from hpccollect.collectors.worker import WorkerSpec, worker_main
-from hpccollect.collectors.worker_batches import WorkerBatches
-from hpccollect.collectors.worker_calls import WorkerCalls
-from hpccollect.collectors.worker_setup import (
+from hpccollect.collectors.workers.batches import WorkerBatches
+from hpccollect.collectors.workers.calls import WorkerCalls
+from hpccollect.collectors.workers.gathering import Gathering
+from hpccollect.collectors.workers.pool import WorkerPool, remote_exception
+from hpccollect.collectors.workers.processes import start_local_workers
+from hpccollect.collectors.workers.remote import Call
+from hpccollect.collectors.workers.setup import (
     fake_worker_batch,
     per_worker_frames,
     shares_state,
     worker_class,
 )
-from hpccollect.collectors.worker_state import WorkerState
-from hpccollect.collectors.worker_weights import WorkerWeights
+from hpccollect.collectors.workers.state import WorkerState
+from hpccollect.collectors.workers.weights import WorkerWeights
+from hpccollect.collectors.workers.worker import WorkerSpec, worker_main
 from hpccollect.errors import ArgumentValueError
 from hpccollect.protocol import Command, RemoteError, Reply
 from hpccollect.transport.base import Channel

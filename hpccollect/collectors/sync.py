@@ -14,18 +14,18 @@ from torch import nn
 
 from hpccollect._checks import check_bool, check_int
 from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
-from hpccollect.collectors.execution import ByExecution
 from hpccollect.collectors.filling import ThreadFilling
-from hpccollect.collectors.options import CollectorArgs
-from hpccollect.collectors.policy_options import factories, wrap_for_speed
-from hpccollect.collectors.policy_version import TracksPolicyVersion, make_stamp
+from hpccollect.collectors.loops.policy_version import TracksPolicyVersion, make_stamp
+from hpccollect.collectors.loops.rollout import StepLoop
+from hpccollect.collectors.loops.td_policy import wrap_env_policy
+from hpccollect.collectors.loops.td_rollout import TensorDictLoop
+from hpccollect.collectors.loops.trajectories import TrajIdPool, split_trajectories
 from hpccollect.collectors.profiling import Profiling
-from hpccollect.collectors.rollout import StepLoop
 from hpccollect.collectors.sync_state import SyncState
-from hpccollect.collectors.td_policy import wrap_env_policy
-from hpccollect.collectors.td_rollout import TensorDictLoop
-from hpccollect.collectors.torchrl_keywords import check_weight_schemes
-from hpccollect.collectors.trajectories import TrajIdPool, split_trajectories
+from hpccollect.collectors.torchrl_api.execution import ByExecution
+from hpccollect.collectors.torchrl_api.options import CollectorArgs
+from hpccollect.collectors.torchrl_api.policy_options import factories, wrap_for_speed
+from hpccollect.collectors.torchrl_api.torchrl_keywords import check_weight_schemes
 from hpccollect.collectors.weights import (
     LocalWeightsUpdaterBase,
     PolicyWeightsCopier,
@@ -77,7 +77,7 @@ class SyncDataCollector(
     ``max_frames_per_traj`` (0 when not given), ``reset_at_each_iter``.
 
     ``Collector(..., backend=..., num_collectors=..., sync=...)`` builds the collector the
-    backend names, as TorchRL's ``Collector`` does (``collectors/execution.py``): "direct" (this
+    backend names, as TorchRL's ``Collector`` does (``collectors/torchrl_api/execution.py``): "direct" (this
     class), "process" (``MultiCollector``), "distributed" or "submitit"
     (``DistributedDataCollector``).
 

@@ -8,9 +8,9 @@ import warnings
 from typing import Any
 
 from hpccollect._checks import check_bool, check_int
-from hpccollect.collectors.kinds import collector_kind, collector_kinds
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
+from hpccollect.collectors.torchrl_api.kinds import collector_kind, collector_kinds
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = [

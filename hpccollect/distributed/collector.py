@@ -23,12 +23,12 @@ from torch import nn
 
 from hpccollect._checks import check_bool, check_float, check_int
 from hpccollect.collectors.filling import ThreadFilling
-from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
 from hpccollect.collectors.multi_base import MultiCollectorBase
-from hpccollect.collectors.reports import DEFAULT_REPORT_INTERVAL, Reporting
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
-from hpccollect.collectors.worker import WorkerSpec
+from hpccollect.collectors.workers.gathering import AsyncGathering, SyncGathering
+from hpccollect.collectors.workers.reports import DEFAULT_REPORT_INTERVAL, Reporting
+from hpccollect.collectors.workers.worker import WorkerSpec
 from hpccollect.distributed.arguments import (
     RANK_DEVICES,
     accepted_kwargs,
@@ -110,7 +110,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     --shards``), ``rank_reports`` and ``report_interval`` (below).
 
     ``rank_reports=True`` (with a ``rank_sink``): the batches stay on the ranks, in their sinks,
-    and rank 0 gets reports of them instead (``hpccollect.collectors.reports``): the iterator
+    and rank 0 gets reports of them instead (``hpccollect.collectors.workers.reports``): the iterator
     yields one report per rank and collection stretch, a TensorDict with the rank, its frames,
     batches, ended episodes and their returns, and its sink's committed counts (stacked
     ``[N]`` with ``sync=True``). A rank collects as many batches per request as its share of

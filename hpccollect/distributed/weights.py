@@ -11,8 +11,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from hpccollect.collectors.pool import WorkerPool
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
+from hpccollect.collectors.workers.pool import WorkerPool
 from hpccollect.errors import ArgumentValueError, WorkerError
 from hpccollect.policy import copy_weights_
 from hpccollect.protocol import Reply

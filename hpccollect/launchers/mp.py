@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from hpccollect.collectors.fork_server import JobForkServer
-from hpccollect.collectors.processes import start_local_workers
+from hpccollect.collectors.workers.fork_server import JobForkServer
+from hpccollect.collectors.workers.processes import start_local_workers
 from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.rank import RankArgs, serve_rank
 from hpccollect.transport.base import PeerLife
@@ -45,7 +45,7 @@ class MPLauncher(Launcher):
 
     Args:
         start_method: ``"forkserver"`` (default): the ranks fork from a server of the job's own
-            that imported torch and hpccollect once (``collectors/fork_server.py``), so 32 ranks
+            that imported torch and hpccollect once (``collectors/workers/fork_server.py``), so 32 ranks
             cost one import, not 32; ``"spawn"``: each rank is a fresh interpreter.
         daemon: whether the ranks are daemonic (they cannot start processes then).
     """

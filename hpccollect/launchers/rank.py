@@ -1,5 +1,5 @@
 """What a collector rank runs, however it was started: join the job, then serve rank 0's
-commands with the worker loop every collector worker runs (``collectors/worker.py``)."""
+commands with the worker loop every collector worker runs (``collectors/workers/worker.py``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpccollect._signals import ignore_stop_signals
-from hpccollect.collectors.worker import serve
+from hpccollect.collectors.workers.worker import serve
 from hpccollect.transport.groups import RankGroups, open_store
 
 __all__ = ["LOST_RANK0_STATUS", "RankArgs", "ready_key", "serve_rank"]

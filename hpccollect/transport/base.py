@@ -4,7 +4,7 @@ it), and ``ProcessGroup``/``Work`` (the part of torch's process-group API the ra
 which every registered backend offers, ``backends.py``).``pipe.py`` has the local channel
 (a ``multiprocessing`` pipe, the worker process as its peer).
 
-The pool (``collectors/pool.py``) and the worker loop (``collectors/worker.py``) use only these
+The pool (``collectors/workers/pool.py``) and the worker loop (``collectors/workers/worker.py``) use only these
 interfaces. Contract: ``send``/``recv`` raise ``ConnectionError`` when the peer is gone;
 ``handles()`` are objects that ``multiprocessing.connection.wait`` accepts and that become ready
 when a message arrives or the peer ends (a transport without such objects gives a pipe its

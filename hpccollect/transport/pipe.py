@@ -1,5 +1,5 @@
 """The local transport: ``PipeChannel``, a ``multiprocessing`` pipe to a worker process (batches
-themselves travel through shared memory the worker writes, see ``collectors/worker.py``), and
+themselves travel through shared memory the worker writes, see ``collectors/workers/worker.py``), and
 ``ProcessLife``, that process's life."""
 
 from __future__ import annotations

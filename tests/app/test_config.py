@@ -12,7 +12,7 @@ from hpccollect import MultiaSyncDataCollector, MultiSyncDataCollector, SyncData
 from hpccollect.app.cli import main
 from hpccollect.app.config import COLLECTORS, LAUNCHERS, RunConfig
 from hpccollect.app.mpi_job import wants_mpi
-from hpccollect.collectors.kinds import COLLECTOR_KINDS, collector_kind
+from hpccollect.collectors.torchrl_api.kinds import COLLECTOR_KINDS, collector_kind
 from hpccollect.distributed.arguments import check_collector_class
 from hpccollect.errors import ArgumentValueError
 from hpccollect.launchers import job_launchers

@@ -35,8 +35,8 @@ from torch import nn
 
 from hpccollect import DistributedDataCollector, MultiSyncDataCollector, SyncDataCollector
 from hpccollect.collectors.distributed import DistributedWeightUpdater
-from hpccollect.collectors.gathering import AsyncGathering, SyncGathering
-from hpccollect.collectors.reports import is_report
+from hpccollect.collectors.workers.gathering import AsyncGathering, SyncGathering
+from hpccollect.collectors.workers.reports import is_report
 from hpccollect.errors import (
     ArgumentTypeError,
     ArgumentValueError,

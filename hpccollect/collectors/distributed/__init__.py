@@ -7,7 +7,7 @@ Importing it loads hpccollect's distributed layer; ``hpccollect.collectors`` alo
 """
 
 from hpccollect.collectors.distributed.default_configs import DEFAULT_SLURM_CONF
-from hpccollect.collectors.elsewhere import RayCollector, RayEvalWorker
+from hpccollect.collectors.torchrl_api.elsewhere import RayCollector, RayEvalWorker
 from hpccollect.distributed import (
     DistributedCollector,
     DistributedDataCollector,

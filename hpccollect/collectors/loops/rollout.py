@@ -16,10 +16,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import set_interaction_type
 
-from hpccollect.collectors.options import CollectorArgs, Devices
-from hpccollect.collectors.policy_version import version_keys
-from hpccollect.collectors.step_policy import StepPolicy, _declared_inputs
-from hpccollect.collectors.trajectories import TrajIdPool
+from hpccollect.collectors.loops.policy_version import version_keys
+from hpccollect.collectors.loops.step_policy import StepPolicy, _declared_inputs
+from hpccollect.collectors.loops.trajectories import TrajIdPool
+from hpccollect.collectors.torchrl_api.options import CollectorArgs, Devices
 from hpccollect.envs.gym import DONE_KEYS, GymEnv, Leaves, env_seeds
 from hpccollect.envs.spaces import Key
 from hpccollect.errors import ArgumentValueError, EnvError, PolicyError, with_builtin

@@ -19,8 +19,8 @@ import torch
 from tensordict.nn import InteractionType
 
 from hpccollect._checks import check_bool, check_callable, check_int
-from hpccollect.collectors.policy_options import check_compile
-from hpccollect.collectors.whole_trajs import check_traj_options
+from hpccollect.collectors.loops.whole_trajs import check_traj_options
+from hpccollect.collectors.torchrl_api.policy_options import check_compile
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.policy import resolve_exploration_type, resolve_trust_policy
 

@@ -182,7 +182,7 @@ class Recording:
 def test_an_execution_backend_registered_by_name_is_built_on_first_use() -> None:
     """``register_execution(name, "module:Class")``, as launchers are registered: the class is
     imported when ``Collector(backend=name)`` first asks for it."""
-    from hpccollect.collectors.execution import execution_names, register_execution
+    from hpccollect.collectors.torchrl_api.execution import execution_names, register_execution
 
     register_execution("recording", f"{__name__}:Recording")
     try:
@@ -193,6 +193,6 @@ def test_an_execution_backend_registered_by_name_is_built_on_first_use() -> None
         with pytest.raises(ArgumentValueError, match="'module:attr'"):
             register_execution("bad", "no colon")
     finally:
-        from hpccollect.collectors import execution
+        from hpccollect.collectors.torchrl_api import execution
 
         execution._EXECUTIONS.pop("recording", None)

@@ -30,11 +30,11 @@ import torch
 from tensordict import TensorDictBase
 
 from hpccollect._signals import ignore_stop_signals
-from hpccollect.collectors.buffers import store
-from hpccollect.collectors.remote import Call
-from hpccollect.collectors.reports import RankReporter, Reporting
+from hpccollect.collectors.loops.buffers import store
+from hpccollect.collectors.loops.whole_trajs import TrajectoryAssembler
 from hpccollect.collectors.sync import SyncDataCollector
-from hpccollect.collectors.whole_trajs import TrajectoryAssembler
+from hpccollect.collectors.workers.remote import Call
+from hpccollect.collectors.workers.reports import RankReporter, Reporting
 from hpccollect.errors import ArgumentValueError
 from hpccollect.protocol import Command, Layout, Message, RemoteError, Reply, Seed, message
 from hpccollect.transport.base import Channel

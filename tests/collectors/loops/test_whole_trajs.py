@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 import hpccollect
 from hpccollect import Collector, MultiaSyncDataCollector, MultiSyncDataCollector
-from hpccollect.collectors.whole_trajs import TrajectoryAssembler
+from hpccollect.collectors.loops.whole_trajs import TrajectoryAssembler
 from hpccollect.errors import ArgumentValueError
 
 

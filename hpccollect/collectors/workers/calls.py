@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from hpccollect.collectors.profiling import ProfileConfig
-from hpccollect.collectors.remote import Call, calls_per_worker
+from hpccollect.collectors.workers.remote import Call, calls_per_worker
 from hpccollect.errors import ArgumentValueError
 
 __all__ = ["WorkerCalls"]

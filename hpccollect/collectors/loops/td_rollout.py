@@ -20,14 +20,14 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase, is_non_tensor
 from tensordict.nn import set_interaction_type
 
-from hpccollect.collectors.options import CollectorArgs, Devices
-from hpccollect.collectors.policy_version import version_keys
-from hpccollect.collectors.td_policy import (
+from hpccollect.collectors.loops.policy_version import version_keys
+from hpccollect.collectors.loops.td_policy import (
     SpecRandomPolicy,
     leaf_keys,
     private_key,
 )
-from hpccollect.collectors.trajectories import TrajIdPool
+from hpccollect.collectors.loops.trajectories import TrajIdPool
+from hpccollect.collectors.torchrl_api.options import CollectorArgs, Devices
 from hpccollect.envs import envbase
 from hpccollect.errors import (
     ArgumentValueError,

@@ -66,7 +66,7 @@ class JobForkServer:
         """Start the server (it imports ``preload`` while the caller goes on); the environment
         it and every process forked from it will have is the caller's at this moment, without
         launcher variables."""
-        from hpccollect.collectors.processes import clean_env
+        from hpccollect.collectors.workers.processes import clean_env
 
         with clean_env():
             self._server.ensure_running()

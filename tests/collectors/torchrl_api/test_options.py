@@ -16,7 +16,7 @@ from hpccollect import (
     aSyncDataCollector,
 )
 from hpccollect.collectors.multi_base import MultiCollectorBase
-from hpccollect.collectors.options import CollectorArgs
+from hpccollect.collectors.torchrl_api.options import CollectorArgs
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 DECLARED = {f.name: f for f in dataclasses.fields(CollectorArgs)}

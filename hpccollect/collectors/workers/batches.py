@@ -12,9 +12,9 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from hpccollect.collectors.gathering import Gathering
-from hpccollect.collectors.pool import WorkerPool
-from hpccollect.collectors.trajectories import split_trajectories
+from hpccollect.collectors.loops.trajectories import split_trajectories
+from hpccollect.collectors.workers.gathering import Gathering
+from hpccollect.collectors.workers.pool import WorkerPool
 from hpccollect.errors import WorkerError
 from hpccollect.protocol import Command, Reply
 

@@ -9,9 +9,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from hpccollect.collectors.pool import WorkerPool
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
-from hpccollect.collectors.worker_setup import runs_on_cpu, weight_buffers
+from hpccollect.collectors.workers.pool import WorkerPool
+from hpccollect.collectors.workers.setup import runs_on_cpu, weight_buffers
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.policy import copy_weights_
 from hpccollect.protocol import Command

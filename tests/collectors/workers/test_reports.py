@@ -1,4 +1,4 @@
-"""Rank reports (``collectors/reports.py``): what a rank that keeps its batches tells rank 0,
+"""Rank reports (``collectors/workers/reports.py``): what a rank that keeps its batches tells rank 0,
 and rank 0's tally of them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from conftest import CounterEnv
 
 from hpccollect import SyncDataCollector
-from hpccollect.collectors.reports import (
+from hpccollect.collectors.workers.reports import (
     RECENT,
     RankReporter,
     Reporting,

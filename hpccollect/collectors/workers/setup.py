@@ -13,7 +13,7 @@ from torch import nn
 
 from hpccollect._checks import check_int
 from hpccollect.collectors.sync import SyncDataCollector
-from hpccollect.collectors.worker import WorkerSpec
+from hpccollect.collectors.workers.worker import WorkerSpec
 from hpccollect.envs import envbase
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from hpccollect.collectors.trajectories import TrajIdPool, split_trajectories
+from hpccollect.collectors.loops.trajectories import TrajIdPool, split_trajectories
 from hpccollect.errors import ArgumentValueError
 
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import CounterEnv, alive
 
 from hpccollect import MultiSyncDataCollector
-from hpccollect.collectors.pool import WorkerPool, remote_exception
-from hpccollect.collectors.processes import start_local_workers
-from hpccollect.collectors.worker import WorkerSpec, worker_main
+from hpccollect.collectors.workers.pool import WorkerPool, remote_exception
+from hpccollect.collectors.workers.processes import start_local_workers
+from hpccollect.collectors.workers.worker import WorkerSpec, worker_main
 from hpccollect.errors import (
     ArgumentTypeError,
     ArgumentValueError,

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
-from hpccollect.collectors.reports import quiet_reports
-from hpccollect.collectors.rollout import TRAJ_KEY
+from hpccollect.collectors.loops.rollout import TRAJ_KEY
+from hpccollect.collectors.workers.reports import quiet_reports
 from hpccollect.errors import ArgumentValueError
 
 __all__ = ["AsyncGathering", "Gathering", "GatheringHost", "SyncGathering"]

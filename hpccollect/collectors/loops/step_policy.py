@@ -12,7 +12,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, set_interaction_type
 
-from hpccollect.collectors.options import CollectorArgs, Devices
+from hpccollect.collectors.torchrl_api.options import CollectorArgs, Devices
 from hpccollect.envs.gym import DONE_KEYS, GymEnv, Leaves
 from hpccollect.envs.spaces import Key
 from hpccollect.errors import PolicyError, with_builtin

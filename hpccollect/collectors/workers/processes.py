@@ -19,7 +19,7 @@ from hpccollect.errors import ArgumentValueError
 from hpccollect.transport.pipe import PipeChannel
 
 if TYPE_CHECKING:
-    from hpccollect.collectors.fork_server import JobForkServer
+    from hpccollect.collectors.workers.fork_server import JobForkServer
 
 __all__ = ["LAUNCHER_PREFIXES", "clean_env", "start_local_workers"]
 

@@ -17,8 +17,8 @@ import torch
 from tensordict import TensorDictBase, pad
 
 from hpccollect._checks import check_int
-from hpccollect.collectors.buffers import store
-from hpccollect.collectors.trajectories import flatten_unnamed
+from hpccollect.collectors.loops.buffers import store
+from hpccollect.collectors.loops.trajectories import flatten_unnamed
 from hpccollect.errors import ArgumentValueError
 
 __all__ = ["TRAJ_FORMATS", "TrajectoryAssembler", "check_traj_options"]

@@ -12,9 +12,9 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from hpccollect._checks import check_int
-from hpccollect.collectors.options import CollectorArgs
-from hpccollect.collectors.pool import WorkerPool
-from hpccollect.collectors.whole_trajs import TrajectoryAssembler
+from hpccollect.collectors.loops.whole_trajs import TrajectoryAssembler
+from hpccollect.collectors.torchrl_api.options import CollectorArgs
+from hpccollect.collectors.workers.pool import WorkerPool
 from hpccollect.errors import ArgumentValueError
 from hpccollect.protocol import Command, Reply, Seed
 

@@ -20,7 +20,7 @@ from hpccollect import (
     aSyncDataCollector,
 )
 from hpccollect.collectors.profiling import ProfileConfig
-from hpccollect.collectors.remote import resolve_attr
+from hpccollect.collectors.workers.remote import resolve_attr
 from hpccollect.errors import ArgumentValueError, WorkerError
 
 pytestmark = [pytest.mark.timeout(120)]

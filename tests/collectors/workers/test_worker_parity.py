@@ -32,7 +32,7 @@ from hpccollect import MultiSyncDataCollector, SyncDataCollector, aSyncDataColle
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 #: where the step loop calls the policy (``StepLoop``'s policy side, ``StepPolicy``)
-STEP_LOOP = "hpccollect.collectors.step_policy"
+STEP_LOOP = "hpccollect.collectors.loops.step_policy"
 
 
 def cartpole() -> gym.Env:
