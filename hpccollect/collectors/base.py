@@ -79,7 +79,17 @@ class SharedInterruptor(Interruptor):
 
 
 class DataCollectorBase(abc.ABC):
-    """Base class for data collectors."""
+    """Base class of the collectors, with TorchRL's methods: iteration, weight updates,
+    background collection, seeds, state and shutdown.
+
+    Example:
+        A collector is an iterable of batches; shut it down when done (or use ``with``)::
+
+            with SyncDataCollector("CartPole-v1", None, frames_per_batch=100,
+                                   total_frames=1000) as collector:
+                for batch in collector:  # TensorDict [100] named ["time"]
+                    ...
+    """
 
     local_weight_updater: LocalWeightsUpdaterBase | None = None
     remote_weight_updater: RemoteWeightsUpdaterBase | None = None
@@ -140,7 +150,11 @@ class DataCollectorBase(abc.ABC):
             assembler.drop_in_flight(traj_ids)
 
     def next(self) -> TensorDictBase | None:
-        """The next batch, from an iterator kept across calls; None once exhausted."""
+        """The next batch, from an iterator kept across calls (TorchRL's ``next()``).
+
+        Returns:
+            The batch, or None once ``total_frames`` are collected.
+        """
         if self._iterator is None:
             self._iterator = iter(self)
         try:
@@ -150,9 +164,12 @@ class DataCollectorBase(abc.ABC):
             return None
 
     def stats(self) -> dict[str, int | float | bool]:
-        """A snapshot of progress, cheap and picklable (TorchRL's): ``frames``, ``batches``,
-        ``total_frames`` and ``completed`` (not for an endless collector),
-        ``requested_frames_per_batch``, ``policy_version`` (when tracked)."""
+        """A snapshot of progress, cheap and picklable (TorchRL's).
+
+        Returns:
+            ``frames``, ``batches``, ``total_frames`` and ``completed`` (not for an endless
+            collector), ``requested_frames_per_batch``, ``policy_version`` (when tracked).
+        """
         frames = int(getattr(self, "_frames", 0))
         out: dict[str, int | float | bool] = {
             "frames": frames,
@@ -171,8 +188,14 @@ class DataCollectorBase(abc.ABC):
 
     # ------------------------------------------------------------------ reaching in
     def get_distant_attr(self, attr: str) -> Any:
-        """The object at attribute path ``attr`` (``"a.b['k']"``) of this collector (of each
-        worker, in a list, for a collector with workers)."""
+        """Reach into the collector (TorchRL's ``get_distant_attr``).
+
+        Args:
+            attr: an attribute path, such as ``"env.unwrapped"`` or ``"a.b['k']"``.
+
+        Returns:
+            The object at that path; for a collector with workers, one per worker, in a list.
+        """
         return resolve_attr(self, attr)
 
     def map_fn(
@@ -181,7 +204,16 @@ class DataCollectorBase(abc.ABC):
         list_of_args: list[tuple] | None = None,
         list_of_kwargs: list[dict] | None = None,
     ) -> list[Any]:
-        """Call the method at path ``method_name`` once per (args, kwargs) pair; the results."""
+        """Call a method of the collector once per (args, kwargs) pair (TorchRL's ``map_fn``).
+
+        Args:
+            method_name: the method's attribute path, such as ``"env.reset"``.
+            list_of_args: the positional arguments of each call (none by default).
+            list_of_kwargs: the keyword arguments of each call (none by default).
+
+        Returns:
+            The calls' results, in order.
+        """
         args, kwargs = calls_here(list_of_args, list_of_kwargs)
         return [
             Call("call", method_name, a, k).apply(self) for a, k in zip(args, kwargs, strict=True)
@@ -261,28 +293,64 @@ class DataCollectorBase(abc.ABC):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Collect in the background into the ``replay_buffer``; stop with ``async_shutdown()``."""
+        """Collect in the background into the ``replay_buffer``; stop with ``async_shutdown()``.
+
+        Raises:
+            NotImplementedError: this collector cannot run in the background.
+        """
         raise NotImplementedError(f"{type(self).__name__} cannot run in the background")
 
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
-        """Stop background collection started by ``start()``."""
+        """Stop background collection started by ``start()``.
+
+        Args:
+            timeout: seconds to wait for the background collection to stop (None: the
+                collector's own deadline).
+            close_env: then shut the collector down (its envs, threads and processes).
+
+        Raises:
+            NotImplementedError: this collector cannot run in the background.
+        """
         raise NotImplementedError(f"{type(self).__name__} cannot run in the background")
 
     @abc.abstractmethod
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seed every env; return the seed of the last one."""
+        """Seed every env, each with its own seed drawn from ``seed``.
+
+        Args:
+            seed: the first seed.
+            static_seed: give every env ``seed`` itself.
+
+        Returns:
+            The seed of the last env, from which a next collector's seeds can go on.
+        """
 
     @abc.abstractmethod
     def state_dict(self) -> OrderedDict:
-        """Policy and env state plus collection progress."""
+        """The collector's state, to resume from.
+
+        Returns:
+            The policy's and the envs' state and the collection's progress.
+        """
 
     @abc.abstractmethod
     def load_state_dict(self, state_dict: OrderedDict, **kwargs: Any) -> None:
-        """Restore what ``state_dict()`` returned."""
+        """Restore what ``state_dict()`` returned.
+
+        Args:
+            state_dict: a ``state_dict()`` of a collector built alike.
+            **kwargs: passed on to the policy's ``load_state_dict``.
+        """
 
     @abc.abstractmethod
     def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
-        """Stop everything and release envs, threads and processes; safe to call twice."""
+        """Stop everything and release envs, threads and processes; safe to call twice.
+
+        Args:
+            timeout: seconds each worker or rank gets to stop before it is killed (None: the
+                collector's own deadline).
+            close_env: close the envs too.
+        """
 
     def __enter__(self) -> DataCollectorBase:
         return self

@@ -77,14 +77,26 @@ class SyncDataCollector(
     ``max_frames_per_traj`` (0 when not given), ``reset_at_each_iter``.
 
     ``Collector(..., backend=..., num_collectors=..., sync=...)`` builds the collector the
-    backend names, as TorchRL's ``Collector`` does (``collectors/torchrl_api/execution.py``): "direct" (this
-    class), "process" (``MultiCollector``), "distributed" or "submitit"
+    backend names, as TorchRL's ``Collector`` does (``collectors/torchrl_api/execution.py``):
+    "direct" (this class), "process" (``MultiCollector``), "distributed" or "submitit"
     (``DistributedDataCollector``).
 
     Beyond TorchRL's arguments: ``replay_buffer`` (any object with ``extend``),
     ``local_weight_updater``/``remote_weight_updater``/``weight_updater``,
     ``categorical_action_encoding`` (for env ids), and ``traj_id_offset``/``traj_id_stride``
     used by multi-worker collectors to keep trajectory ids unique.
+
+    Example:
+        Four CartPoles stepped as one vector env by a policy of one linear layer::
+
+            policy = TensorDictModule(nn.Linear(4, 2), ["observation"], ["action"])
+            collector = SyncDataCollector(
+                [lambda: gym.make("CartPole-v1")] * 4, policy,
+                frames_per_batch=400, total_frames=4000,
+            )
+            for batch in collector:  # TensorDict [4, 100] named [None, "time"]
+                print(batch["next", "reward"].sum())
+            collector.shutdown()
     """
 
     _dispatches = True  # calling this class itself (not a subclass) honours ``backend``

@@ -41,12 +41,12 @@ from hpccollect.distributed.arguments import (
     check_slurm_kwargs,
     weight_schedule,
 )
-from hpccollect.distributed.startup import start_ranks
 from hpccollect.distributed.weights import RankWeightsSender
 from hpccollect.errors import (
     ArgumentValueError,
     WorkerError,
 )
+from hpccollect.launchers.rank import start_ranks
 from hpccollect.transport.backends import check_backend
 from hpccollect.transport.base import Channel
 from hpccollect.transport.groups import RankGroups
@@ -125,6 +125,19 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     process with status 0. ``create_env_fn`` is then one constructor for every rank, or one per
     collector rank (MPI ranks 1..N-1). ``backend="mpi"`` moves the data with MPI (torch's MPI
     backend, or mpi4py where torch has none); an uncaught exception on any rank aborts the job.
+
+    Example:
+        A trainer on rank 0 fed by two local collector ranks, pushing its weights after each
+        batch (under ``mpiexec -n 3``, ``launcher="mpi"`` makes ranks 1 and 2 the collectors)::
+
+            collector = DistributedDataCollector(
+                [make_env, make_env], policy, frames_per_batch=2048, total_frames=200_000,
+                launcher="mp", backend="gloo",
+            )
+            for batch in collector:  # [2, 1024]: one row per rank
+                train(policy, batch)
+                collector.update_policy_weights_()
+            collector.shutdown()
     """
 
     starts_ranks = True  # never a rank's own collector_class
