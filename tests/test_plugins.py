@@ -27,7 +27,7 @@ from hpccollect.transport.backends import Backend, backend_named
 
 
 class CountingLauncher(MPLauncher):
-    """launcher="counting": local ranks, as "mp" starts them, counted."""
+    """launcher="plugin-counting": local ranks, as "mp" starts them, counted."""
 
     started = 0
 
@@ -40,12 +40,12 @@ def _open_over_gloo(store, rank, world_size, name):
     return backend_named("gloo").open_group(store, rank, world_size, name)
 
 
-TRANSPORT = Backend("gloo-again", lambda: True, _open_over_gloo, "nothing to install")
+TRANSPORT = Backend("plugin-gloo", lambda: True, _open_over_gloo, "nothing to install")
 
 
 class TaggedCollector(SyncDataCollector):
-    """collector_class="tagged": a single-process collector that marks its batches (a reward of
-    7 for every step; CartPole's is 1)."""
+    """collector_class="plugin-tagged": a single-process collector that marks its batches (a reward
+    of 7 for every step; CartPole's is 1)."""
 
     def rollout(self):
         batch = super().rollout()
@@ -54,7 +54,7 @@ class TaggedCollector(SyncDataCollector):
 
 
 class TaggedMulti(MultiSyncDataCollector):
-    """Collector(backend="tagged-exec"): worker processes in lockstep, whatever ``sync`` says."""
+    """Collector(backend="plugin-exec"): worker processes in lockstep, whatever ``sync`` says."""
 
     def __init__(self, *args, sync=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -65,7 +65,7 @@ def _hdf5(attr):
 
 
 DEMO_FORMAT = StorageFormat(
-    name="hdf5-demo",
+    name="plugin-hdf5",
     suffixes=(".demo",),
     writer=lambda path, **options: _hdf5("writer")(path, **options),
     open=lambda path: _hdf5("open")(path),
@@ -76,11 +76,11 @@ DEMO_FORMAT = StorageFormat(
 '''
 
 ENTRY_POINTS = {
-    "launcher": ("counting", "hpccollect_demo_plugin:CountingLauncher"),
-    "transport": ("gloo-again", "hpccollect_demo_plugin:TRANSPORT"),
-    "collector kind": ("tagged", "hpccollect_demo_plugin:TaggedCollector"),
-    "storage format": ("hdf5-demo", "hpccollect_demo_plugin:DEMO_FORMAT"),
-    "execution backend": ("tagged-exec", "hpccollect_demo_plugin:TaggedMulti"),
+    "launcher": ("plugin-counting", "hpccollect_demo_plugin:CountingLauncher"),
+    "transport": ("plugin-gloo", "hpccollect_demo_plugin:TRANSPORT"),
+    "collector kind": ("plugin-tagged", "hpccollect_demo_plugin:TaggedCollector"),
+    "storage format": ("plugin-hdf5", "hpccollect_demo_plugin:DEMO_FORMAT"),
+    "execution backend": ("plugin-exec", "hpccollect_demo_plugin:TaggedMulti"),
 }
 
 USE = """
@@ -92,11 +92,11 @@ from hpccollect.storage import open_sink, read_dataset
 from hpccollect.transport.backends import backend_names
 import hpccollect_demo_plugin as plugin
 
-assert "counting" in launcher_names() and "gloo-again" in backend_names(), "not found"
-assert "tagged" in collector_kinds()
+assert "plugin-counting" in launcher_names() and "plugin-gloo" in backend_names(), "not found"
+assert "plugin-tagged" in collector_kinds()
 collector = DistributedDataCollector(
     [lambda: gym.make("CartPole-v1")] * 2, None, frames_per_batch=64, total_frames=256,
-    launcher="counting", backend="gloo-again", collector_class="tagged",
+    launcher="plugin-counting", backend="plugin-gloo", collector_class="plugin-tagged",
 )
 batches = [b.clone() for b in collector]
 collector.shutdown()
@@ -109,7 +109,7 @@ for batch in Collector("CartPole-v1", None, frames_per_batch=100, total_frames=3
 sink.close()
 assert len(read_dataset("out.demo")) == 300
 
-built = Collector("CartPole-v1", None, backend="tagged-exec", frames_per_batch=8, total_frames=16)
+built = Collector("CartPole-v1", None, backend="plugin-exec", frames_per_batch=8, total_frames=16)
 assert type(built) is plugin.TaggedMulti
 assert sum(b.numel() for b in built) == 16
 built.shutdown()
@@ -177,6 +177,6 @@ def test_without_the_package_its_names_are_unknown() -> None:
     from hpccollect.launchers import launcher_names
     from hpccollect.transport.backends import backend_names
 
-    assert "counting" not in launcher_names()
-    assert "gloo-again" not in backend_names()
-    assert "tagged" not in collector_kinds()
+    assert "plugin-counting" not in launcher_names()
+    assert "plugin-gloo" not in backend_names()
+    assert "plugin-tagged" not in collector_kinds()

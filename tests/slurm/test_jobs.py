@@ -150,7 +150,7 @@ def test_the_warning_signal_requeues_the_job_and_it_resumes(
     """SLURM's warning before the time limit (``--signal=B:TERM``, sent here with ``scancel
     --batch``): the run stops after its batch, the job requeues itself, and the requeued job
     resumes the run to exactly its total, with its own shards and no episode twice."""
-    total = 20_000
+    total = 60_000  # about 10 s on a quiet machine: the stop lands mid-run (with 20k it did not)
     job, log = _submit(
         slurm_cluster, tmp_path, "t-requeue", str(JOB), *SMALL, "--total-frames", str(total),
         "--shards",
