@@ -43,10 +43,17 @@ _LAUNCHERS: dict[str, _Entry] = {}
 def register_launcher(
     name: str, target: str, *, requires: str | None = None, ranks_exist: bool = False
 ) -> None:
-    """Offer ``DistributedDataCollector(launcher=name)``: ``target`` is ``"module:Class"`` of a
-    ``Launcher`` subclass, built with ``Class.from_request(LaunchRequest)``; ``requires``, a
-    package it needs; ``ranks_exist``: every rank runs the job's own command (mpiexec/srun
-    started them), which makes it a ``--launcher`` of ``python -m hpccollect collect`` too."""
+    """Offer ``DistributedDataCollector(launcher=name)``.
+
+    Args:
+        name: the launcher's name.
+        target: ``"module:Class"`` of a ``Launcher`` subclass, imported on first use and built
+            with ``Class.from_request(LaunchRequest)``.
+        requires: a package the launcher needs, checked before it is imported (for an error
+            that says what to install).
+        ranks_exist: every rank runs the job's own command (mpiexec/srun started them), which
+            makes it a ``--launcher`` of ``python -m hpccollect collect`` too.
+    """
     _LAUNCHERS[name] = _Entry(check_target(target), requires, ranks_exist)
 
 

@@ -30,7 +30,14 @@ class LaunchRequest:
 
 
 class Launcher(abc.ABC):
-    """Starts the collector ranks of a ``DistributedDataCollector``."""
+    """Starts the collector ranks of a ``DistributedDataCollector``: a plug-in, registered by
+    name with ``register_launcher``.
+
+    A subclass implements ``address`` (where rank 0 listens) and ``start`` (one process per
+    ``RankArgs``, each running ``hpccollect.launchers.rank.serve_rank(args)``); ``from_request``
+    when it takes arguments, ``enter``, ``close`` and ``left_running`` when it has more to do.
+    The class attributes below tell the collector what the launcher's ranks are like.
+    """
 
     #: whether ranks run on this machine (rank 0 then leaves them its CPU threads)
     shares_host: bool = True

@@ -225,9 +225,15 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
     """Run this process as a collector rank of an MPI job whose rank 0 constructs
     ``DistributedDataCollector(..., launcher="mpi")``; returns once rank 0 shut the collector
     down. For scripts that branch on the rank themselves (``launcher="mpi"`` calls it for you).
-    ``timeout``: seconds to wait for rank 0 to construct its collector. A rank 0 that went
-    silent ends the whole job (``MPI_Abort`` with ``LOST_RANK0_STATUS``): it would never
-    finalise with this rank, and the job cannot go on without it."""
+    A rank 0 that went silent ends the whole job (``MPI_Abort`` with ``LOST_RANK0_STATUS``): it
+    would never finalise with this rank, and the job cannot go on without it.
+
+    Args:
+        timeout: seconds to wait for rank 0 to construct its collector.
+        comm: the MPI communicator of the job (default ``MPI.COMM_WORLD``).
+
+    Raises:
+        CollectorTimeoutError: rank 0 did not construct its collector within ``timeout``."""
     comm = comm if comm is not None else mpi4py_comm()
     abort_on_uncaught(comm)
     if comm.Get_rank() == 0:

@@ -350,7 +350,15 @@ def _count(rows: Any, n: int) -> int:
 
 
 def open_dataset(path: str | os.PathLike) -> H5Dataset:
-    """Open a shard or a merged file for reading."""
+    """Open an HDF5 dataset for reading (lazily: rows are read when indexed).
+
+    Args:
+        path: a shard, a merged file, or a ``.partial`` file still being written.
+
+    Returns:
+        The dataset: ``ds[i:j]`` gives a TensorDict of those rows, ``ds.episodes()`` one per
+        episode, ``len(ds)`` the rows committed when it was opened.
+    """
     return H5Dataset(path)
 
 

@@ -198,21 +198,53 @@ def dataset_format(path: str | os.PathLike | None = None, name: str | None = Non
 
 
 def read_dataset(path: str | os.PathLike) -> Any:
-    """A reader of the dataset at ``path``, in the format its file name ending says."""
+    """Open a dataset for reading, in the format its file name ending says.
+
+    Args:
+        path: a finished dataset, a merged view, or a ``.partial`` file still being written.
+
+    Returns:
+        The format's reader (for HDF5, an ``H5Dataset``).
+    """
     return dataset_format(path).open(Path(path))
 
 
 def repair_dataset(path: str | os.PathLike) -> Path:
-    """The crashed writer's file at ``path`` made readable, in its format; where it now is."""
+    """Make a crashed or killed writer's file readable, its committed rows kept.
+
+    Args:
+        path: the unfinished dataset (its ``.partial`` file).
+
+    Returns:
+        Where the repaired dataset now is (its final name).
+    """
     return dataset_format(path).repair(Path(path))
 
 
 def merge_datasets(shards: Any, out: str | os.PathLike, **options: Any) -> Path:
-    """One dataset at ``out`` over ``shards``, in the format ``out``'s ending says."""
+    """Put several shards of one run behind one dataset, in the format ``out``'s ending says.
+
+    Args:
+        shards: the shards' paths.
+        out: the merged dataset's path.
+        **options: the format's merge's (``overwrite=True`` replaces an existing ``out``).
+
+    Returns:
+        Where the merged dataset is.
+    """
     return dataset_format(out).merge(shards, out, **options)
 
 
 def open_sink(path: str | os.PathLike, *, format: str | None = None, **options: Any) -> Sink:
-    """A sink that writes a new dataset at ``path`` in ``format`` (by default the one its file
-    name ending says); ``options`` are that format's writer's."""
+    """A sink that writes a new dataset at ``path``: ``extend(batch)`` with each batch, then
+    ``close()``.
+
+    Args:
+        path: the dataset's final file name (it is written under ``partial_path`` until closed).
+        format: a registered format's name (default: the one the file name's ending says;
+            HDF5 for an ending no format claims).
+        **options: that format's writer's (for HDF5, ``HDF5Writer``'s: ``env``, ``seed``, ...).
+
+    Returns:
+        The format's writer."""
     return dataset_format(path, format).writer(path, **options)

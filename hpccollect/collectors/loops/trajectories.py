@@ -68,6 +68,22 @@ def split_trajectories(
     batch keeps its shape and names (only the mask is added; a ``[T]`` batch becomes
     ``[1, T]`` named ``[None, "time"]``); otherwise a padded ``[N, T]`` split is unnamed and a
     padded ``[T]`` split is named as TorchRL's padding names it (``pad_keeps_names``).
+
+    Args:
+        rollout: a collector's batch, ``[T]`` or ``[..., T]``, with trajectory ids.
+        prefix: the entry that holds the trajectory ids, and the mask beside them (default
+            ``"collector"`` when the batch has one, else none).
+        traj_key: the trajectory ids' key under ``prefix``.
+        trajectory_key: the ids' full key instead (TorchRL's keyword); the mask goes beside it.
+        done_key: the done flag that ends a trajectory, when ids are not tracked.
+        as_nested: TorchRL's experimental nested output; refused (the padded rows and their
+            mask hold the same data).
+
+    Returns:
+        The batch as ``[n_traj, max_len]``, with its mask.
+
+    Raises:
+        ArgumentValueError: ``as_nested=True``.
     """
     if as_nested:
         raise ArgumentValueError(

@@ -4,7 +4,9 @@ dataset shard per rank, keeps them).
 
 A rank then takes a ``COLLECT`` for several batches. It collects them one after the other,
 hands each to its sink, and stops early once ``report_interval`` seconds have passed, or once
-rank 0 sent it something (a stop, new weights: a stop waits one batch, as without reports). It
+rank 0 sent it something (a stop, new weights: such a message waits one batch). A stop rank 0
+decides while it waits for reports (a SIGTERM) is sent with its answer to the next report, so
+it reaches a rank within one interval and a batch. It
 then answers with one report of fixed layout (``report_template``), whatever the batches' size:
 
 * ``rank``: the collector rank (1..N);
