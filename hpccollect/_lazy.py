@@ -15,9 +15,17 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from hpccollect.errors import ArgumentValueError
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
-__all__ = ["GROUPS", "check_target", "entry_points", "load_target", "with_entry_points"]
+__all__ = [
+    "GROUPS",
+    "add_object",
+    "check_target",
+    "entry_points",
+    "load_target",
+    "loaded_objects",
+    "with_entry_points",
+]
 
 #: the entry-point group of each kind of plug-in
 GROUPS = {
@@ -60,4 +68,33 @@ def with_entry_points(kind: str, registry: dict, make: Callable[[str], Any] = st
         _READ.add(kind)
         for name, target in entry_points(kind).items():
             registry.setdefault(name, make(target))
+    return registry
+
+
+def add_object(registry: dict, name: Any, target: str | None, cls: type, call: str) -> None:
+    """Register under ``name`` either ``name`` itself, an instance of ``cls`` (under its own
+    ``.name``), or the ``"module:attr"`` ``target`` naming one (imported on first use)."""
+    if isinstance(name, cls):
+        registry[name.name] = name
+    elif isinstance(name, str) and target is not None:
+        registry[name] = check_target(target)
+    else:
+        raise ArgumentTypeError(
+            f"{call} takes (name, 'module:attr') or a {cls.__name__}, got "
+            f"{type(name).__name__} and {target!r}."
+        )
+
+
+def loaded_objects(kind: str, registry: dict, cls: type) -> dict:
+    """``registry`` (installed packages' plug-ins of ``kind`` added) with every
+    ``"module:attr"`` entry imported and checked to be a ``cls``."""
+    for name, entry in with_entry_points(kind, registry).items():
+        if isinstance(entry, str):
+            found = load_target(entry)
+            if not isinstance(found, cls):
+                raise ArgumentTypeError(
+                    f"the {kind} {name!r} ({entry}) is a {type(found).__name__}, not a "
+                    f"{cls.__module__}.{cls.__name__}."
+                )
+            registry[name] = found
     return registry

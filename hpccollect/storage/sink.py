@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import numpy as np
 from tensordict import TensorDictBase
 
-from hpccollect._lazy import check_target, load_target, with_entry_points
-from hpccollect.errors import ArgumentTypeError, ArgumentValueError, StorageError
+from hpccollect._lazy import add_object, loaded_objects
+from hpccollect.errors import ArgumentValueError, StorageError
 
 __all__ = [
     "EpisodeReturns",
@@ -156,30 +156,12 @@ def register_format(name: str | StorageFormat, target: str | None = None) -> Non
         name: its name; or a ``StorageFormat``, registered under its own name.
         target: ``"module:attr"`` naming the ``StorageFormat``, imported on first use.
     """
-    if isinstance(name, StorageFormat):
-        _FORMATS[name.name] = name
-    elif isinstance(name, str) and target is not None:
-        _FORMATS[name] = check_target(target)
-    else:
-        raise ArgumentTypeError(
-            "register_format takes (name, 'module:attr') or a StorageFormat, got "
-            f"{type(name).__name__} and {target!r}."
-        )
+    add_object(_FORMATS, name, target, StorageFormat, "register_format")
 
 
 def _formats() -> dict[str, StorageFormat]:
     """Every registered format (installed packages' ``hpccollect.storage_formats`` too), loaded."""
-    registry = with_entry_points("storage format", _FORMATS)
-    for name, entry in registry.items():
-        if isinstance(entry, str):
-            fmt = load_target(entry)
-            if not isinstance(fmt, StorageFormat):
-                raise ArgumentTypeError(
-                    f"the storage format {name!r} ({entry}) is a {type(fmt).__name__}, not an "
-                    "hpccollect.storage.StorageFormat."
-                )
-            registry[name] = fmt
-    return registry  # type: ignore[return-value]
+    return loaded_objects("storage format", _FORMATS, StorageFormat)
 
 
 def dataset_format(path: str | os.PathLike | None = None, name: str | None = None) -> StorageFormat:

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpccollect._lazy import check_target, load_target, with_entry_points
-from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+from hpccollect._lazy import add_object, loaded_objects
+from hpccollect.errors import ArgumentValueError
 from hpccollect.transport.wire import HELLO
 
 __all__ = [
@@ -65,30 +65,12 @@ def register_backend(name: str | Backend, target: str | None = None) -> None:
         name: its name; or a ``Backend``, registered under its own name.
         target: ``"module:attr"`` naming the ``Backend``, imported on first use.
     """
-    if isinstance(name, Backend):
-        _BACKENDS[name.name] = name
-    elif isinstance(name, str) and target is not None:
-        _BACKENDS[name] = check_target(target)
-    else:
-        raise ArgumentTypeError(
-            "register_backend takes (name, 'module:attr') or a Backend, got "
-            f"{type(name).__name__} and {target!r}."
-        )
+    add_object(_BACKENDS, name, target, Backend, "register_backend")
 
 
 def _backends() -> dict[str, Backend]:
     """Every registered backend (installed packages' ``hpccollect.transports`` too), loaded."""
-    registry = with_entry_points("transport", _BACKENDS)
-    for name, entry in registry.items():
-        if isinstance(entry, str):
-            backend = load_target(entry)
-            if not isinstance(backend, Backend):
-                raise ArgumentTypeError(
-                    f"the transport {name!r} ({entry}) is a {type(backend).__name__}, not an "
-                    "hpccollect.transport.backends.Backend."
-                )
-            registry[name] = backend
-    return registry  # type: ignore[return-value]
+    return loaded_objects("transport", _BACKENDS, Backend)
 
 
 def backend_named(name: str) -> Backend:
