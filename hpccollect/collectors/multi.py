@@ -10,6 +10,7 @@ import abc
 from typing import Any
 
 from hpccollect.collectors.multi_base import MultiCollectorBase
+from hpccollect.collectors.torchrl_api.keyword_docs import MULTI, with_args
 from hpccollect.collectors.workers.gathering import AsyncGathering, SyncGathering
 from hpccollect.errors import ArgumentValueError
 
@@ -21,6 +22,7 @@ __all__ = [
 ]
 
 
+@with_args(**MULTI)
 class MultiSyncDataCollector(MultiCollectorBase):
     """Runs one ``SyncDataCollector`` per worker process and gathers a batch from each.
 
@@ -41,6 +43,7 @@ class MultiSyncDataCollector(MultiCollectorBase):
     gathering = SyncGathering
 
 
+@with_args(**MULTI)
 class MultiaSyncDataCollector(MultiCollectorBase):
     """Runs one ``SyncDataCollector`` per worker; yields each worker's batch as soon as it is
     ready (first ready, first served), ``frames_per_batch`` frames each, ``[T]`` named
@@ -49,6 +52,11 @@ class MultiaSyncDataCollector(MultiCollectorBase):
     gathering = AsyncGathering
 
 
+@with_args(
+    create_env_fn="the env, as ``SyncDataCollector`` takes it.",
+    policy="the policy, as ``SyncDataCollector`` takes it.",
+    kwargs="``MultiaSyncDataCollector``'s keywords but ``num_workers`` (always 1).",
+)
 class aSyncDataCollector(MultiaSyncDataCollector):
     """One ``SyncDataCollector`` in a separate process, with the same interface.
 
@@ -81,7 +89,13 @@ class _BySync(abc.ABCMeta):
 class MultiCollector(metaclass=_BySync):
     """TorchRL's ``MultiCollector``: ``MultiCollector(create_env_fn, policy, sync=True, ...)``
     is a ``MultiSyncDataCollector``, ``sync=False`` a ``MultiaSyncDataCollector`` (both are
-    instances of this class)."""
+    instances of this class).
+
+    Args:
+        sync: required, True or False: which of the two collectors is built.
+        *args: that collector's positional arguments (``create_env_fn``, ``policy``).
+        **kwargs: that collector's keywords.
+    """
 
 
 MultiCollector.register(MultiSyncDataCollector)

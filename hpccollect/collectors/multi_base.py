@@ -54,24 +54,9 @@ __all__ = ["MultiCollectorBase"]
 class MultiCollectorBase(
     WorkerCalls, WorkerState, WorkerBatches, WorkerWeights, WorkerFilling, DataCollectorBase
 ):
-    """What the multi-process collectors share; subclasses define ``iterator()``.
-
-    TorchRL keywords with their TorchRL meaning:
-
-    * ``preemptive_threshold`` (0.0 to 1.0, or None): see ``MultiSyncDataCollector``; accepted
-      and without effect on the other collectors (as in TorchRL, which never preempts there).
-    * ``num_threads``: torch threads of the calling process while the collector lives (None:
-      the current count less one per worker, at least 1, as TorchRL does); the previous count is
-      restored by ``shutdown()`` unless something else changed it meanwhile.
-    * ``cat_results``: ``MultiSyncDataCollector`` only; the others accept ``None``/``"stack"``
-      and refuse anything else (as TorchRL does).
-    * ``trust_policy``: passed to every worker's collector (see ``SyncDataCollector``).
-    * ``use_buffers``: accepted and has no effect: workers always write into shared buffers.
-
-    Beyond TorchRL's arguments, as ``SyncDataCollector`` has them: ``traj_id_offset`` and
-    ``traj_id_stride``, the share of trajectory ids this collector's workers split among them
-    (a collector that itself runs in a worker or a rank).
-    """
+    """What the multi-process collectors share; subclasses define ``iterator()``. Their
+    keywords, TorchRL's and hpccollect's, are described on each public collector (``Args:``,
+    from ``torchrl_api/keyword_docs.py``)."""
 
     #: how the workers' batches become the batches yielded (see ``gathering.py``)
     gathering: type[Gathering] = Gathering

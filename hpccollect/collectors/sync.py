@@ -23,6 +23,7 @@ from hpccollect.collectors.loops.trajectories import TrajIdPool, split_trajector
 from hpccollect.collectors.profiling import Profiling
 from hpccollect.collectors.sync_state import SyncState
 from hpccollect.collectors.torchrl_api.execution import ByExecution
+from hpccollect.collectors.torchrl_api.keyword_docs import with_args
 from hpccollect.collectors.torchrl_api.options import CollectorArgs
 from hpccollect.collectors.torchrl_api.policy_options import factories, wrap_for_speed
 from hpccollect.collectors.torchrl_api.torchrl_keywords import check_weight_schemes
@@ -44,6 +45,7 @@ from hpccollect.policy import (
 __all__ = ["SyncDataCollector"]
 
 
+@with_args()
 class SyncDataCollector(
     TracksPolicyVersion,
     Profiling,
@@ -54,37 +56,18 @@ class SyncDataCollector(
 ):
     """Generic data collector: steps an env (or vector env) with a policy in this process.
 
-    Takes TorchRL's arguments (TorchRL's documentation of its ``Collector``);
-    batches are ``[T]`` named ``["time"]`` for one env and ``[N, T]`` named ``[None, "time"]``
+    Batches are ``[T]`` named ``["time"]`` for one env and ``[N, T]`` named ``[None, "time"]``
     for N envs, with ``frames_per_batch`` frames in all (rounded up to a multiple of N). The env
     is a gymnasium one (through ``GymEnv``) or a TorchRL env (``EnvBase``), stepped as TorchRL's
-    ``Collector`` steps it (``td_rollout``). Every keyword of TorchRL 0.14.1's ``Collector`` is
-    taken: see "Coming from TorchRL" (docs/torchrl.md) (``policy_factory``, ``compile_policy``,
-    hooks, ``compact_obs``, ``extend_buffer``, ...; ``torchrl_keywords`` for those not offered).
-
-    TorchRL keywords with their TorchRL meaning:
-
-    * ``track_traj_ids=False``: batches carry no ``("collector", "traj_ids")`` (and
-      ``split_trajs=True`` is refused, as in TorchRL).
-    * ``trust_policy=True``: the policy is called with the TensorDict as is, without the wrapping
-      rules (default: True only for a ``CudaGraphModule``).
-    * ``use_buffers``: accepted (True, False or None) and has no effect here: batches are always
-      written into buffers allocated per batch (shared ones in worker processes), so the output is
-      the same either way.
+    ``Collector`` steps it. Every keyword of TorchRL 0.14.1's ``Collector`` is taken, with its
+    meaning (Args, below; "Coming from TorchRL", docs/torchrl.md, lists the differences).
 
     Attributes as TorchRL sets them: ``storing_device``, ``policy_device``, ``env_device`` (the
     env's own device when not given; None for a ``GymEnv`` made without one),
     ``max_frames_per_traj`` (0 when not given), ``reset_at_each_iter``.
 
-    ``Collector(..., backend=..., num_collectors=..., sync=...)`` builds the collector the
-    backend names, as TorchRL's ``Collector`` does (``collectors/torchrl_api/execution.py``):
-    "direct" (this class), "process" (``MultiCollector``), "distributed" or "submitit"
-    (``DistributedDataCollector``).
-
-    Beyond TorchRL's arguments: ``replay_buffer`` (any object with ``extend``),
-    ``local_weight_updater``/``remote_weight_updater``/``weight_updater``,
-    ``categorical_action_encoding`` (for env ids), and ``traj_id_offset``/``traj_id_stride``
-    used by multi-worker collectors to keep trajectory ids unique.
+    Called as ``Collector(..., backend=..., num_collectors=..., sync=...)``, this class builds
+    the collector ``backend`` names, as TorchRL's ``Collector`` does.
 
     Example:
         Four CartPoles stepped as one vector env by a policy of one linear layer::

@@ -25,6 +25,7 @@ from hpccollect._checks import check_bool, check_float, check_int
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
+from hpccollect.collectors.torchrl_api.keyword_docs import DISTRIBUTED, with_args
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.workers.gathering import AsyncGathering, SyncGathering
 from hpccollect.collectors.workers.reports import DEFAULT_REPORT_INTERVAL, Reporting
@@ -57,21 +58,13 @@ __all__ = ["DistributedDataCollector", "DistributedSyncCollector"]
 POLICY_VERSION_KEY = "policy_version"
 
 
+@with_args(**DISTRIBUTED)
 class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     """TorchRL's distributed collector: rank 0 (this process) gathers the batches that collector
     ranks 1..N collect, and sends them policy weights.
 
-    ``create_env_fn`` is one constructor per collector rank (a list), or one for a single rank.
-    Each rank runs ``collector_class`` (``SyncDataCollector`` or ``"single"``,
-    ``MultiSyncDataCollector``/``"sync"``, ``MultiaSyncDataCollector``/``"async"``, or a
-    subclass) over ``num_workers_per_collector`` copies of its env: a ``SyncDataCollector`` steps
-    them as one vector env (``[k, T]`` batches, as TorchRL's ``ParallelEnv`` gives), a multi
-    collector runs them in its own worker processes. ``collector_kwargs`` (a dict, or one per
-    rank) goes to those collectors; its device keywords (``device``, ``storing_device``,
-    ``env_device``, ``policy_device``) are that rank's own: where its env and policy run and
-    where its collector keeps a batch before sending it (the CPU, unless they say otherwise).
-    A rank's ``device`` fills the others it does not give. Trajectory ids are unique across
-    ranks and their workers.
+    Each rank runs ``collector_class`` over ``num_workers_per_collector`` copies of its env,
+    with ``collector_kwargs``; trajectory ids are unique across ranks and their workers.
 
     ``sync=True`` yields one batch from every rank stacked ``[N, ...]``, ``frames_per_batch`` in
     total; ``sync=False`` each rank's batch (``frames_per_batch`` frames) as soon as it is ready.
@@ -80,34 +73,11 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
 
     Weights: ``update_policy_weights_(weights=None, worker_ids=None)`` sends the trainer policy's
     weights (or ``weights``) to every rank, or to workers ``worker_ids`` (worker ``i`` is rank
-    ``i + 1``), for their next batch. ``update_after_each_batch`` updates every rank before each
-    round (sync) or the rank that just delivered (async); ``max_weight_update_interval=k`` makes
-    sure no rank collects more than ``k`` batches without an update. ``policy_versions[i]``
-    counts the updates worker ``i`` received; ``track_policy_version=True`` adds a per-frame
-    ``"policy_version"`` entry with the version each frame was collected with. A ``policy``
-    given with ``policy_factory`` (as TorchRL takes them) is where the weights come from: each
-    rank builds its own policy with the factory (its first batch uses that policy's own
-    weights), and gets the policy's weights as above (``update_interval=1``: after each of its
-    batches, with no call).
-
-    ``backend``: ``"gloo"`` (default), ``"nccl"``, ``"ucc"`` or ``"mpi"`` where this torch build
-    has them. ``launcher``: ``"mp"`` (local processes, rendezvous on loopback), ``"mpi"`` (the
-    ranks of an MPI job, below), ``"submitit"``/``"submitit_delayed"`` (submitit jobs, with
-    ``slurm_kwargs``: ``hpccollect/launchers/submitit.py``) or a
-    ``hpccollect.launchers.Launcher``; ``tcp_port``: where rank
-    0 listens (None: ``MASTER_PORT``/``TCP_PORT`` under MPI, else a free port).
-
-    Beyond TorchRL's arguments: ``on_worker_failure`` (``"raise"``, or ``"continue"`` with the
-    remaining ranks, the lost ones in ``lost_ranks``), ``worker_timeout`` (s a rank may take for
-    one batch or answer), ``start_timeout`` (s for the ranks to start), ``liveness_timeout``
-    (s a rank may stay silent, heartbeats included, before it counts as lost: a lost node, a
-    cut network, a stopped process; None: no heartbeats; a collector rank whose rank 0 is
-    silent that long ends), ``replay_buffer``
-    (extended here; the iterator then yields None), ``track_policy_version``, ``num_threads``,
-    ``rank_sink`` (``rank_sink(rank)`` is called on each collector rank; the object it returns
-    gets ``extend(batch)`` with every batch that rank collects, before the batch is sent, and
-    ``close()`` when the rank ends: a dataset shard per rank, see ``python -m hpccollect collect
-    --shards``), ``rank_reports`` and ``report_interval`` (below).
+    ``i + 1``), for their next batch; ``update_after_each_batch``, ``max_weight_update_interval``
+    and ``update_interval`` send them without a call. ``policy_versions[i]`` counts the updates
+    worker ``i`` received. A ``policy`` given with ``policy_factory`` (as TorchRL takes them) is
+    where the weights come from: each rank builds its own policy with the factory (its first
+    batch uses that policy's own weights).
 
     ``rank_reports=True`` (with a ``rank_sink``): the batches stay on the ranks, in their sinks,
     and rank 0 gets reports of them instead (``hpccollect.collectors.workers.reports``): the iterator
@@ -455,6 +425,12 @@ def _rank_envs(create_env_fn: Any, num_ranks: int | None) -> list:
     return fns
 
 
+@with_args(
+    args="``create_env_fn`` and ``policy``, as ``DistributedDataCollector`` takes them.",
+    update_interval="as ``DistributedDataCollector`` takes it; 1 here (when the policy has "
+    "weights).",
+    kwargs="``DistributedDataCollector``'s keywords but ``sync`` (always True).",
+)
 class DistributedSyncCollector(DistributedDataCollector):
     """TorchRL's ``DistributedSyncCollector``: ``DistributedDataCollector`` with ``sync=True``
     fixed, and weights sent to every rank before each batch (``update_interval=1``) when the
