@@ -4,15 +4,14 @@ processes. What travels, and how it is laid out, is ``wire.py``'s; how messages 
 is a subclass's: ``ThreadedRankChannel`` (``threaded.py``, torch groups) or
 ``PolledRankChannel`` (``polled.py``, the mpi4py transport). ``RankGroups.channel`` picks one.
 
-A collector rank whose policy has weights runs a thread that waits in the weight broadcast;
-every message rank 0 sends after a broadcast carries the broadcast count, so the rank hands the
-update over first. After a rank has announced its batches, other payloads travel in a message
-of their own, so a reply never lands in a batch buffer.
+How weights cross the link is ``rank_weights.py``'s, the heartbeats ``rank_liveness.py``'s.
+Every message rank 0 sends after a weight broadcast carries the broadcast count, so the rank
+hands the update over first. After a rank has announced its batches, other payloads travel in
+a message of their own, so a reply never lands in a batch buffer.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import threading
 import time
@@ -20,8 +19,7 @@ from collections import deque
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
-from torch import nn
+from tensordict import TensorDictBase
 
 from hpccollect.protocol import Command, Layout, Message, Reply
 from hpccollect.transport.base import Channel
@@ -29,13 +27,14 @@ from hpccollect.transport.batches import HEADER, FlatLayout, Spares
 from hpccollect.transport.doorbell import Doorbell
 from hpccollect.transport.heartbeat import Heartbeat
 from hpccollect.transport.rank_life import RankLife
+from hpccollect.transport.rank_liveness import RankLiveness
+from hpccollect.transport.rank_weights import BROADCAST_UPDATE, RankWeights
 from hpccollect.transport.wire import (
     BEATS,
     CODE,
     CONTROL,
     KINDS,
     MESSAGES,
-    WEIGHTS,
     WireLayout,
     decode,
     encode,
@@ -53,8 +52,6 @@ BATCH = CODE[BATCH_REPLY]
 
 #: bytes from which a batch keeps the buffer it arrived in rather than being copied out
 _KEEP_AT = 1 << 18
-#: the message a collector rank's broadcast thread queues (its acknowledgement is not sent)
-_BROADCAST_UPDATE = (Command.UPDATE_WEIGHTS, None)
 
 
 class Closed:
@@ -64,7 +61,7 @@ class Closed:
         self.why = why
 
 
-class RankChannel(Channel):
+class RankChannel(RankLiveness, RankWeights, Channel):
     """One end of the link between rank 0 and collector rank ``peer`` (or rank 0 seen from a
     collector rank): the protocol, whatever waits for the messages (a subclass).
 
@@ -154,17 +151,6 @@ class RankChannel(Channel):
         finally:
             if kind is Command.SHUTDOWN:
                 self.groups.stop_sent()
-
-    def post_weights(self, flat: torch.Tensor) -> Any:
-        """Send ``UPDATE_WEIGHTS`` with the weights following point to point (the returned
-        work to wait for)."""
-        self._send_blob(Command.UPDATE_WEIGHTS, 0, b"")
-        return self._post(flat, WEIGHTS)
-
-    def broadcast_sent(self) -> None:
-        """Note that a weight broadcast was sent to the peer's broadcast thread: every later
-        message carries the count, and the peer hands it over only after that update."""
-        self.broadcasts += 1
 
     def told_to_stop_or_lost(self) -> bool:
         """Whether this side sent the peer ``SHUTDOWN``, or the link or the peer's process
@@ -347,52 +333,6 @@ class RankChannel(Channel):
         over it, not buffers of the caller's own)."""
         return self._arrival is not None and batch is self._arrival[1]
 
-    def _receive_weights(self) -> None:
-        if self._weights is None:
-            raise RuntimeError("weights arrived for a policy without parameters")
-        self._group().recv([self._weights], self.peer, WEIGHTS).wait()
-
-    def _broadcast_loop(self) -> None:
-        """A collector rank's thread that waits in the weight broadcast at all times, so the
-        weights flow the moment rank 0 sends them, then hands ``UPDATE_WEIGHTS`` over."""
-        while True:
-            try:
-                self.groups.broadcast.broadcast(self._weights, 0).wait()
-            except Exception:  # the groups were closed: the job is over
-                return
-            with self._weights_arrived:
-                # one queued update loads the newest weights: never queue a second
-                if not self._broadcast_queued:
-                    self._broadcast_queued = True
-                    self._hand_over(_BROADCAST_UPDATE)
-                self._broadcasts_in += 1
-                self._weights_arrived.notify_all()
-
-    def weights_buffer(self, policy: Any) -> TensorDictBase | None:
-        """The buffer ``UPDATE_WEIGHTS`` loads on a collector rank: views into one flat buffer
-        that the weights arrive in (laid out as ``DistributedDataCollector`` lays out its own)."""
-        if not isinstance(policy, nn.Module):
-            return None
-        weights = TensorDict.from_module(policy).data
-        if weights.is_empty():
-            return None
-        layout = FlatLayout.of(weights, "policy weight")
-        self._weights, views = layout.allocate(self.device)
-        self._weights_thread_starts()
-        self._broadcaster = threading.Thread(
-            target=self._broadcast_loop, name=f"hpccollect-rank{self.peer}-weights", daemon=True
-        )
-        self._broadcaster.start()
-        return views
-
-    def _weights_thread_starts(self) -> None:
-        """Called as the broadcast thread starts (a subclass paces it, or gives it a bell)."""
-
-    def _waiting(self) -> contextlib.AbstractContextManager:
-        """The context of this end waiting for the peer rather than working (a subclass paces
-        its broadcast thread by it)."""
-        return contextlib.nullcontext()
-
     def recv(self) -> Message:
         inbox = self._inbox
         while not inbox:
@@ -404,7 +344,7 @@ class RankChannel(Channel):
         else:
             with self._weights_arrived:  # taking a broadcast update and its flag is one step
                 item = inbox.popleft()
-                if item is _BROADCAST_UPDATE:
+                if item is BROADCAST_UPDATE:
                     self._broadcast_queued = False
                     self._silent_acks += 1
                     self._broadcasts_taken = self._broadcasts_in  # it loads the newest weights
@@ -431,31 +371,6 @@ class RankChannel(Channel):
         self._failure = self._failure or why
         self._hand_over(Closed(self._failure))
 
-    def handles(self) -> list[Any]:
-        handles: list[Any] = [] if self.bell is None else [self.bell]
-        if self.life.sentinel is not None:
-            handles.append(self.life.sentinel)
-        return handles
-
-    # ------------------------------------------------------------------ liveness
-    def start_heartbeats(self, timeout: float | None) -> None:
-        """Beat to the peer and watch its beats, so that ``silence`` tells a peer silent for
-        ``timeout`` s (see ``heartbeat.py``). None, or wire buffers on a GPU: no heartbeats (a
-        second thread's transfers would interleave with the collector's on one communicator)."""
-        if timeout is None or self.device.type != "cpu" or self._beat is not None:
-            return
-        self._beat = Heartbeat(
-            timeout,
-            self._send_beat,
-            self._drain_beats,
-            pollable=self.groups.polled,
-            name=f"hpccollect-rank{self.peer}-beat",
-        )
-
-    def silence(self) -> str | None:
-        beat = self._beat
-        return None if beat is None else beat.silence()
-
     def lose(self, why: str) -> None:
         """Count the peer as gone for ``why`` (it went silent): every later receive and send
         fails with it, and a receive waiting now wakes to fail."""
@@ -463,29 +378,11 @@ class RankChannel(Channel):
         self._lost = True
         self._hand_over(Closed(self._failure))
 
-    def lost_peer(self) -> str | None:
-        """Why the link failed before the peer said stop (it went silent, its connection
-        broke), or None."""
-        return None if self._stopped_by_peer else self._failure
-
-    def _peer_done(self, beat: Heartbeat) -> None:
-        """The peer said it is done: its silence from now on means nothing."""
-        beat.stop()
-
-    def _heard(self) -> None:
-        """A message came from the peer: it lives."""
-        beat = self._beat
-        if beat is not None:
-            beat.note()
-
-    def _send_beat(self) -> Any:
-        """Post one heartbeat on the heartbeats' tag; what to wait for."""
-        return self._group().send([self._beat_out], self.peer, BEATS)
-
-    def _drain_beats(self) -> bool:
-        """Take the peer's heartbeats that no receiving thread takes (the pulse calls it);
-        whether any came."""
-        return False
+    def handles(self) -> list[Any]:
+        handles: list[Any] = [] if self.bell is None else [self.bell]
+        if self.life.sentinel is not None:
+            handles.append(self.life.sentinel)
+        return handles
 
     # ------------------------------------------------------------------ the peer's life
     def join_peer(self, timeout: float) -> bool:

@@ -1,0 +1,72 @@
+"""``RankLiveness``: the heartbeats of a rank link (``RankChannel``'s liveness half). Each end
+beats to the other and notes what it hears; ``silence`` tells a peer silent past the timeout,
+and ``lose`` fails the link for it. The beats' pace and watch are ``heartbeat.py``'s."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hpccollect.transport.heartbeat import Heartbeat
+from hpccollect.transport.wire import BEATS
+
+__all__ = ["RankLiveness"]
+
+
+class RankLiveness:
+    """The liveness methods of ``RankChannel``; what they use of the channel is declared."""
+
+    peer: int
+    device: torch.device
+    groups: Any
+    _beat: Heartbeat | None
+    _beat_out: torch.Tensor
+    _failure: str | None
+    _stopped_by_peer: bool
+
+    _group: Callable[[], Any]
+    _hand_over: Callable[[Any], None]
+
+    def start_heartbeats(self, timeout: float | None) -> None:
+        """Beat to the peer and watch its beats, so that ``silence`` tells a peer silent for
+        ``timeout`` s (see ``heartbeat.py``). None, or wire buffers on a GPU: no heartbeats (a
+        second thread's transfers would interleave with the collector's on one communicator)."""
+        if timeout is None or self.device.type != "cpu" or self._beat is not None:
+            return
+        self._beat = Heartbeat(
+            timeout,
+            self._send_beat,
+            self._drain_beats,
+            pollable=self.groups.polled,
+            name=f"hpccollect-rank{self.peer}-beat",
+        )
+
+    def silence(self) -> str | None:
+        beat = self._beat
+        return None if beat is None else beat.silence()
+
+    def lost_peer(self) -> str | None:
+        """Why the link failed before the peer said stop (it went silent, its connection
+        broke), or None."""
+        return None if self._stopped_by_peer else self._failure
+
+    def _peer_done(self, beat: Heartbeat) -> None:
+        """The peer said it is done: its silence from now on means nothing."""
+        beat.stop()
+
+    def _heard(self) -> None:
+        """A message came from the peer: it lives."""
+        beat = self._beat
+        if beat is not None:
+            beat.note()
+
+    def _send_beat(self) -> Any:
+        """Post one heartbeat on the heartbeats' tag; what to wait for."""
+        return self._group().send([self._beat_out], self.peer, BEATS)
+
+    def _drain_beats(self) -> bool:
+        """Take the peer's heartbeats that no receiving thread takes (the pulse calls it);
+        whether any came."""
+        return False
