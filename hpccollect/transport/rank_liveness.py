@@ -1,6 +1,6 @@
 """``RankLiveness``: the heartbeats of a rank link (``RankChannel``'s liveness half). Each end
-beats to the other and notes what it hears; ``silence`` tells a peer silent past the timeout,
-and ``lose`` fails the link for it. The beats' pace and watch are ``heartbeat.py``'s."""
+beats to the other and notes what it hears; ``silence`` tells a peer silent past the timeout
+(``RankChannel.lose`` then fails the link). The beats' pace and watch are ``heartbeat.py``'s."""
 
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ class RankLiveness:
     _stopped_by_peer: bool
 
     _group: Callable[[], Any]
-    _hand_over: Callable[[Any], None]
 
     def start_heartbeats(self, timeout: float | None) -> None:
         """Beat to the peer and watch its beats, so that ``silence`` tells a peer silent for
