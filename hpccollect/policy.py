@@ -95,17 +95,36 @@ class RandomPolicy(TensorDictModuleBase):
         self.out_keys = [action_key]
 
     def set_action_spec_from_env(self, env: Any) -> None:
-        """Draw from ``env``'s action spec, unless a spec was given."""
+        """Draw from ``env``'s action spec, unless a spec was given.
+
+        Args:
+            env: an env with an ``action_spec`` (hpccollect's ``GymEnv`` or a TorchRL env).
+        """
         if self.action_spec is None:
             self.action_spec = env.action_spec
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Write one random action from the action spec into ``tensordict``.
+
+        Args:
+            tensordict: the step's TensorDict; the action goes under ``action_key``.
+
+        Returns:
+            ``tensordict``, with the action.
+        """
         action = self.sample()
         tensordict.set(self.action_key, action.to(tensordict.device or action.device))
         return tensordict
 
     def sample(self) -> torch.Tensor:
-        """One action, without a TensorDict (the collector's fast path)."""
+        """One action, without a TensorDict (the collector's fast path).
+
+        Returns:
+            The action, drawn uniformly from the action spec.
+
+        Raises:
+            ArgumentValueError: the policy has no action spec yet.
+        """
         if self.action_spec is None:
             raise ArgumentValueError(
                 "RandomPolicy() has no action spec: give it one (RandomPolicy(env.action_spec)), "

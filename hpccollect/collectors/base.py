@@ -106,7 +106,8 @@ class DataCollectorBase(abc.ABC):
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """Yield batches until ``total_frames`` have been collected (forever if endless).
 
-        With a ``replay_buffer``, each batch goes to the buffer and ``None`` is yielded.
+        Yields:
+            Each batch, or ``None`` with a ``replay_buffer`` (the batch went into the buffer).
         """
 
     def __iter__(self) -> Iterator[TensorDictBase | None]:
@@ -221,7 +222,11 @@ class DataCollectorBase(abc.ABC):
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
-        """Nothing is written to the ``replay_buffer`` inside this block (after ``start()``)."""
+        """Nothing is written to the ``replay_buffer`` inside this block (after ``start()``).
+
+        Yields:
+            None, once the background collection has stopped writing; it writes again on exit.
+        """
         yield
 
     def __len__(self) -> int:

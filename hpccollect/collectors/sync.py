@@ -292,7 +292,11 @@ class SyncDataCollector(
         return self.interruptor is not None and self.interruptor.collection_stopped()
 
     def rollout(self) -> TensorDictBase:
-        """Collect one batch (no ``split_trajs``/``postproc``); frames are not counted."""
+        """Collect one batch (no ``split_trajs``/``postproc``); frames are not counted.
+
+        Returns:
+            The batch, ``[T]`` for one env or ``[N, T]`` for N envs.
+        """
         if self.pre_collect_hook is not None:
             self.pre_collect_hook()
         random = self._frames < self.init_random_frames
@@ -342,8 +346,12 @@ class SyncDataCollector(
             weights.to_module(module)
 
     def fake_tensordict(self) -> TensorDictBase:
-        """A zeroed batch laid out as the ones this collector yields: keys, shape, names, dtypes
-        (to allocate storage before collecting)."""
+        """A zeroed batch laid out as the ones this collector yields (to allocate storage before
+        collecting).
+
+        Returns:
+            A TensorDict with the keys, shape, names and dtypes of a batch, every value zero.
+        """
         batch = self._loop.layout(self._steps_per_batch)
         return batch if self.track_traj_ids else batch.exclude("collector")
 
@@ -362,7 +370,11 @@ class SyncDataCollector(
         self._loop.use_buffers(batch, self._steps_per_batch)
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
-        """Yield batches until ``total_frames`` (forever when -1); see ``DataCollectorBase``."""
+        """Yield batches until ``total_frames`` (forever when -1); see ``DataCollectorBase``.
+
+        Yields:
+            Each batch, or ``None`` with a ``replay_buffer``.
+        """
         while self.total_frames < 0 or self._frames < self.total_frames:
             if self._closed:
                 return
@@ -396,7 +408,12 @@ class SyncDataCollector(
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
-        """Stop background collection and close the env; safe to call twice."""
+        """Stop background collection and close the env; safe to call twice.
+
+        Args:
+            timeout: seconds to wait for a background collection thread to stop (None: 60).
+            close_env: close the env (False keeps it, for the caller to reuse).
+        """
         bg, self._background = getattr(self, "_background", None), None
         try:
             if bg is not None:

@@ -54,7 +54,11 @@ class WeightUpdaterBase(abc.ABC):  # noqa: B024 - the abstract hooks are in the 
         return None
 
     def register_collector(self, collector: Any) -> None:
-        """Called by the collector that owns this updater."""
+        """Called by the collector that owns this updater.
+
+        Args:
+            collector: that collector (``self.collector`` from now on).
+        """
         self._collector = collector
 
     @property
@@ -75,7 +79,11 @@ class WeightUpdaterBase(abc.ABC):  # noqa: B024 - the abstract hooks are in the 
         return self._post_hooks
 
     def register_post_hook(self, hook: Callable[[], Any]) -> None:
-        """Run ``hook()`` after each ``push_weights`` from now on."""
+        """Run ``hook()`` after each ``push_weights`` from now on.
+
+        Args:
+            hook: a callable with no argument.
+        """
         self.post_hooks.append(hook)
 
     def init(self, *args: Any, **kwargs: Any) -> None:  # noqa: B027 - optional hook
@@ -132,7 +140,11 @@ class WeightUpdaterBase(abc.ABC):  # noqa: B024 - the abstract hooks are in the 
         return server_weights
 
     def all_worker_ids(self) -> Sequence[Any] | None:
-        """The ids ``push_weights`` syncs when given none; None: one sync with no id."""
+        """The ids ``push_weights`` syncs when it is given none.
+
+        Returns:
+            The worker ids, or None: one sync with no id.
+        """
         return None
 
     def _sync_weights_with_worker(self, *, worker_id: Any = None, server_weights: Any) -> None:
@@ -194,7 +206,11 @@ class RemoteWeightsUpdaterBase(WeightUpdaterBase):
 
     @abc.abstractmethod
     def all_worker_ids(self) -> Sequence[Any]:
-        """Every worker id, used when ``worker_ids`` is None."""
+        """Every worker id, used when ``worker_ids`` is None.
+
+        Returns:
+            The ids, in the order the weights are sent.
+        """
 
     def __call__(
         self, policy_or_weights: Any = None, *, worker_ids: Any = None, **kwargs: Any

@@ -330,7 +330,12 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """Batches as the sync or async gathering yields them; each step holds the collector's
         lock, so calls from another thread (weights, state, seeds while ``start()`` fills the
-        buffer) never interleave with it."""
+        buffer) never interleave with it.
+
+        Yields:
+            Each batch (``[N, ...]`` stacked with ``sync=True``, one rank's with ``sync=False``),
+            each rank's report with ``rank_reports``, or ``None`` with a ``replay_buffer``.
+        """
         inner = super().iterator()
         while True:
             with self._lock:
@@ -347,25 +352,59 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
             super().update_policy_weights_(*args, **kwargs)
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed every rank's envs: env ``j`` of worker ``i`` gets a distinct seed.
+
+        Args:
+            seed: the first seed.
+            static_seed: every env gets ``seed`` itself.
+
+        Returns:
+            The last seed used, as TorchRL returns it.
+        """
         with self._lock:
             return super().set_seed(seed, static_seed)
 
     def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
+        """Reset the envs of every worker (or of those ``reset_idx`` flags True) before their
+        next batch: new trajectories, with new ids, start there. Returns when they have noted it.
+
+        Args:
+            reset_idx: one flag per worker (rank ``i + 1``); None resets them all.
+        """
         with self._lock:
             super().reset(reset_idx)
 
     def state_dict(self) -> Any:
+        """The collector's state, laid out as TorchRL's.
+
+        Returns:
+            ``worker{i}``: each worker's collector state; ``frames``, ``iter``, and ``traj_pool``
+            (the next trajectory id, past every worker's).
+        """
         with self._lock:
             return super().state_dict()
 
     def load_state_dict(self, state_dict: Any, **kwargs: Any) -> None:
+        """Load each ``worker{i}`` state into its rank.
+
+        Args:
+            state_dict: what ``state_dict()`` returned; with ``traj_pool``, every worker's
+                trajectories (the running ones too) get ids from its ``traj_id`` on.
+            **kwargs: accepted for TorchRL's signature.
+        """
         with self._lock:
             super().load_state_dict(state_dict, **kwargs)
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop background filling and every rank (bounded), close the process groups and the
-        listening port; safe to call twice."""
+        listening port; safe to call twice.
+
+        Args:
+            timeout: seconds a background filling, then the ranks, get to stop before they are
+                ended (None: 60 and 10).
+            close_env: the ranks close their envs as they stop.
+        """
         bg, self._background = self._background, None
         try:
             if bg is not None:

@@ -138,7 +138,14 @@ class GymEnv:
 
     # ---------------------------------------------------------------- array API (hot path)
     def leaves(self, obs: Any) -> Leaves:
-        """Flatten and encode a raw gymnasium observation into stored leaves."""
+        """Flatten and encode a raw gymnasium observation into stored leaves.
+
+        Args:
+            obs: the observation as gymnasium gives it (an array, or a dict of them).
+
+        Returns:
+            One array per observation key, in the stored dtype.
+        """
         out: Leaves = {}
         for key, codec in self.obs_codecs.items():
             value = obs
@@ -157,10 +164,16 @@ class GymEnv:
         mask: np.ndarray | None = None,
         current: Leaves | None = None,
     ) -> Leaves:
-        """Reset all envs (``mask=None``) or those in ``mask``; return every env's current leaves.
+        """Reset all envs, or those in ``mask``.
 
-        ``current`` (the leaves the last step returned) lets a partial reset avoid re-reading
-        the envs that keep running.
+        Args:
+            seeds: one seed per env (None: the seeds ``schedule_seeds`` left, if any).
+            mask: the envs of a vector env to reset (None: all).
+            current: the leaves the last step returned, so a partial reset need not read the envs
+                that keep running again.
+
+        Returns:
+            Every env's current leaves.
         """
         if seeds is None and self._pending_seeds is not None:
             seeds, self._pending_seeds = self._pending_seeds, None
@@ -213,9 +226,14 @@ class GymEnv:
         return out
 
     def step_arrays(self, action: np.ndarray) -> tuple[Leaves, Any, Any, Any]:
-        """Step with a stored-format action; return (next leaves, reward, terminated, truncated).
+        """Step with an action in the stored format.
 
-        The next leaves hold each env's true final observation where it ended.
+        Args:
+            action: the action, as the collector stores it (one row per env of a vector env).
+
+        Returns:
+            ``(next leaves, reward, terminated, truncated)``; the next leaves hold each env's true
+            final observation where its episode ended.
         """
         obs, reward, terminated, truncated, info = self.env.step(self.action_codec.decode(action))
         if self._autoreset_mode == _SAME_STEP:
@@ -238,7 +256,11 @@ class GymEnv:
         return nxt
 
     def schedule_seeds(self, seeds: Sequence[int]) -> None:
-        """Use these per-env seeds at the next reset of all envs."""
+        """Use these per-env seeds at the next reset of all envs.
+
+        Args:
+            seeds: one seed per env; the first also seeds the action space.
+        """
         self._pending_seeds = list(seeds)
         space = self.env.single_action_space if self.is_vector else self.env.action_space
         space.seed(int(seeds[0]))
@@ -257,7 +279,13 @@ class GymEnv:
     ) -> TensorDict:
         """Reset and return the root TensorDict (observation keys and done flags set to False).
 
-        A ``"_reset"`` bool entry in ``tensordict`` resets only those envs of a vector env.
+        Args:
+            tensordict: None, or a TensorDict whose ``"_reset"`` bool entry names the envs of a
+                vector env to reset.
+            seed: seed env ``i`` with ``seed + i`` first.
+
+        Returns:
+            The root TensorDict of the reset envs.
         """
         mask = None
         if tensordict is not None and "_reset" in tensordict.keys():
@@ -268,7 +296,14 @@ class GymEnv:
         return self._to_td(leaves, done=false, terminated=false, truncated=false)
 
     def step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        """Step with ``tensordict["action"]`` and write the result under ``tensordict["next"]``."""
+        """Step with ``tensordict["action"]`` and write the result under ``tensordict["next"]``.
+
+        Args:
+            tensordict: the step's TensorDict, with its ``"action"``.
+
+        Returns:
+            ``tensordict``, with ``"next"`` (observations, reward, done, terminated, truncated).
+        """
         action = tensordict.get("action").detach().cpu().numpy()
         leaves, reward, terminated, truncated = self.step_arrays(action)
         terminated = np.asarray(terminated, dtype=np.bool_)
@@ -286,7 +321,15 @@ class GymEnv:
     def rand_action(
         self, tensordict: TensorDictBase | None = None, generator: torch.Generator | None = None
     ) -> TensorDictBase:
-        """Write a uniformly random action from the action spec into ``tensordict``."""
+        """Write a uniformly random action from the action spec into ``tensordict``.
+
+        Args:
+            tensordict: where the action goes (None: a new TensorDict of the env's batch size).
+            generator: the torch generator to draw with (None: torch's default).
+
+        Returns:
+            ``tensordict``, with its ``"action"``.
+        """
         if tensordict is None:
             tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
         action = self.action_spec.rand(generator=generator)
@@ -294,9 +337,14 @@ class GymEnv:
         return tensordict
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seed every env (``seed + i``, or ``seed`` for all when ``static_seed``); reset them all.
+        """Seed every env and reset them all.
 
-        Returns the seed of the last env.
+        Args:
+            seed: env ``i`` gets ``seed + i``.
+            static_seed: every env gets ``seed`` itself.
+
+        Returns:
+            The seed of the last env.
         """
         seeds = env_seeds(seed, self.num_envs, static_seed)
         self.schedule_seeds(seeds)

@@ -16,15 +16,20 @@ __all__ = ["LaunchRequest", "Launcher"]
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """What ``DistributedDataCollector(launcher=name, ...)`` asks of the launcher it names."""
+    """What ``DistributedDataCollector(launcher=name, ...)`` asks of the launcher it names.
+
+    Attributes:
+        name: the launcher's registered name.
+        starts_processes: whether the ranks' collectors start processes of their own.
+        slurm_kwargs: the submitit launchers' executor parameters.
+        master_addr: where rank 0 listens, for a launcher that lets it be chosen (``python -m
+            hpccollect collect --master-addr``); None: the launcher's own choice.
+        interface: the network interface rank 0 listens on (``--interface``), likewise.
+    """
 
     name: str
-    #: whether the ranks' collectors start processes of their own
     starts_processes: bool = False
-    #: the submitit launchers' executor parameters
     slurm_kwargs: dict | None = None
-    #: where rank 0 listens, for a launcher that lets it be chosen (``python -m hpccollect
-    #: collect --master-addr/--interface``); None: the launcher's own choice
     master_addr: str | None = None
     interface: str | None = None
 
@@ -58,18 +63,34 @@ class Launcher(abc.ABC):
 
     def enter(self, start_timeout: float) -> None:
         """Called first on every process that constructs the collector. A launcher whose ranks
-        run the caller's own script (mpiexec) serves a collector rank here and ends the
-        process instead of returning; on rank 0, and for other launchers, it returns."""
+        run the caller's own script (mpiexec) serves a collector rank here and ends the process
+        instead of returning; on rank 0, and for other launchers, it returns.
+
+        Args:
+            start_timeout: seconds the ranks may take to start (the collector's own).
+        """
         return None
 
     @abc.abstractmethod
     def address(self) -> str:
-        """The address rank 0 listens on for its ranks."""
+        """Where rank 0 listens for its ranks.
+
+        Returns:
+            An address the ranks reach (an IP address or a host name).
+        """
 
     @abc.abstractmethod
     def start(self, ranks: Sequence[RankArgs]) -> list[PeerLife | None]:
-        """Start one process per entry, each running ``serve_rank(args)``; what is known of
-        each (None where nothing is). On failure nothing started is left running."""
+        """Start one process per entry, each running ``serve_rank(args)``. On failure nothing
+        started is left running.
+
+        Args:
+            ranks: each rank's arguments (its rank, rank 0's address and port, its collector).
+
+        Returns:
+            What is known of each rank's process: a ``PeerLife`` (its death, join and kill), or
+            None where nothing is.
+        """
 
     def close(self) -> None:
         """After the ranks ended (shutdown, or a failed start): release what ``start`` keeps
@@ -78,6 +99,10 @@ class Launcher(abc.ABC):
 
     def left_running(self, ranks: Sequence[int]) -> None:
         """After shutdown: ``ranks`` were lost and still run, and their ``PeerLife`` could not
-        end them (a rank mpiexec started, stopped or cut off). End them as only the launcher
-        can; by default there is nothing more to do (their ``kill`` did it)."""
+        end them (a rank mpiexec started, stopped or cut off). End them as only the launcher can;
+        by default there is nothing more to do (their ``kill`` did it).
+
+        Args:
+            ranks: the ranks still running.
+        """
         return None

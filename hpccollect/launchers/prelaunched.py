@@ -141,6 +141,11 @@ class submitit_delayed_launcher:
     def launch(self, main_func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Submit the collection jobs and the main job, and wait for them (see the class).
 
+        Args:
+            main_func: the decorated main, run as a job of its own.
+            *args: its positional arguments.
+            **kwargs: its keyword arguments.
+
         Returns:
             What ``main_func(*args, **kwargs)`` returned in its job.
 

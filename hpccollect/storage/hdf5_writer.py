@@ -171,7 +171,16 @@ class HDF5Writer(Sink):
 
     # ------------------------------------------------------------------ input
     def extend(self, batch: TensorDictBase) -> None:
-        """Take a collector batch (``[T]``, ``[N, T]``, ``[W, N, T]`` or split trajectories)."""
+        """Take a collector batch; the episodes it ends are committed (readable after a crash).
+
+        Args:
+            batch: ``[T]``, ``[N, T]``, ``[W, N, T]`` or split trajectories, as collectors yield.
+
+        Raises:
+            StorageError: an earlier write failed (the file keeps its committed rows).
+            ArgumentValueError: the writer is closed.
+            ArgumentTypeError: ``batch`` is not a TensorDict.
+        """
         if self.failed is not None:
             raise StorageError(
                 f"{self.partial}: no more writes after an earlier error: {self.failed}"
@@ -228,8 +237,11 @@ class HDF5Writer(Sink):
     def close(self) -> Path:
         """Write open episodes as truncated, fsync, close, and rename to the final name.
 
-        After a write error (``self.failed``) nothing more is written: the file stays
-        ``.partial`` with its committed rows, and its path is returned.
+        After a write error (``self.failed``) nothing more is written: the file stays ``.partial``
+        with its committed rows.
+
+        Returns:
+            The file's path: its final name, or the ``.partial`` one after a write error.
         """
         if self._closed:
             return self.path if self.failed is None else self.partial

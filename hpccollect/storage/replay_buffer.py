@@ -99,7 +99,11 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ sharing
     def share_memory_(self) -> ReplayBuffer:
-        """Move storage and counters to shared memory; make the lock inter-process. Idempotent."""
+        """Move storage and counters to shared memory; make the lock inter-process. Idempotent.
+
+        Returns:
+            The buffer itself, which worker processes may now fill.
+        """
         if self._shared:
             return self
         with self._lock:
@@ -116,7 +120,11 @@ class ReplayBuffer:
         return self._shared
 
     def allocate_like(self, example: TensorDictBase) -> None:
-        """Allocate storage for transitions shaped like ``example``'s (if not allocated yet)."""
+        """Allocate storage for transitions shaped like ``example``'s (if not allocated yet).
+
+        Args:
+            example: a batch of transitions (any batch shape; its leaves give the layout).
+        """
         with self._lock:
             if self._storage is None:
                 self._allocate(self._flatten(example))
@@ -147,7 +155,17 @@ class ReplayBuffer:
         return flat
 
     def extend(self, data: TensorDictBase) -> torch.Tensor:
-        """Append every transition of ``data``; return the storage indices written."""
+        """Append every transition of ``data`` (past ``capacity``, the oldest are overwritten).
+
+        Args:
+            data: a TensorDict of transitions, flattened over its batch dims.
+
+        Returns:
+            The storage indices written.
+
+        Raises:
+            ArgumentTypeError: ``data`` is not a TensorDict.
+        """
         if not isinstance(data, TensorDictBase):
             raise ArgumentTypeError(f"extend() takes a TensorDict, got {type(data).__name__}.")
         flat = self._flatten(data)
@@ -180,7 +198,14 @@ class ReplayBuffer:
         return index
 
     def add(self, transition: TensorDictBase) -> int:
-        """Append one transition (a TensorDict with empty batch size)."""
+        """Append one transition.
+
+        Args:
+            transition: a TensorDict with an empty batch size.
+
+        Returns:
+            The storage index written.
+        """
         return int(self.extend(transition.unsqueeze(0))[0])
 
     def _allocate(self, example: TensorDictBase) -> None:
@@ -197,7 +222,17 @@ class ReplayBuffer:
         self._storage, self._keys = storage, set(example.keys(True, True))
 
     def sample(self, batch_size: int | None = None) -> TensorDictBase:
-        """Draw ``batch_size`` transitions uniformly, with replacement (a copy)."""
+        """Draw transitions uniformly, with replacement (a copy).
+
+        Args:
+            batch_size: how many (None: the buffer's own ``batch_size``).
+
+        Returns:
+            A TensorDict of ``batch_size`` transitions.
+
+        Raises:
+            ArgumentValueError: no batch size anywhere, or the buffer is empty.
+        """
         size = batch_size if batch_size is not None else self.batch_size
         if size is None:
             raise ArgumentValueError(

@@ -60,12 +60,20 @@ class Sink(abc.ABC):
 
     @abc.abstractmethod
     def extend(self, batch: TensorDictBase) -> None:
-        """Take one collector batch (``[T]``, ``[N, T]``, ``[W, N, T]`` or split trajectories)."""
+        """Take one collector batch.
+
+        Args:
+            batch: ``[T]``, ``[N, T]``, ``[W, N, T]`` or split trajectories, as collectors yield.
+        """
 
     @abc.abstractmethod
     def close(self) -> Path | None:
-        """Keep the episodes still open as truncated and finish the dataset; where it is (its
-        final name, or the unfinished file after a write error)."""
+        """Keep the episodes still open as truncated and finish the dataset.
+
+        Returns:
+            Where it is: its final name, or the unfinished file after a write error; None for a
+            sink that writes no file.
+        """
 
     def __enter__(self: _S) -> _S:
         return self

@@ -41,17 +41,24 @@ IDLE = datetime.timedelta(days=30)
 
 @dataclass(frozen=True)
 class Backend:
-    """One transport: ``open_group(store, rank, world_size, name)`` joins a group of
-    ``world_size`` processes (every rank calls it; it returns when all have)."""
+    """One transport, as ``register_backend`` takes it.
+
+    Attributes:
+        name: what ``DistributedDataCollector(backend=...)`` calls it.
+        available: whether this process can use it (its library is there).
+        open_group: ``open_group(store, rank, world_size, name)`` joins a group of
+            ``world_size`` processes (every rank calls it; it returns when all have).
+        missing: how to get it where ``available()`` is False.
+        unsupported: why hpccollect cannot use it even where it is available (None: it can).
+        needs_store: whether its groups meet through rank 0's TCP store (False: the
+            launcher's own world, an MPI job's).
+    """
 
     name: str
     available: Callable[[], bool]
     open_group: Callable[[Any, int, int, str], Any]
-    #: how to get it where ``available()`` is False
     missing: str
-    #: why hpccollect cannot use it even where it is available (None: it can)
     unsupported: str | None = None
-    #: whether its groups meet through rank 0's TCP store (False: the launcher's own world)
     needs_store: bool = True
 
 

@@ -40,7 +40,14 @@ def register_collector_kind(name: str, target: str) -> None:
 
 
 def collector_kinds(*, torchrl_names: bool = False) -> tuple[str, ...]:
-    """Every collector kind (installed packages' too); with ``torchrl_names``, TorchRL's words."""
+    """Every collector kind, installed packages' too (``register_collector_kind``).
+
+    Args:
+        torchrl_names: add TorchRL's words for them (``"sync"``, ``"async"``).
+
+    Returns:
+        The kinds' names, as ``--collector`` and ``collector_class=`` take them.
+    """
     kinds = tuple(with_entry_points("collector kind", COLLECTOR_KINDS))
     return (*kinds, *TORCHRL_KINDS) if torchrl_names else kinds
 
