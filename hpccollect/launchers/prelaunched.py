@@ -281,8 +281,6 @@ class PrelaunchedLauncher(SubmititLauncher):
         return cls(info)
 
     def __init__(self, info: dict) -> None:
-        import socket
-
         from hpccollect.launchers.submitit_jobs import slurm_nodes
 
         self.folder = Path(info["folder"])
@@ -291,12 +289,8 @@ class PrelaunchedLauncher(SubmititLauncher):
         self.cluster = info["cluster"]
         self.delayed = True
         self.parameters: dict = {}
-        nodes = slurm_nodes() if self.cluster == "slurm" else None
-        here = socket.gethostname().split(".")[0]
-        self.shares_host = nodes is None or list(nodes) == [here]
-        self._remote = next(((n, a) for n, a in (nodes or {}).items() if n != here), None)
         self.master_addr = None
-        self._watch = JobWatch(period=1.0 if self.cluster == "slurm" else _POLL)
+        self._locate(slurm_nodes() if self.cluster == "slurm" else None)
 
     def start(self, ranks: Sequence[RankArgs]) -> list[PeerLife | None]:
         if len(ranks) != self.num_jobs:

@@ -48,6 +48,8 @@ __all__ = [
 ]
 
 CLUSTERS = ("slurm", "local")
+#: seconds between looks at the jobs of submitit's local executor (SLURM's: 1 s)
+_WATCH_PERIOD = 0.2
 #: minutes a job may run unless ``slurm_kwargs`` says (``timeout_min`` or ``slurm_time``)
 DEFAULT_TIMEOUT_MIN = {"slurm": 60, "local": 7 * 24 * 60}
 #: what a collection job asks of SLURM when ``submitit_delayed_launcher`` is given nothing
@@ -139,12 +141,17 @@ class SubmititLauncher(Launcher):
         kwargs.setdefault("name", "hpccollect-rank")
         self.parameters = kwargs
         self.executor = self._executor({})  # checks slurm_kwargs before anything starts
+        self.master_addr = master_addr
+        self._locate(nodes)
+
+    def _locate(self, nodes: dict[str, str] | None) -> None:
+        """Where the ranks run, from the cluster's nodes (None: this host, the local
+        executor), and the watch over their jobs."""
         here = socket.gethostname().split(".")[0]
         self.shares_host = nodes is None or list(nodes) == [here]
         #: where the ranks run: the first node that is not this host, reached by its address
         self._remote = next(((n, a) for n, a in (nodes or {}).items() if n != here), None)
-        self.master_addr = master_addr
-        self._watch = JobWatch(period=1.0 if self.cluster == "slurm" else 0.2)
+        self._watch = JobWatch(period=1.0 if self.cluster == "slurm" else _WATCH_PERIOD)
 
     @property
     def jobs(self) -> list[Any]:
