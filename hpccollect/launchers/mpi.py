@@ -166,7 +166,7 @@ class MPILauncher(Launcher):
 
 def _reaching(remote: dict[int, tuple[str, list[str]]]) -> str:
     """Rank 0's address on the interface that reaches the first collector rank elsewhere."""
-    from hpccollect.transport.rendezvous import address_towards
+    from hpccollect.transport.addresses import address_towards
 
     rank, (host, addresses) = next(iter(remote.items()))
     for addr in addresses:
@@ -241,7 +241,7 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
             "hpccollect.distributed.serve() runs the collector ranks (MPI ranks 1..N-1); on "
             "rank 0, construct DistributedDataCollector(..., launcher='mpi') instead."
         )
-    from hpccollect.transport.rendezvous import host_addresses
+    from hpccollect.transport.addresses import host_addresses
 
     hello = (socket.gethostname(), host_addresses())
     send_object(comm, hello, 0, _HELLO, timeout, "telling rank 0 where this rank runs", _WAIT_SLEEP)

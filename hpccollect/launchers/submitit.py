@@ -183,7 +183,7 @@ class SubmititLauncher(Launcher):
             return self.master_addr
         if self.shares_host or self._remote is None:
             return "127.0.0.1"
-        from hpccollect.transport.rendezvous import address_towards
+        from hpccollect.transport.addresses import address_towards
 
         node, addr = self._remote
         mine = address_towards(addr)

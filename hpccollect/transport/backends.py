@@ -175,7 +175,7 @@ def _gloo_device(store: Any) -> Any:
     with contextlib.suppress(ValueError):
         if ipaddress.ip_address(host).is_loopback:
             return dist.ProcessGroupGloo.create_device(hostname=host)
-    from hpccollect.transport.rendezvous import address_towards
+    from hpccollect.transport.addresses import address_towards
 
     return dist.ProcessGroupGloo.create_device(hostname=address_towards(host))
 

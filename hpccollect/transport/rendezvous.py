@@ -16,11 +16,12 @@ step, and it is the world size (``SLURM_NTASKS`` keeps the allocation's count un
 
 Rank 0 binds to ``master_addr`` and the other ranks connect to it, so it is never a wildcard
 (``0.0.0.0``): loopback when every rank is on this node, otherwise the address of rank 0's host.
+This host's own addresses (an interface's, the one towards a peer, a host name's) are
+``addresses.py``'s.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import pickle
 import socket
@@ -31,24 +32,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, CollectorTimeoutError
+from hpccollect.transport.addresses import checked_addr, interface_address, resolve_host
 from hpccollect.transport.mpi_waits import wait_request
 from hpccollect.transport.nodelist import expand_nodelist
 
 __all__ = [
     "Rendezvous",
-    "address_towards",
     "detect",
     "env_port",
     "expand_nodelist",
-    "free_port",
-    "host_addresses",
-    "interface_address",
     "launched_ranks",
-    "resolve_host",
     "share_from_root",
 ]
 
-_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 _SHARE_TIMEOUT = 60.0  # seconds the ranks wait for rank 0's address in detect()
 _HEAD = 1024  # bytes of share_from_root's first broadcast: small values need no second one
 _FIELDS = ("rank", "world_size", "local_rank", "local_size")
@@ -61,7 +57,6 @@ _ENV_SETS = (
     ),
 )
 _SLURM_VARS = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", None)
-_WILDCARDS = ("", "0.0.0.0", "::", "[::]", "*")
 
 # one value and where it came from ("PMI_RANK=3", "rank=3"), for the error messages
 _Found = tuple[int, str]
@@ -133,58 +128,6 @@ def launched_ranks(environ: Mapping[str, str] | None = None) -> int:
     return 1
 
 
-def interface_address(name: str) -> str:
-    """The IPv4 address of network interface ``name`` (``"lo"``, ``"eth0"``, ``"ib0"``)."""
-    if not isinstance(name, str):
-        raise ArgumentTypeError(f"interface must be a str such as 'eth0', got {name!r}")
-    raw = name.encode()
-    if raw and len(raw) < 16 and b"\0" not in raw:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            try:
-                packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", raw))
-            except OSError as err:
-                why = err.strerror or str(err)
-            else:
-                return socket.inet_ntoa(packed[20:24])
-    else:
-        why = "not an interface name"
-    there = ", ".join(sorted(n for _, n in socket.if_nameindex())) or "none"
-    raise ArgumentValueError(
-        f"interface={name!r} has no IPv4 address on {socket.gethostname()} ({why}); the "
-        f"interfaces here are: {there}. Pass one of them, or master_addr= an address."
-    )
-
-
-def address_towards(peer: str) -> str:
-    """This host's address on the interface that reaches ``peer`` (an address or a name), as
-    the kernel's routes choose it: connecting a UDP socket sends nothing."""
-    try:
-        family = socket.AF_INET6 if ":" in peer else socket.AF_INET
-        addr = peer if ":" in peer else socket.gethostbyname(peer)
-        with socket.socket(family, socket.SOCK_DGRAM) as sock:
-            sock.connect((addr, 9))
-            return str(sock.getsockname()[0])
-    except OSError as err:
-        raise ArgumentValueError(
-            f"{socket.gethostname()} has no route to {peer} ({err.strerror or err}): pass "
-            "master_addr= (--master-addr) or interface= (--interface) with an address the "
-            "other ranks reach."
-        ) from err
-
-
-def host_addresses() -> list[str]:
-    """This host's IPv4 addresses other than loopback, one per interface that has one."""
-    found = []
-    for _, name in socket.if_nameindex():
-        try:
-            addr = interface_address(name)
-        except ArgumentValueError:
-            continue
-        if not addr.startswith("127.") and addr not in found:
-            found.append(addr)
-    return found
-
-
 def share_from_root(comm: Any, value: Any, timeout: float) -> Any:
     """Rank 0's ``value`` on every rank of the mpi4py communicator ``comm`` (every rank calls
     it). Waits by testing non-blocking broadcasts with a growing sleep in between: MPICH's
@@ -217,21 +160,6 @@ def share_from_root(comm: Any, value: Any, timeout: float) -> Any:
     rest = bytearray(data[_HEAD - 8 :]) if comm.Get_rank() == 0 else bytearray(size - _HEAD + 8)
     wait(comm.Ibcast([rest, MPI.BYTE], root=0))
     return pickle.loads(bytes(head[8:]) + bytes(rest))
-
-
-def free_port(host: str) -> int:
-    """A TCP port free on ``host`` now (the system's choice). Another process may take it before
-    it is bound again: bind ``port=0`` yourself where you can."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, 0))
-        except OSError as err:
-            raise ArgumentValueError(
-                f"cannot listen on {host!r} ({err.strerror or err}): pass an address of this "
-                "host as master_addr (or interface=)."
-            ) from err
-        return int(sock.getsockname()[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,11 +297,11 @@ def _master_addr(
 ) -> str:
     """Where rank 0 binds and the others connect; see the module docstring."""
     if explicit is not None:
-        return _checked_addr(explicit, "master_addr")
+        return checked_addr(explicit, "master_addr")
     if interface is not None:
         return interface_address(interface)
     if "MASTER_ADDR" in environ:
-        return _checked_addr(environ["MASTER_ADDR"], "MASTER_ADDR")
+        return checked_addr(environ["MASTER_ADDR"], "MASTER_ADDR")
     if world_size == 1 or local_size == world_size or _slurm_nodes(environ) == 1:
         return "127.0.0.1"
     if comm is not None:
@@ -389,17 +317,6 @@ def _master_addr(
     )
 
 
-def _checked_addr(addr: str, name: str) -> str:
-    if not isinstance(addr, str):
-        raise ArgumentTypeError(f"{name} must be a str (an address or host name), got {addr!r}")
-    if addr.strip() in _WILDCARDS:
-        raise ArgumentValueError(
-            f"{name}={addr!r} is not an address rank 0 can be reached at (a wildcard would "
-            "listen on every interface): give one address of rank 0's host, or an interface."
-        )
-    return addr.strip()
-
-
 def _slurm_nodes(environ: Mapping[str, str]) -> int | None:
     if "SLURM_STEP_NUM_TASKS" not in environ:
         return None
@@ -407,22 +324,6 @@ def _slurm_nodes(environ: Mapping[str, str]) -> int | None:
         if name in environ:
             return _env_int(environ, name, minimum=1)[0]
     return None
-
-
-def resolve_host(host: str, what: str) -> str:
-    """``host``'s address, refused when it is loopback: the job spans several nodes."""
-    try:
-        addr = socket.gethostbyname(host)
-    except OSError as err:
-        raise ArgumentValueError(
-            f"cannot resolve {what} ({err}): pass master_addr= or interface=."
-        ) from err
-    if addr.startswith("127."):
-        raise ArgumentValueError(
-            f"{what} resolves to the loopback address {addr} on {socket.gethostname()}, which "
-            "the ranks on other nodes cannot reach: pass master_addr= or interface= (e.g. eth0)."
-        )
-    return addr
 
 
 def _root_address(comm: Any, rank: int) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,8 +21,6 @@ from hpccollect.transport.rendezvous import (
     Rendezvous,
     detect,
     expand_nodelist,
-    free_port,
-    interface_address,
     launched_ranks,
 )
 
@@ -217,25 +214,6 @@ def test_expand_nodelist_refuses_malformed_lists(nodelist):
         list(expand_nodelist(nodelist))
 
 
-def test_interface_address():
-    assert interface_address("lo") == "127.0.0.1"
-    names = [name for _, name in socket.if_nameindex()]
-    with pytest.raises(ArgumentValueError) as info:
-        interface_address("nosuchif0")
-    message = str(info.value)
-    assert "interface='nosuchif0'" in message and all(name in message for name in names)
-    with pytest.raises(ArgumentValueError, match="not an interface name"):
-        interface_address("x" * 20)
-
-
-def test_free_port_can_be_bound():
-    port = free_port("127.0.0.1")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))
-    with pytest.raises(ArgumentValueError, match=r"cannot listen on '192.0.2.1'"):
-        free_port("192.0.2.1")  # TEST-NET-1: an address no host here has
-
-
 # ---------------------------------------------------------------------------------------------
 # under the real mpiexec (hydra, from the mpich package)
 
@@ -293,7 +271,8 @@ _REPORT = """
 _DETECT_JOB = """
     import time
     from mpi4py import MPI
-    from hpccollect.transport.rendezvous import detect, free_port, launched_ranks, share_from_root
+    from hpccollect.transport.addresses import free_port
+    from hpccollect.transport.rendezvous import detect, launched_ranks, share_from_root
 
     comm = MPI.COMM_WORLD
     rv = detect()
