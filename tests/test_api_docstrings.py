@@ -37,6 +37,8 @@ def _documented() -> list[tuple[str, object]]:
             found.append((path, obj))
             continue
         for name, member in vars(obj).items():
+            if isinstance(member, (classmethod, staticmethod)):
+                member = member.__func__
             if name.startswith("_") or not inspect.isfunction(member):
                 continue
             if (member.__module__ or "").startswith("hpccollect"):
@@ -55,7 +57,7 @@ def _args(doc: str) -> list[str]:
         return []
     section = f"\n{doc}".split("\nArgs:\n", 1)[1]
     section = re.split(r"\n\S", section, maxsplit=1)[0]
-    return [name.lstrip("*") for name in re.findall(r"^ {4}(\**\w+)", section, flags=re.M)]
+    return [name.lstrip("*") for name in re.findall(r"^ {4}(\**\w+):", section, flags=re.M)]
 
 
 @pytest.mark.parametrize(

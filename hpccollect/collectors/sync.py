@@ -23,7 +23,7 @@ from hpccollect.collectors.loops.trajectories import TrajIdPool, split_trajector
 from hpccollect.collectors.profiling import Profiling
 from hpccollect.collectors.sync_state import SyncState
 from hpccollect.collectors.torchrl_api.execution import ByExecution
-from hpccollect.collectors.torchrl_api.keyword_docs import with_args
+from hpccollect.collectors.torchrl_api.keyword_docs import SINGLE, with_args
 from hpccollect.collectors.torchrl_api.options import CollectorArgs
 from hpccollect.collectors.torchrl_api.policy_options import factories, wrap_for_speed
 from hpccollect.collectors.torchrl_api.torchrl_keywords import check_weight_schemes
@@ -45,7 +45,7 @@ from hpccollect.policy import (
 __all__ = ["SyncDataCollector"]
 
 
-@with_args()
+@with_args(**SINGLE)
 class SyncDataCollector(
     TracksPolicyVersion,
     Profiling,

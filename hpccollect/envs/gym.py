@@ -167,7 +167,8 @@ class GymEnv:
         """Reset all envs, or those in ``mask``.
 
         Args:
-            seeds: one seed per env (None: the seeds ``schedule_seeds`` left, if any).
+            seeds: one seed per env (None: the seeds ``schedule_seeds`` left, if any, which
+                reset every env whatever ``mask`` says).
             mask: the envs of a vector env to reset (None: all).
             current: the leaves the last step returned, so a partial reset need not read the envs
                 that keep running again.
@@ -285,7 +286,7 @@ class GymEnv:
             seed: seed env ``i`` with ``seed + i`` first.
 
         Returns:
-            The root TensorDict of the reset envs.
+            Every env's root TensorDict (the envs not reset keep their observations).
         """
         mask = None
         if tensordict is not None and "_reset" in tensordict.keys():

@@ -58,7 +58,15 @@ class Launcher(abc.ABC):
 
     @classmethod
     def from_request(cls, request: LaunchRequest) -> Launcher:
-        """The launcher ``DistributedDataCollector(launcher=request.name)`` uses."""
+        """The launcher ``DistributedDataCollector(launcher=request.name)`` uses.
+
+        Args:
+            request: what the collector asks of it (its name, ``slurm_kwargs``, where rank 0
+                listens).
+
+        Returns:
+            The launcher; by default the class built with no argument.
+        """
         return cls()
 
     def enter(self, start_timeout: float) -> None:

@@ -177,7 +177,8 @@ class HDF5Writer(Sink):
             batch: ``[T]``, ``[N, T]``, ``[W, N, T]`` or split trajectories, as collectors yield.
 
         Raises:
-            StorageError: an earlier write failed (the file keeps its committed rows).
+            StorageError: this write or an earlier one failed (the file keeps its committed
+                rows, and takes no more).
             ArgumentValueError: the writer is closed.
             ArgumentTypeError: ``batch`` is not a TensorDict.
         """
@@ -241,7 +242,12 @@ class HDF5Writer(Sink):
         with its committed rows.
 
         Returns:
-            The file's path: its final name, or the ``.partial`` one after a write error.
+            The file's path: its final name, or the ``.partial`` one after an earlier write
+            error.
+
+        Raises:
+            StorageError: the last episodes or the final flush could not be written (the file
+                stays ``.partial`` with its committed rows).
         """
         if self._closed:
             return self.path if self.failed is None else self.partial

@@ -165,6 +165,7 @@ class ReplayBuffer:
 
         Raises:
             ArgumentTypeError: ``data`` is not a TensorDict.
+            ArgumentValueError: its keys or shapes differ from what the buffer holds.
         """
         if not isinstance(data, TensorDictBase):
             raise ArgumentTypeError(f"extend() takes a TensorDict, got {type(data).__name__}.")
@@ -198,13 +199,13 @@ class ReplayBuffer:
         return index
 
     def add(self, transition: TensorDictBase) -> int:
-        """Append one transition.
+        """Append one transition (or one step of several envs, written in order).
 
         Args:
-            transition: a TensorDict with an empty batch size.
+            transition: a TensorDict with an empty batch size (or ``[N]``: N transitions).
 
         Returns:
-            The storage index written.
+            The storage index of the (first) transition written.
         """
         return int(self.extend(transition.unsqueeze(0))[0])
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 import warnings
 from functools import partial
 from pathlib import Path
@@ -86,7 +85,7 @@ def test_distributed_sync_collector_over_submitit_as_torchrls(
         results[name], jobs = _batches(cls, slurm_cluster, monkeypatch)
         assert len(jobs) == 2, f"{name}: expected one SLURM job per rank, saw {jobs}"
         for job in jobs:
-            _wait_gone(slurm_cluster, job)
+            slurm_cluster.wait_gone(job, 60)
             slurm_cluster.assert_job_gone(job)
     theirs, ours = results["theirs"], results["ours"]
     assert len(ours) == len(theirs) == 3
@@ -97,9 +96,3 @@ def test_distributed_sync_collector_over_submitit_as_torchrls(
             same = ~row["next", "done"].squeeze(-1)[:-1]
             assert torch.equal(row["next", "observation"][:-1][same], row["observation"][1:][same])
     assert set(slurm_cluster.queued()) == before
-
-
-def _wait_gone(cluster: Cluster, job: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while job in cluster.queued() and time.monotonic() < deadline:
-        time.sleep(0.5)

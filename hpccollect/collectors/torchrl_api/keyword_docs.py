@@ -14,7 +14,7 @@ import textwrap
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["DISTRIBUTED", "KEYWORDS", "MULTI", "with_args"]
+__all__ = ["DISTRIBUTED", "KEYWORDS", "MULTI", "SINGLE", "with_args"]
 
 T = TypeVar("T")
 
@@ -71,9 +71,18 @@ KEYWORDS: dict[str, str] = {
     ),
     # devices
     "device": "where env, policy and batches live unless the three below say otherwise.",
-    "storing_device": "where each batch is kept and yielded (default: ``device``, else the CPU).",
-    "env_device": "where the env steps (default: the env's own device, else ``device``).",
-    "policy_device": "where the policy runs; the policy is moved there (default: ``device``).",
+    "storing_device": (
+        "where each batch is kept and yielded (default: ``device``; with neither, the env's "
+        "device when env and policy share one)."
+    ),
+    "env_device": (
+        "where the env steps; a TorchRL env is moved there (default: ``device``; with neither, "
+        "the env's own device)."
+    ),
+    "policy_device": (
+        "where the policy runs: a policy that lives elsewhere is copied there, and the given "
+        "module stays where it is (default: ``device``)."
+    ),
     # the output
     "postproc": "a callable applied to each batch before it is yielded (or stored).",
     "split_trajs": (
@@ -116,7 +125,7 @@ KEYWORDS: dict[str, str] = {
     # the policy's call
     "trust_policy": (
         "call the policy with the TensorDict as it is, without the wrapping rules (default: "
-        "True only for a ``CudaGraphModule``)."
+        "True only for a ``CudaGraphModule`` or a ``RandomPolicy``)."
     ),
     "use_buffers": (
         "accepted (True, False or None) without effect: batches are always written into "
@@ -158,7 +167,11 @@ KEYWORDS: dict[str, str] = {
         "the policy's weights over hpccollect's own transport, ``NoWeightSyncScheme()`` keeps "
         "the workers' weights; other model ids are refused, saying why."
     ),
-    "weight_recv_schemes": 'the receiving side of ``weight_sync_schemes`` (``{"policy": ...}``).',
+    "weight_recv_schemes": (
+        'the receiving side of ``weight_sync_schemes``: ``{"policy": scheme}``, checked and '
+        "kept (the weights arrive over hpccollect's own transport); other model ids are "
+        "refused."
+    ),
     # ids and threads
     "traj_id_offset": (
         "the first trajectory id this collector hands out (set by a collector that runs this "
@@ -190,8 +203,7 @@ KEYWORDS: dict[str, str] = {
         "otherwise one worker per constructor in the list."
     ),
     "collector_class": (
-        "what each worker runs: ``SyncDataCollector`` (the default), a subclass, or the name "
-        "of a registered collector kind."
+        "what each worker runs: ``SyncDataCollector`` (the default) or a subclass of it."
     ),
     "init_fn": "called with no argument first in each worker process.",
     "num_sub_threads": "torch threads in each worker process (1).",
@@ -231,7 +243,8 @@ KEYWORDS: dict[str, str] = {
     "slurm_kwargs": "submitit executor parameters of the rank jobs (submitit launchers).",
     "tcp_port": (
         "the port rank 0 listens on, an int or a string of digits (None: ``MASTER_PORT`` or "
-        "``TCP_PORT`` under MPI, else a free port)."
+        "``TCP_PORT`` under MPI, the port agreed with the jobs inside "
+        "``submitit_delayed_launcher``, else a free port)."
     ),
     "update_after_each_batch": (
         "send weights before each round to every rank (sync), or to the rank that just "
@@ -242,11 +255,13 @@ KEYWORDS: dict[str, str] = {
     ),
     "update_interval": (
         "each rank gets the policy's weights once it has collected this many batches, "
-        "without a call (TorchRL's; None: only when ``update_policy_weights_()`` is called)."
+        "without a call (TorchRL's; None: no such pushes, ``update_after_each_batch`` and "
+        "``max_weight_update_interval`` still apply)."
     ),
     "on_worker_failure": (
         '``"raise"`` (the default) a ``WorkerError`` naming the rank, or ``"continue"`` '
-        "with the ranks left, warning once (the lost ones in ``lost_ranks``)."
+        "with the ranks left, warning once per lost rank (listed in ``lost_ranks``); losing "
+        "the last rank raises."
     ),
     "liveness_timeout": (
         "seconds a rank may stay silent, heartbeats included, before it counts as lost (a "
@@ -285,6 +300,14 @@ MULTI: dict[str, str] = {
 }
 
 
+#: ``SyncDataCollector``'s own meaning of keywords the collectors with workers share
+SINGLE: dict[str, str] = {
+    "weight_sync_schemes": (
+        "refused unless empty, as in TorchRL: this collector has no workers to send weights "
+        "to (use a multi-process or distributed collector)."
+    ),
+}
+
 #: ``DistributedDataCollector``'s own meaning of keywords the other collectors have
 DISTRIBUTED: dict[str, str] = {
     "create_env_fn": (
@@ -305,9 +328,12 @@ DISTRIBUTED: dict[str, str] = {
     ),
     "device": (
         "the ranks' device (one, or a list of one per rank), where ``collector_kwargs`` give a "
-        "rank none of its own; the three below likewise."
+        "rank none of its own; ``env_device`` and ``policy_device`` likewise."
     ),
-    "storing_device": "where a rank keeps each batch before sending it (the CPU by default).",
+    "storing_device": (
+        "where rank 0 puts the batches it yields (None: where they arrive, the CPU); a rank "
+        "keeps its own on the CPU unless its ``collector_kwargs`` say otherwise."
+    ),
     "collector_class": (
         'what each rank runs: ``SyncDataCollector`` (``"single"``, the default), '
         '``MultiSyncDataCollector`` (``"sync"``), ``MultiaSyncDataCollector`` (``"async"``), '
@@ -325,8 +351,12 @@ DISTRIBUTED: dict[str, str] = {
     "replay_buffer": "an object with ``extend``: each batch goes into it on rank 0, and the "
     "iterator yields None.",
     "trajs_per_batch": (
-        "yield whole trajectories, assembled on rank 0 from the ranks' batches: this many per "
-        "batch (``sync=False``) or per rank per round (``sync=True``)."
+        "yield batches of exactly this many complete trajectories, assembled on rank 0 from "
+        "the ranks' batches."
+    ),
+    "track_policy_version": (
+        "True: add ``policy_version`` to every frame, the number of weight updates its rank "
+        "had received when it collected it."
     ),
     "worker_timeout": "seconds a rank may take for one batch or one answer (600).",
     "start_timeout": "seconds the ranks may take to start and connect (120).",
@@ -349,7 +379,8 @@ def with_args(**wording: str) -> Callable[[T], T]:
         The decorator; it returns the object, its ``__doc__`` extended.
 
     Raises:
-        KeyError: a keyword of the signature has no description.
+        KeyError: a keyword of the signature has no description, or ``wording`` describes
+            one the signature lacks.
     """
 
     def decorate(obj: T) -> T:
@@ -365,7 +396,10 @@ def with_args(**wording: str) -> Callable[[T], T]:
                 continue
             if name not in wording and name not in KEYWORDS:
                 raise KeyError(f"{obj.__qualname__}: no description of keyword {name!r}")
-            entries.append((name, wording.get(name) or KEYWORDS[name]))
+            entries.append((name, wording[name] if name in wording else KEYWORDS[name]))
+        unused = set(wording) - {name.lstrip("*") for name, _ in entries}
+        if unused:
+            raise KeyError(f"{obj.__qualname__}: no keyword {sorted(unused)} to describe")
         obj.__doc__ = _with_section(obj.__doc__ or "", _args_section(entries))
         return obj
 

@@ -60,7 +60,7 @@ def test_the_args_section_comes_before_the_example():
     assert "sync: with ``backend``" in hpccollect.SyncDataCollector.__doc__
 
 
-def test_a_keyword_without_a_description_fails_at_once_naming_it():
+def test_a_keyword_without_a_description_or_a_description_without_a_keyword_fails_at_once():
     class Made:
         """A collector with a keyword nobody described."""
 
@@ -69,5 +69,7 @@ def test_a_keyword_without_a_description_fails_at_once_naming_it():
     with pytest.raises(KeyError, match="undescribed_knob"):
         with_args()(Made)
     assert "frames_per_batch" in KEYWORDS
+    with pytest.raises(KeyError, match="renamed_knob"):  # wording for a keyword not there
+        with_args(undescribed_knob="described.", renamed_knob="stale.")(Made)
     made = with_args(undescribed_knob="now described.")(Made)
     assert documented(made) == ["frames_per_batch", "undescribed_knob"]
