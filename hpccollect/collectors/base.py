@@ -240,9 +240,10 @@ class DataCollectorBase(abc.ABC):
         local: LocalWeightsUpdaterBase | None,
         remote: RemoteWeightsUpdaterBase | None,
         any_updater: WeightUpdaterBase | None = None,
-        policy: Any = None,
     ) -> None:
-        any_updater = built_updater(any_updater, policy)
+        """Keep the weight updaters: ``local``/``remote`` as given, and ``any_updater`` (the
+        ``weight_updater`` keyword, an instance: see ``built_updater``) in the slot its kind
+        fills where that one was not given."""
         if any_updater is not None:
             if isinstance(any_updater, RemoteWeightsUpdaterBase):
                 remote = remote or any_updater

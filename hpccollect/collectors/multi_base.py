@@ -152,9 +152,7 @@ class MultiCollectorBase(
                 weight_updater, RemoteWeightsUpdaterBase
             ):  # a remote weight_updater takes the default sender's place
                 remote_weight_updater = self._weights_sender(template)
-            self._set_weight_updaters(
-                local_weight_updater, remote_weight_updater, weight_updater, policy
-            )
+            self._set_weight_updaters(local_weight_updater, remote_weight_updater, weight_updater)
         except BaseException:
             self.shutdown()
             raise

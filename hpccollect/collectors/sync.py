@@ -13,7 +13,12 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_bool, check_int
-from hpccollect.collectors.base import BackgroundThread, DataCollectorBase, Interruptor
+from hpccollect.collectors.base import (
+    BackgroundThread,
+    DataCollectorBase,
+    Interruptor,
+    built_updater,
+)
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.loops.policy_version import TracksPolicyVersion, make_stamp
 from hpccollect.collectors.loops.rollout import StepLoop
@@ -170,8 +175,7 @@ class SyncDataCollector(
                 else None
             ),
             remote_weight_updater,
-            weight_updater,
-            self._wrapped.weights_module,
+            built_updater(weight_updater, self._wrapped.weights_module),
         )
         self._closed = False
 
