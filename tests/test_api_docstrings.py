@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from docstrings import args_entries
 
 API = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
@@ -52,21 +53,13 @@ def _named(fn) -> list[str]:
     return [p.name for p in params if p.name not in ("self", "cls") and p.kind not in skip]
 
 
-def _args(doc: str) -> list[str]:
-    if "\nArgs:\n" not in f"\n{doc}":
-        return []
-    section = f"\n{doc}".split("\nArgs:\n", 1)[1]
-    section = re.split(r"\n\S", section, maxsplit=1)[0]
-    return [name.lstrip("*") for name in re.findall(r"^ {4}(\**\w+):", section, flags=re.M)]
-
-
 @pytest.mark.parametrize(
     ("path", "fn"), _documented(), ids=lambda x: x if isinstance(x, str) else ""
 )
 def test_every_public_call_says_its_arguments_and_what_it_returns(path, fn) -> None:
     doc = inspect.getdoc(fn) or ""
     assert doc, f"{path} has no docstring"
-    missing = set(_named(fn)) - set(_args(doc))
+    missing = set(_named(fn)) - {name.lstrip("*") for name in args_entries(doc)}
     assert not missing, f"{path}: no Args entry for {sorted(missing)}"
     returned = inspect.signature(fn).return_annotation
     if returned not in ("None", "NoReturn", None, inspect.Signature.empty):

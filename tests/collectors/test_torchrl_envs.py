@@ -15,6 +15,7 @@ import torch
 if os.environ.get("HPCCOLLECT_REQUIRE_TORCHRL") != "1":
     pytest.importorskip("torchrl")
 
+from layouts import leaves
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
@@ -740,12 +741,6 @@ def test_distributed_collector_on_a_torchrl_env_with_policy_factory(launcher, ba
     acts = saved["actions"]
     assert (acts[0] == 0).all() and (acts[1] == 0).all()
     assert (acts[-1] == 1).all()  # both ranks act on the weights sent after the second batch
-
-
-def leaves(batch: TensorDict) -> dict:
-    """Each leaf's key, shape and dtype."""
-    keys = batch.keys(True, True)
-    return {str(k): (batch.get(k).shape, batch.get(k).dtype) for k in keys}
 
 
 def _rpc_batches(cls: type) -> list:

@@ -20,6 +20,7 @@ import torch
 if os.environ.get("HPCCOLLECT_REQUIRE_TORCHRL") != "1":
     pytest.importorskip("torchrl")
 
+from layouts import leaves
 from torchrl.envs import GymEnv
 
 Cluster = Any  # slurm_cluster.Cluster
@@ -62,10 +63,6 @@ def _batches(cls: type, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> tu
     return batches, running
 
 
-def _leaves(batch: Any) -> dict:
-    return {str(k): (batch.get(k).shape, batch.get(k).dtype) for k in batch.keys(True, True)}
-
-
 @pytest.mark.timeout(300)
 def test_distributed_sync_collector_over_submitit_as_torchrls(
     slurm_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -90,7 +87,7 @@ def test_distributed_sync_collector_over_submitit_as_torchrls(
     theirs, ours = results["theirs"], results["ours"]
     assert len(ours) == len(theirs) == 3
     for mine, their in zip(ours, theirs, strict=True):
-        assert _leaves(mine) == _leaves(their)
+        assert leaves(mine) == leaves(their)
         assert mine.batch_size == their.batch_size == torch.Size([2, 20])
         for row in mine.unbind(0):  # one rank's steps: an episode's observations follow on
             same = ~row["next", "done"].squeeze(-1)[:-1]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import inspect
-import re
 
 import pytest
+from docstrings import args_entries
 
 import hpccollect
 import hpccollect.collectors.distributed as distributed
@@ -26,10 +26,7 @@ PUBLIC = [
 
 def documented(obj) -> list[str]:
     """The names of the ``Args:`` entries of ``obj``'s docstring, in order."""
-    doc = inspect.cleandoc(obj.__doc__)
-    section = doc.split("\nArgs:\n", 1)[1]
-    section = re.split(r"\n\S", section, maxsplit=1)[0]  # up to the next section
-    return re.findall(r"^    (\*{0,2}\w+):", section, flags=re.M)
+    return args_entries(inspect.cleandoc(obj.__doc__))
 
 
 def parameters(obj) -> list[str]:
