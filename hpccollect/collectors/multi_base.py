@@ -62,6 +62,11 @@ class MultiCollectorBase(
     gathering: type[Gathering] = Gathering
     #: what a failed worker does to collection: "raise", or "continue" without it
     on_worker_failure = "raise"
+    #: async: a worker goes on to its next batch only once its last one was yielded and the
+    #: caller asked for the next (TorchRL's distributed collector: weights sent meanwhile,
+    #: by a call or by the weight schedule, reach that batch), not as soon as it arrived
+    #: (TorchRL's multi-process and RPC collectors: its next batch overlaps the caller's work)
+    _release_after_yield = False
     #: whether workers are local processes, which a TorchRL env or EnvCreator reaches as a
     #: process argument (its shared-memory state and locks stay shared, as in TorchRL)
     _env_by_inheritance = True

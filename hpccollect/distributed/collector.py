@@ -74,7 +74,9 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     Weights: ``update_policy_weights_(weights=None, worker_ids=None)`` sends the trainer policy's
     weights (or ``weights``) to every rank, or to workers ``worker_ids`` (worker ``i`` is rank
     ``i + 1``), for their next batch; ``update_after_each_batch``, ``max_weight_update_interval``
-    and ``update_interval`` send them without a call. ``policy_versions[i]`` counts the updates
+    and ``update_interval`` send them without a call. With ``sync=False`` a rank goes on to its
+    next batch only once its last one was yielded and the next is asked for (as TorchRL's):
+    weights sent in the loop body reach that rank's very next batch. ``policy_versions[i]`` counts the updates
     worker ``i`` received. A ``policy`` given with ``policy_factory`` (as TorchRL takes them) is
     where the weights come from: each rank builds its own policy with the factory (its first
     batch uses that policy's own weights).
@@ -230,6 +232,7 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     _sync_layout: str | int = "stack"
     _env_by_inheritance = False  # ranks get everything in their payload
     _policy_with_factory = True  # as TorchRL's: the ranks build theirs, weights come from here
+    _release_after_yield = True  # as TorchRL's: weights sent in the loop reach a rank's next batch
 
     def _worker_spec(
         self, index: int, create_env_fn: Any, policy: Any, kwargs: dict, threads: int

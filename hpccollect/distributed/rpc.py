@@ -65,6 +65,7 @@ class RPCCollector(DistributedDataCollector):
     """
 
     _sync_layout = 0
+    _release_after_yield = False  # TorchRL's RPC collector asks a rank again before the yield
 
     def __init__(
         self,

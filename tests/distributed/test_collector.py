@@ -738,6 +738,31 @@ def test_a_broadcast_while_ranks_collect_reaches_each_ranks_next_batch():
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["call", "update_interval"])
+def test_weights_set_in_the_loop_reach_the_next_batch_of_the_rank_that_delivered(how):
+    """As TorchRL's ``DistributedCollector(sync=False)``: the rank whose batch was yielded goes
+    on only when the next batch is asked for, so weights the loop body sends (a call, or
+    ``update_interval``'s push) reach its very next batch, not the one after."""
+    policy = bias_policy()
+    kwargs = {"update_interval": 1} if how == "update_interval" else {}
+    collector = make(envs(3, 5), policy, frames_per_batch=20, track_policy_version=True, **kwargs)
+    try:
+        it = iter(collector)
+        rank = lengths_of(next(it))
+        with torch.no_grad():
+            policy.module.bias.copy_(torch.tensor([0.0, 1.0]))
+        if how == "call":
+            collector.update_policy_weights_()
+        batch = next(it)
+        while lengths_of(batch) != rank:
+            batch = next(it)
+        assert (batch["action"][..., 1] == 1).all(), "collected with the weights before the loop's"
+        assert (batch["policy_version"] == 1).all()
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.timeout(180)
 def test_weights_still_arrive_after_the_trainer_replaces_a_parameter():
     policy = bias_policy()
     collector = make(envs(3, 5), policy, sync=True)

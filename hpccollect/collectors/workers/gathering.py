@@ -277,17 +277,21 @@ def _pad_preempted(out: TensorDictBase, steps: list[int], short: list[bool]) -> 
 
 class AsyncGathering(Gathering):
     """Each worker's batch as soon as it is ready (first ready, first served); a worker starts
-    its next batch as soon as its last one was copied out."""
+    its next batch as soon as its last one was copied out, or, where the collector releases
+    it only after the yield (``_release_after_yield``), when the caller asks for the next
+    batch (``_next_ready`` then sets it collecting)."""
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
         c = self.c
+        # reports: a rank's sink keeps the batches, the caller only tallies the report
+        early = not c._release_after_yield or c._reports
         while c._more():
             index, batch, frames = self._next_ready()
             c._frames += frames  # counted now: how much the worker is asked for next needs it
             if c.update_at_each_batch:
                 c.update_policy_weights_(worker_ids=[index])
             # the worker's next batch overlaps this one's split/postproc/buffer work
-            if self._wanted(c._in_flight):
+            if early and self._wanted(c._in_flight):
                 c._collect_from(index)
             yield c._finish(batch, 0)
 
