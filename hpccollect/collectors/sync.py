@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from collections.abc import Callable, Iterator
@@ -165,7 +166,10 @@ class SyncDataCollector(
             )
             self._setup(policy, pool, replay_buffer, interruptor)
         except BaseException:
-            self.env.close()
+            # the error that stopped the set-up is the one to see, not the close's (an env
+            # that never started may refuse to close)
+            with contextlib.suppress(Exception):
+                self.env.close()
             raise
         self._set_weight_updaters(
             local_weight_updater

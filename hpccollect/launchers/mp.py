@@ -47,19 +47,21 @@ class MPLauncher(Launcher):
         start_method: ``"forkserver"`` (default): the ranks fork from a server of the job's own
             that imported torch and hpccollect once (``collectors/workers/fork_server.py``), so 32 ranks
             cost one import, not 32; ``"spawn"``: each rank is a fresh interpreter.
-        daemon: whether the ranks are daemonic (they cannot start processes then).
+        daemon: whether the ranks are daemonic. They are not by default, as TorchRL's: a
+            rank's collector or its env may start processes of its own (a multi-process
+            collector, a TorchRL ``ParallelEnv``), which a daemonic process cannot. The
+            collector ends its ranks at shutdown and at exit either way.
     """
 
     shares_host = True
 
-    def __init__(self, start_method: str = "forkserver", daemon: bool = True) -> None:
+    def __init__(self, start_method: str = "forkserver", daemon: bool = False) -> None:
         self.start_method, self.daemon = start_method, daemon
         self._server: JobForkServer | None = None
 
     @classmethod
     def from_request(cls, request: LaunchRequest) -> MPLauncher:
-        # a daemonic process cannot start processes: ranks running Multi collectors are not
-        return cls(daemon=not request.starts_processes)
+        return cls()
 
     def address(self) -> str:
         return "127.0.0.1"

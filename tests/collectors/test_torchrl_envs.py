@@ -7,6 +7,7 @@ torchrl they skip, unless HPCCOLLECT_REQUIRE_TORCHRL=1 (CI's torchrl run), where
 from __future__ import annotations
 
 import os
+import time
 import warnings
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 if os.environ.get("HPCCOLLECT_REQUIRE_TORCHRL") != "1":
     pytest.importorskip("torchrl")
 
+from conftest import alive, descendants
 from layouts import leaves
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
@@ -574,6 +576,31 @@ def test_workers_run_envs_that_start_processes_and_write_their_own_part() -> Non
     sizes = [len(buffer) for _ in collector]
     collector.shutdown()
     assert sizes == [4, 8]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_rank_runs_an_env_that_starts_processes_and_leaves_none_behind() -> None:
+    """A ParallelEnv on a collector rank of ``launcher="mp"`` (ranks are not daemonic, as in
+    TorchRL; TorchRL's own single-machine example does this): its batches are the two envs'
+    steps, and after ``shutdown()`` neither the rank nor the env's processes are left."""
+    from torchrl.modules import RandomPolicy
+
+    collector = hpccollect.DistributedCollector(
+        [_parallel_mock], RandomPolicy(), frames_per_batch=32, total_frames=96, launcher="mp"
+    )
+    try:
+        rank = collector._pool.channels[0].pid
+        batches = list(collector)
+        started = descendants(rank)
+    finally:
+        collector.shutdown()
+    assert [b.batch_size for b in batches] == [torch.Size([2, 16])] * 3
+    assert len(started) >= 2  # the ParallelEnv's two workers
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in [rank, *started]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in [rank, *started] if alive(p)]
 
 
 def _parallel_mock():

@@ -27,8 +27,9 @@ from hpccollect.launchers import (
 def test_the_builtin_launchers_are_registered():
     assert launcher_names()[:4] == ("mp", "mpi", "submitit", "submitit_delayed")
     assert job_launchers() == ("mpi",)  # the one whose ranks all run the job's own command
-    launcher = get_launcher("mp", starts_processes=True)
-    assert type(launcher) is MPLauncher and launcher.daemon is False
+    for starts_processes in (False, True):  # ranks may start processes either way (TorchRL's)
+        launcher = get_launcher("mp", starts_processes=starts_processes)
+        assert type(launcher) is MPLauncher and launcher.daemon is False
 
 
 @pytest.mark.mpi
