@@ -42,11 +42,9 @@ from hpccollect.distributed.arguments import (
     check_slurm_kwargs,
     weight_schedule,
 )
+from hpccollect.distributed.schedule import WeightSchedule
 from hpccollect.distributed.weights import RankWeightsSender
-from hpccollect.errors import (
-    ArgumentValueError,
-    WorkerError,
-)
+from hpccollect.errors import ArgumentValueError
 from hpccollect.launchers.rank import start_ranks
 from hpccollect.transport.backends import check_backend
 from hpccollect.transport.base import Channel
@@ -55,11 +53,9 @@ from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 
 __all__ = ["DistributedDataCollector", "DistributedSyncCollector"]
 
-POLICY_VERSION_KEY = "policy_version"
-
 
 @with_args(**DISTRIBUTED)
-class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
+class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase):
     """TorchRL's distributed collector: rank 0 (this process) gathers the batches that collector
     ranks 1..N collect, and sends them policy weights.
 
@@ -74,10 +70,10 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
     Weights: ``update_policy_weights_(weights=None, worker_ids=None)`` sends the trainer policy's
     weights (or ``weights``) to every rank, or to workers ``worker_ids`` (worker ``i`` is rank
     ``i + 1``), for their next batch; ``update_after_each_batch``, ``max_weight_update_interval``
-    and ``update_interval`` send them without a call. With ``sync=False`` a rank goes on to its
-    next batch only once its last one was yielded and the next is asked for (as TorchRL's):
-    weights sent in the loop body reach that rank's very next batch. ``policy_versions[i]`` counts the updates
-    worker ``i`` received. A ``policy`` given with ``policy_factory`` (as TorchRL takes them) is
+    and ``update_interval`` send them without a call (``schedule.py``). With ``sync=False`` a
+    rank goes on to its next batch only once its last one was yielded and the next is asked for
+    (as TorchRL's): weights sent in the loop body reach that rank's very next batch.
+    ``policy_versions[i]`` counts the updates worker ``i`` received. A ``policy`` given with ``policy_factory`` (as TorchRL takes them) is
     where the weights come from: each rank builds its own policy with the factory (its first
     batch uses that policy's own weights).
 
@@ -288,46 +284,6 @@ class DistributedDataCollector(ThreadFilling, MultiCollectorBase):
         )
         self._closers.extend((self._groups.close, self.launcher.close))
         return channels
-
-    # ------------------------------------------------------------------ weights and versions
-    def _collect_from(self, index: int) -> None:
-        interval = self.max_weight_update_interval
-        if self._no_weights_here:
-            interval = -1  # the ranks built their policy: no weights here to push
-        try:
-            if interval > 0 and self._since_update[index] >= interval:
-                self.update_policy_weights_(worker_ids=[index])
-            super()._collect_from(index)
-        except WorkerError as err:
-            self._lose(err)
-            return
-        self._since_update[index] += 1
-
-    def _batches_per_command(self, index: int) -> int:
-        batches = super()._batches_per_command(index)
-        interval = self.max_weight_update_interval
-        if interval > 0 and not self._no_weights_here:
-            batches = min(batches, interval)
-        return batches
-
-    def _delivered(self, worker_ids: Sequence[int]) -> None:
-        for i in worker_ids:
-            self.policy_versions[i] += 1
-            self._since_update[i] = 0
-
-    def _stamp_rows(self, batch: TensorDictBase, workers: list[int]) -> TensorDictBase:
-        """``batch`` with the per-frame policy version (of each worker in ``workers``: one per
-        leading row, or a single one) when ``track_policy_version``."""
-        if self.track_policy_version:
-            # each rank says which weights it collected with: an update that reached it while
-            # its batch was requested but not yet begun counts for that batch
-            versions = [self._pool.channels[i].batch_version for i in workers]
-            v = torch.tensor(versions, dtype=torch.int64)
-            if batch.ndim == 0:  # one rank's report
-                v = v[0]
-            v = v.reshape(v.shape + (1,) * (batch.ndim - v.ndim)).expand(batch.shape)
-            batch.set(POLICY_VERSION_KEY, v.clone())
-        return batch
 
     # ------------------------------------------------------------------ one caller at a time
     def iterator(self) -> Iterator[TensorDictBase | None]:

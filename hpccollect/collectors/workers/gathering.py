@@ -42,6 +42,7 @@ class GatheringHost(Protocol):
     _worker_fpb: list[int] | None  # TorchRL's per-worker frames_per_batch
     _by_value: set[int]  # workers whose batches travel by value
     _reports: bool  # workers send reports of their batches (``reports.py``), not batches
+    _release_after_yield: bool  # async: a worker goes on once its batch was yielded
     _asked: dict[int, int]  # the frames each worker was last asked for
     _frames: int
 
