@@ -73,9 +73,9 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
     and ``update_interval`` send them without a call (``schedule.py``). With ``sync=False`` a
     rank goes on to its next batch only once its last one was yielded and the next is asked for
     (as TorchRL's): weights sent in the loop body reach that rank's very next batch.
-    ``policy_versions[i]`` counts the updates worker ``i`` received. A ``policy`` given with ``policy_factory`` (as TorchRL takes them) is
-    where the weights come from: each rank builds its own policy with the factory (its first
-    batch uses that policy's own weights).
+    ``policy_versions[i]`` counts the updates worker ``i`` received. A ``policy`` given with
+    ``policy_factory`` (as TorchRL takes them) is where the weights come from: each rank builds
+    its own policy with the factory (its first batch uses that policy's own weights).
 
     ``rank_reports=True`` (with a ``rank_sink``): the batches stay on the ranks, in their sinks,
     and rank 0 gets reports of them instead (``hpccollect.collectors.workers.reports``): the iterator
