@@ -22,7 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-#: pytorch/rl's "Bump 0.14.0", the release the torchrl environment pins (0.14.1)
+#: pytorch/rl's "Bump 0.14.0": the files of 0.14.0, run against the torchrl 0.14.1 that the
+#: torchrl environment pins (the tag of 0.14.1 is not in the repository)
 COMMIT = "373c31a85"
 TESTS = "test/test_distributed.py"
 #: the non-Ray classes (Ray is not installed)
@@ -51,13 +52,22 @@ RUNS = [
 
 
 def swapped(text: str) -> str:
-    """``text`` with its collector imports taken from hpccollect instead of torchrl."""
-    return re.sub(
-        r"^from torchrl\.collectors(\.distributed)? import",
-        r"from hpccollect.collectors\1 import",
+    """``text`` with its collector imports taken from hpccollect instead of torchrl; an import
+    of TorchRL's collectors left in another form fails (the run would test TorchRL's)."""
+    out, n = re.subn(
+        r"^(\s*)from torchrl\.collectors(\.distributed)? import",
+        r"\1from hpccollect.collectors\2 import",
         text,
         flags=re.M,
     )
+    left = [
+        line
+        for line in re.findall(r"^\s*(?:from|import) torchrl\.collectors.*$", out, flags=re.M)
+        if ".ray import" not in line  # Ray's settings: the Ray classes are not run
+    ]
+    if not n or left:
+        raise SystemExit(f"cannot swap the collector imports: {n} swapped, left: {left}")
+    return out
 
 
 def without_gpus(text: str) -> str:

@@ -4,7 +4,8 @@ It is the multi-worker collector (``collectors/multi_base.py``) over ``RankChann
 pipes: the same protocol, pool, worker loop, seeds, state and weight fan-out. ``sync=True``
 gathers as ``MultiSyncDataCollector`` does (``SyncGathering``: one batch from every rank,
 stacked), ``sync=False`` as ``MultiaSyncDataCollector`` (``AsyncGathering``: first ready, first
-served). A launcher plug-in starts the ranks
+served; but a rank goes on only once its batch was yielded, as TorchRL's distributed collector
+lets it). A launcher plug-in starts the ranks
 (``hpccollect/launchers``); this module never knows how.
 """
 
@@ -72,7 +73,9 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
     ``i + 1``), for their next batch; ``update_after_each_batch``, ``max_weight_update_interval``
     and ``update_interval`` send them without a call (``schedule.py``). With ``sync=False`` a
     rank goes on to its next batch only once its last one was yielded and the next is asked for
-    (as TorchRL's): weights sent in the loop body reach that rank's very next batch.
+    (as TorchRL's): weights sent in the loop body reach that rank's very next batch. Where no
+    rank's policy has weights, or with ``rank_reports``, it goes on at once (its next batch
+    overlaps the caller's work).
     ``policy_versions[i]`` counts the updates worker ``i`` received. A ``policy`` given with
     ``policy_factory`` (as TorchRL takes them) is where the weights come from: each rank builds
     its own policy with the factory (its first batch uses that policy's own weights).
@@ -212,6 +215,9 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
             num_threads=num_threads,
             cat_results=self._sync_layout if self.sync else None,
         )
+        if not any(channel.peer_weights_nbytes for channel in self._pool.channels):
+            # no rank's policy has weights, so none can reach a batch: a rank goes on at once
+            self._release_after_yield = False
 
     # ------------------------------------------------------------------ the ranks
     @property

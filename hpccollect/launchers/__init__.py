@@ -86,7 +86,8 @@ def get_launcher(
 
     Args:
         launcher: a registered name (``register_launcher``) or a ``Launcher``.
-        starts_processes: the ranks' collectors start processes of their own.
+        starts_processes: the ranks' collectors start processes of their own (see
+            ``LaunchRequest``).
         slurm_kwargs: the submitit launchers' executor parameters.
         master_addr: where rank 0 listens, for launchers that take it (``LaunchRequest``).
         interface: the network interface rank 0 listens on, likewise.

@@ -20,7 +20,8 @@ class LaunchRequest:
 
     Attributes:
         name: the launcher's registered name.
-        starts_processes: whether the ranks' collectors start processes of their own.
+        starts_processes: whether the ranks' collectors start processes of their own (for a
+            launcher whose ranks could not; the built-in launchers' ranks always can).
         slurm_kwargs: the submitit launchers' executor parameters.
         master_addr: where rank 0 listens, for a launcher that lets it be chosen (``python -m
             hpccollect collect --master-addr``); None: the launcher's own choice.

@@ -723,7 +723,7 @@ def test_a_broadcast_while_ranks_collect_reaches_each_ranks_next_batch():
         (policy.module.bias * torch.tensor([1.0, -1.0])).sum().backward()
         optimizer.step()
         assert policy.module.bias[1] > policy.module.bias[0]
-        collector.update_policy_weights_()  # one broadcast while both ranks collect
+        collector.update_policy_weights_()  # one broadcast; the rank not yet yielded collects
         assert collector.policy_versions == [1, 1]
         seen: dict[int, list] = {3: [], 5: []}
         for _ in range(10):
@@ -760,6 +760,21 @@ def test_weights_set_in_the_loop_reach_the_next_batch_of_the_rank_that_delivered
         assert (batch["policy_version"] == 1).all()
     finally:
         collector.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_goes_on_at_once_only_where_no_weights_can_reach_it():
+    """With weights (a policy with parameters) the rank whose batch was yielded waits for the
+    next ``next()``; without (a random policy) it is asked again before the yield, so its next
+    batch overlaps the caller's work."""
+    for policy, in_flight in ((bias_policy(), 1), (None, 2)):
+        collector = make(envs(3, 5), policy, frames_per_batch=20)
+        try:
+            it = iter(collector)
+            next(it)
+            assert len(collector._in_flight) == in_flight
+        finally:
+            collector.shutdown()
 
 
 @pytest.mark.timeout(180)
