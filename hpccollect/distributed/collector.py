@@ -75,10 +75,10 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
     rank goes on to its next batch only once its last one was yielded and the next is asked for
     (as TorchRL's): weights sent in the loop body reach that rank's very next batch. Where no
     rank's policy has weights, or with ``rank_reports``, it goes on at once (its next batch
-    overlaps the caller's work).
-    ``policy_versions[i]`` counts the updates worker ``i`` received. A ``policy`` given with
-    ``policy_factory`` (as TorchRL takes them) is where the weights come from: each rank builds
-    its own policy with the factory (its first batch uses that policy's own weights).
+    overlaps the caller's work). ``policy_versions[i]`` counts the updates worker ``i``
+    received. A ``policy`` given with ``policy_factory`` (as TorchRL takes them) is where the
+    weights come from: each rank builds its own policy with the factory (its first batch uses
+    that policy's own weights).
 
     ``rank_reports=True`` (with a ``rank_sink``): the batches stay on the ranks, in their sinks,
     and rank 0 gets reports of them instead (``hpccollect.collectors.workers.reports``): the iterator
@@ -215,8 +215,9 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
             num_threads=num_threads,
             cat_results=self._sync_layout if self.sync else None,
         )
-        if not any(channel.peer_weights_nbytes for channel in self._pool.channels):
-            # no rank's policy has weights, so none can reach a batch: a rank goes on at once
+        if self._reports or not any(ch.peer_weights_nbytes for ch in self._pool.channels):
+            # the ranks' sinks keep the batches (rank 0 only tallies reports), or no rank's
+            # policy has weights: no weights can wait for a rank, so it goes on at once
             self._release_after_yield = False
 
     # ------------------------------------------------------------------ the ranks

@@ -284,8 +284,7 @@ class AsyncGathering(Gathering):
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
         c = self.c
-        # reports: a rank's sink keeps the batches, the caller only tallies the report
-        early = not c._release_after_yield or c._reports
+        early = not c._release_after_yield
         while c._more():
             index, batch, frames = self._next_ready()
             c._frames += frames  # counted now: how much the worker is asked for next needs it
