@@ -253,8 +253,13 @@ class MPIGroup:
 
     def wire(self, tensor: torch.Tensor) -> Any:
         """The array through which MPI reads or writes ``tensor``'s memory in place, for
-        ``send_now`` and ``try_recv`` (a channel makes it once per buffer)."""
-        return self._buffer(tensor)
+        ``send_now`` and ``try_recv`` (a channel makes it once per buffer, and keeps it while
+        it uses the buffer). Unlike ``send``'s and ``recv``'s arrays it is not kept here: an
+        array holds its buffer, and a channel reuses a buffer only once nothing holds it
+        (``Spares``)."""
+        if not tensor.is_contiguous():
+            raise ValueError("the MPI transport moves contiguous tensors only")
+        return tensor.numpy()
 
     def send_now(self, array: Any, peer: int, tag: int, timeout: float | None) -> None:
         """``send(...).wait(timeout)`` of a ``wire`` array in one call, making no work object

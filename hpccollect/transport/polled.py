@@ -20,12 +20,15 @@ import torch
 
 from hpccollect.errors import CollectorTimeoutError
 from hpccollect.protocol import Layout
+from hpccollect.transport.batches import Slot
 from hpccollect.transport.doorbell import Doorbell
 from hpccollect.transport.mpi_waits import BUSY_SLEEP, IDLE_SLEEP, SPIN, wait_request
 from hpccollect.transport.rank_channel import BATCH, BATCH_REPLY, RankChannel
 from hpccollect.transport.wire import BEATS, MESSAGES, WireLayout, first_line
 
 __all__ = ["PolledRankChannel"]
+
+_NOTHING = contextlib.nullcontext()  # ``_waiting`` where there is nothing to do
 
 
 class PolledRankChannel(RankChannel):
@@ -34,9 +37,8 @@ class PolledRankChannel(RankChannel):
     polled = True
 
     def __init__(self, groups: Any, peer: int, **kwargs: Any) -> None:
+        self._mpi = groups.messages  # makes the receive buffers' wire arrays
         super().__init__(groups, peer, **kwargs)
-        self._mpi = groups.messages
-        self._in_wire = self._mpi.wire(self._recv_buf)
         self._out_wire: Any = None
         self._pace: Any = None  # how often the broadcast thread looks (see ``_waiting``)
         self._idle = False
@@ -51,9 +53,12 @@ class PolledRankChannel(RankChannel):
         self._out_wire = self._mpi.wire(self._batch_out[0])
         return wire
 
-    def _use_recv_buf(self, flat: torch.Tensor) -> None:
-        super()._use_recv_buf(flat)
-        self._in_wire = self._mpi.wire(flat)
+    def _made_for(self, flat: torch.Tensor) -> tuple:
+        return (*super()._made_for(flat), self._mpi.wire(flat))
+
+    def _use_recv_buf(self, slot: Slot) -> None:
+        super()._use_recv_buf(slot)
+        self._in_wire = slot.made[1]
 
     def _send_batch(self, flat: torch.Tensor) -> None:
         """Send the batch buffer and see it through in one call, making no work object
@@ -179,15 +184,18 @@ class PolledRankChannel(RankChannel):
         if self._pace is not None:
             self._pace.set(BUSY_SLEEP)
 
-    @contextlib.contextmanager
-    def _waiting(self) -> Iterator[None]:
+    def _waiting(self) -> contextlib.AbstractContextManager:
         """This collector rank waits for rank 0 instead of collecting: meanwhile its weight
         thread looks for a broadcast every ``IDLE_SLEEP``, otherwise every ``BUSY_SLEEP`` (each
-        look takes the GIL from the collection)."""
+        look takes the GIL from the collection). Nothing to do on rank 0, and inside a wait
+        already: then a context made once (rank 0 enters it on every look for a batch)."""
+        if self._pace is None or self._idle:
+            return _NOTHING
+        return self._idle_while()
+
+    @contextlib.contextmanager
+    def _idle_while(self) -> Iterator[None]:
         pace = self._pace
-        if pace is None or self._idle:
-            yield
-            return
         self._idle = True
         pace.set(IDLE_SLEEP)
         try:

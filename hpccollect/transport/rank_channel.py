@@ -23,7 +23,7 @@ from tensordict import TensorDictBase
 
 from hpccollect.protocol import Command, Layout, Message, Reply
 from hpccollect.transport.base import Channel
-from hpccollect.transport.batches import HEADER, FlatLayout, Spares
+from hpccollect.transport.batches import HEADER, FlatLayout, Slot, Spares
 from hpccollect.transport.doorbell import Doorbell
 from hpccollect.transport.heartbeat import Heartbeat
 from hpccollect.transport.rank_life import RankLife
@@ -91,13 +91,14 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         self.peer_weights_nbytes: int | None = None
         self._send_timeout = datetime.timedelta(seconds=send_timeout)
         self._send_seconds = send_timeout
-        self._recv_buf = torch.empty(HEADER + CONTROL, dtype=torch.uint8, device=self.device)
-        self._in_head = header(self._recv_buf)
+        self._spares = Spares(self._made_for)  # the buffers batches landed in
+        self._use_recv_buf(
+            self._spares.slot(torch.empty(HEADER + CONTROL, dtype=torch.uint8, device=self.device))
+        )
         self._batch_out: tuple[torch.Tensor, list, list] | None = None
         self._placed: tuple | None = None
         self._arrival: tuple[FlatLayout, TensorDictBase] | None = None  # (layout, views)
         self._landed: torch.Tensor | None = None  # the buffer the last batch came into
-        self._spares = Spares()  # ... and those earlier ones came into
         self._weights: torch.Tensor | None = None
         self._failure: str | None = None
         self.broadcasts = 0  # weight broadcasts this side sent to the peer
@@ -291,28 +292,33 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         """The peer's batches arrive in a buffer laid out as it announced; the views into that
         buffer are the batch the collector reads."""
         size = max(wire.batch.nbytes, HEADER + CONTROL)
-        flat = torch.zeros(size, dtype=torch.uint8, device=self.device)
+        slot = self._spares.slot(torch.zeros(size, dtype=torch.uint8, device=self.device))
         self.peer_weights_nbytes = wire.weights_nbytes
         self.life.host = wire.host
         self.life.pid = wire.pid
-        batch = wire.batch.views(flat)
-        self._use_recv_buf(flat)
+        batch = wire.batch.views(slot.buffer)  # holds the buffer for good: never a spare
+        self._use_recv_buf(slot)
         self._arrival = (wire.batch, batch)
         return Layout(batch, wire.host, wire.pid, frames=wire.frames)
 
-    def _use_recv_buf(self, flat: torch.Tensor) -> None:
-        """Receive the next message into ``flat``."""
-        self._recv_buf, self._in_head = flat, header(flat)
+    def _made_for(self, flat: torch.Tensor) -> tuple:
+        """What receiving into ``flat`` needs, made once per buffer: its header."""
+        return (header(flat),)
+
+    def _use_recv_buf(self, slot: Slot) -> None:
+        """Receive the next message into ``slot``'s buffer."""
+        self._in_slot = slot
+        self._recv_buf, self._in_head = slot.buffer, slot.made[0]
 
     def _batch_landed(self) -> None:
         """A batch came into the receive buffer. A large one keeps that buffer (``latest``,
-        ``own``), and the next message comes into a new one: the caller keeps the batch
+        ``own``), and the next message comes into another: the caller keeps the batch
         without a copy. The peer sends its next batch only when asked, so at most one batch
         is in flight per link. A small batch is copied instead (``own``): a new buffer, made
         on the receiving thread, costs more than copying a few kB."""
         if self._arrival is not None and self._recv_buf.numel() >= _KEEP_AT:
             self._landed = self._recv_buf
-            self._use_recv_buf(self._spares.next_after(self._landed))
+            self._use_recv_buf(self._spares.next_after(self._in_slot))
 
     def latest(self, batch: TensorDictBase) -> TensorDictBase:
         """The batch that arrived last, laid out as ``batch`` (the announced layout)."""

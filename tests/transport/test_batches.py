@@ -89,18 +89,25 @@ def test_a_layout_travels_without_its_recipe_and_builds_the_same_views():
 
 def test_a_landed_buffer_is_received_into_again_only_once_no_view_of_it_is_left():
     layout = FlatLayout.of(_batch())
-    spares = Spares(keep=2)
-    first = torch.empty(layout.nbytes, dtype=torch.uint8)
+    # what a channel keeps of each buffer (its header view, its wire array) is no holder
+    spares = Spares(lambda buffer: (buffer[:40].view(torch.int64), buffer.numpy()), keep=2)
+    first = spares.slot(torch.empty(layout.nbytes, dtype=torch.uint8))
+    assert len(first.made) == 2
     second = spares.next_after(first)  # nothing to reuse yet: a new one
-    assert second.data_ptr() != first.data_ptr() and second.shape == first.shape
-    kept = layout.own(first, copy=False)  # a batch yielded in ``first``, kept by its taker
+    assert second.buffer.data_ptr() != first.buffer.data_ptr()
+    assert second.buffer.shape == first.buffer.shape and len(second.made) == 2
+    kept = layout.own(first.buffer, copy=False)  # a batch yielded in ``first``, kept by its taker
     third = spares.next_after(second)
-    assert third.data_ptr() not in (first.data_ptr(), second.data_ptr())
+    assert third.buffer.data_ptr() not in (first.buffer.data_ptr(), second.buffer.data_ptr())
     del kept  # dropped: ``first`` is free again; ``second`` just took a batch
     fourth = spares.next_after(third)
     assert fourth is first
-    views = layout.views(second)
+    views = layout.views(second.buffer)
     assert spares.next_after(fourth) is not second  # a view of ``second`` is still held
+    array = second.buffer.numpy()  # an array made elsewhere holds it too
     del views
-    other = torch.empty(layout.nbytes + 64, dtype=torch.uint8)  # another size: never mixed
-    assert spares.next_after(other).shape == other.shape
+    assert spares.next_after(fourth) is not second
+    del array
+    assert spares.next_after(fourth) is second
+    other = spares.slot(torch.empty(layout.nbytes + 64, dtype=torch.uint8))  # never mixed
+    assert spares.next_after(other).buffer.shape == other.buffer.shape

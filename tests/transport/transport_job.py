@@ -54,6 +54,16 @@ def main() -> None:
                 assert time.monotonic() < deadline, f"message {seed} never came"
             assert torch.equal(buf, payload(size, seed)), f"message {seed} ({size} B) differs"
         print("ok messages", flush=True)
+        # a wire array is the caller's: dropped, it leaves its buffer free to be received into
+        # again (``Spares``); one the group kept would make every large batch a new buffer
+        buf = torch.zeros(SIZES[-1], dtype=torch.uint8)
+        holds = torch._C._storage_Use_Count
+        before = holds(buf.untyped_storage()._cdata)
+        wire = group.wire(buf)
+        assert holds(buf.untyped_storage()._cdata) > before
+        del wire
+        assert holds(buf.untyped_storage()._cdata) == before, "the group keeps the wire array"
+        print("ok wire arrays are the caller's", flush=True)
         deadline = time.monotonic() + 30
         while group.stopped(1) is None:
             assert time.monotonic() < deadline, "rank 1's goodbye never came"
