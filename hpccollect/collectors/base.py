@@ -22,9 +22,10 @@ from hpccollect.collectors.weights import (
     LocalWeightsUpdaterBase,
     RemoteWeightsUpdaterBase,
     WeightUpdaterBase,
+    given_weights,
 )
 from hpccollect.collectors.workers.remote import Call, calls_here, resolve_attr
-from hpccollect.errors import ArgumentTypeError, ArgumentValueError, CollectorTimeoutError
+from hpccollect.errors import ArgumentTypeError
 
 __all__ = ["DataCollectorBase", "Interruptor", "SharedInterruptor"]
 
@@ -280,7 +281,7 @@ class DataCollectorBase(abc.ABC):
         Raises:
             TypeError: ``worker_ids`` was given but this collector has no remote weight updater.
         """
-        policy_or_weights = _given_weights(policy_or_weights, kwargs)
+        policy_or_weights = given_weights(policy_or_weights, kwargs)
         if worker_ids is not None and self.remote_weight_updater is None:
             raise ArgumentTypeError(
                 f"worker_ids={worker_ids!r} was given, but {type(self).__name__} has no remote "
@@ -367,88 +368,3 @@ class DataCollectorBase(abc.ABC):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.shutdown()
-
-
-def _given_weights(policy_or_weights: Any, kwargs: dict) -> Any:
-    """The weights from whichever of TorchRL's keywords carried them (taken out of
-    ``kwargs``); ``model_id`` may only name the policy, the one model synced here."""
-    model_id = kwargs.pop("model_id", None)
-    if model_id not in (None, "policy"):
-        raise ArgumentValueError(
-            f"update_policy_weights_: model_id={model_id!r}; hpccollect syncs the policy's "
-            "weights only (model_id='policy' or none)."
-        )
-    given = {"policy_or_weights": policy_or_weights} if policy_or_weights is not None else {}
-    for name in ("weights", "policy", "policy_weights"):
-        if kwargs.get(name) is not None:
-            given[name] = kwargs.pop(name)
-        kwargs.pop(name, None)
-    weights_dict = kwargs.pop("weights_dict", None)
-    if weights_dict is not None:
-        others = sorted(str(k) for k in weights_dict if k != "policy")
-        if others:
-            raise ArgumentValueError(
-                f"update_policy_weights_: weights_dict has {others}; hpccollect syncs the "
-                "policy's weights only ({'policy': weights})."
-            )
-        if weights_dict.get("policy") is not None:
-            given["weights_dict"] = weights_dict["policy"]
-    if len(given) > 1:
-        raise ArgumentTypeError(
-            f"update_policy_weights_ got weights as {sorted(given)}; pass them once."
-        )
-    return next(iter(given.values()), None)
-
-
-class BackgroundThread:
-    """Runs a collector's iterator in a daemon thread (``start()`` on a single-process collector).
-
-    The thread checks ``stop_requested`` after every env step, so ``stop()`` returns within one
-    step's time; an exception in the thread is re-raised by ``stop()``.
-    """
-
-    def __init__(self, iterator_factory: Any, name: str) -> None:
-        self._stop = threading.Event()
-        self._error: BaseException | None = None
-        self._factory = iterator_factory
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def stop_requested(self) -> bool:
-        return self._stop.is_set()
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for _ in self._factory():
-                if self._stop.is_set():
-                    break
-        except BaseException as err:  # re-raised in the caller's thread by stop()
-            self._error = err
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def stop(self, timeout: float | None) -> None:
-        self._stop.set()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise CollectorTimeoutError(
-                f"the background collection thread did not stop within {timeout} s; the env step "
-                "in progress may be blocking. Call async_shutdown again with a larger timeout."
-            )
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
-
-
-def built_updater(updater: Any, policy: Any) -> Any:
-    """``weight_updater`` as an instance: TorchRL takes the updater, its class (built with
-    ``from_policy(policy)`` when that gives one, else with no argument) or a constructor."""
-    if isinstance(updater, type) and issubclass(updater, WeightUpdaterBase):
-        return updater.from_policy(policy) or updater()
-    if callable(updater) and not isinstance(updater, WeightUpdaterBase):
-        return updater()
-    return updater

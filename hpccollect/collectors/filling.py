@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from hpccollect.collectors.base import BackgroundThread
+from hpccollect.collectors.background import BackgroundThread
 from hpccollect.collectors.loops.buffers import store
 from hpccollect.protocol import Command, Reply
 

@@ -16,7 +16,7 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_callable, check_int
-from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor, built_updater
+from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
 from hpccollect.collectors.filling import WorkerFilling, inherited_buffer
 from hpccollect.collectors.torchrl_api.options import (
     CollectorArgs,
@@ -28,7 +28,7 @@ from hpccollect.collectors.torchrl_api.options import (
 )
 from hpccollect.collectors.torchrl_api.policy_options import factories
 from hpccollect.collectors.torchrl_api.torchrl_keywords import check_weight_schemes
-from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
+from hpccollect.collectors.weights import RemoteWeightsUpdaterBase, built_updater
 from hpccollect.collectors.workers.batches import WorkerBatches
 from hpccollect.collectors.workers.calls import WorkerCalls
 from hpccollect.collectors.workers.gathering import Gathering

@@ -14,12 +14,8 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_bool, check_int
-from hpccollect.collectors.base import (
-    BackgroundThread,
-    DataCollectorBase,
-    Interruptor,
-    built_updater,
-)
+from hpccollect.collectors.background import BackgroundThread
+from hpccollect.collectors.base import DataCollectorBase, Interruptor
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.loops.policy_version import TracksPolicyVersion, make_stamp
 from hpccollect.collectors.loops.rollout import StepLoop
@@ -38,6 +34,7 @@ from hpccollect.collectors.weights import (
     PolicyWeightsCopier,
     RemoteWeightsUpdaterBase,
     WeightUpdaterBase,
+    built_updater,
 )
 from hpccollect.envs import envbase
 from hpccollect.envs.factory import make_env

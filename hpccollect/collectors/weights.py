@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from hpccollect.errors import ArgumentValueError
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.policy import load_weights_, to_weights
 
 __all__ = [
@@ -23,6 +23,8 @@ __all__ = [
     "PolicyWeightsCopier",
     "RemoteWeightsUpdaterBase",
     "WeightUpdaterBase",
+    "built_updater",
+    "given_weights",
 ]
 
 
@@ -272,3 +274,61 @@ class PolicyWeightsCopier(LocalWeightsUpdaterBase):
                 "parameters (a random policy or a plain function)."
             )
         load_weights_(self.target, mapped_weights)
+
+
+def given_weights(policy_or_weights: Any, kwargs: dict) -> Any:
+    """The weights given to ``update_policy_weights_``, from whichever of TorchRL's keywords
+    carried them (taken out of ``kwargs``); ``model_id`` may only name the policy, the one
+    model synced here.
+
+    Args:
+        policy_or_weights: the positional argument (weights, a policy, or None).
+        kwargs: the call's other keywords; those that carry weights are taken out.
+
+    Returns:
+        The weights (or policy) given, or None when none was.
+    """
+    model_id = kwargs.pop("model_id", None)
+    if model_id not in (None, "policy"):
+        raise ArgumentValueError(
+            f"update_policy_weights_: model_id={model_id!r}; hpccollect syncs the policy's "
+            "weights only (model_id='policy' or none)."
+        )
+    given = {"policy_or_weights": policy_or_weights} if policy_or_weights is not None else {}
+    for name in ("weights", "policy", "policy_weights"):
+        if kwargs.get(name) is not None:
+            given[name] = kwargs.pop(name)
+        kwargs.pop(name, None)
+    weights_dict = kwargs.pop("weights_dict", None)
+    if weights_dict is not None:
+        others = sorted(str(k) for k in weights_dict if k != "policy")
+        if others:
+            raise ArgumentValueError(
+                f"update_policy_weights_: weights_dict has {others}; hpccollect syncs the "
+                "policy's weights only ({'policy': weights})."
+            )
+        if weights_dict.get("policy") is not None:
+            given["weights_dict"] = weights_dict["policy"]
+    if len(given) > 1:
+        raise ArgumentTypeError(
+            f"update_policy_weights_ got weights as {sorted(given)}; pass them once."
+        )
+    return next(iter(given.values()), None)
+
+
+def built_updater(updater: Any, policy: Any) -> Any:
+    """``weight_updater`` as an instance: TorchRL takes the updater, its class (built with
+    ``from_policy(policy)`` when that gives one, else with no argument) or a constructor.
+
+    Args:
+        updater: the ``weight_updater`` keyword as given.
+        policy: the collector's policy (for ``from_policy``).
+
+    Returns:
+        The updater instance (``updater`` itself when it is one, or None).
+    """
+    if isinstance(updater, type) and issubclass(updater, WeightUpdaterBase):
+        return updater.from_policy(policy) or updater()
+    if callable(updater) and not isinstance(updater, WeightUpdaterBase):
+        return updater()
+    return updater

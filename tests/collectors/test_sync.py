@@ -703,3 +703,21 @@ def test_wrapped_policy_is_what_the_collector_calls():
         assert wrapped.module is policy
     finally:
         collector.shutdown()
+
+
+class _RefusesToClose(CounterEnv):
+    def close(self):
+        raise RuntimeError("trying to close an environment that never started")
+
+
+def test_a_set_up_failure_shows_its_own_error_not_the_envs_close():
+    """When the set-up fails after the env exists, the env is closed and the set-up's error is
+    raised; an env that then refuses to close must not hide it (a TorchRL ``ParallelEnv``
+    whose workers never started does)."""
+
+    def factory():
+        raise ValueError("the policy factory failed")
+
+    with pytest.raises(ValueError, match="the policy factory failed") as caught:
+        SyncDataCollector(_RefusesToClose, policy_factory=factory, frames_per_batch=4)
+    assert "never started" not in str(caught.value)

@@ -159,3 +159,28 @@ def test_a_remote_updater_given_as_weight_updater_takes_the_default_senders_plac
         assert sent == [0, 1]
     finally:
         collector.shutdown()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["sync", "multi-sync"])
+def test_a_weight_updater_constructor_is_called_once_per_collector(kind):
+    """TorchRL takes a constructor for ``weight_updater``; each collector builds it once (the
+    multi-process path once built it twice, and the second updater was the one registered)."""
+    built = []
+
+    class Counted(WeightUpdaterBase):
+        def __init__(self) -> None:
+            super().__init__()
+            built.append(self)
+
+    if kind == "sync":
+        collector = SyncDataCollector(counter, None, frames_per_batch=4, weight_updater=Counted)
+    else:
+        collector = MultiSyncDataCollector(
+            [counter], None, frames_per_batch=4, total_frames=8, weight_updater=Counted
+        )
+    try:
+        assert len(built) == 1
+        assert built[0] in (collector.local_weight_updater, collector.remote_weight_updater)
+    finally:
+        collector.shutdown()
