@@ -16,6 +16,10 @@ class BackgroundThread:
 
     The thread checks ``stop_requested`` after every env step, so ``stop()`` returns within one
     step's time; an exception in the thread is re-raised by ``stop()``.
+
+    Args:
+        iterator_factory: makes the iterator to run (the collector's ``__iter__``).
+        name: the thread's name.
     """
 
     def __init__(self, iterator_factory: Any, name: str) -> None:
@@ -25,9 +29,11 @@ class BackgroundThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def stop_requested(self) -> bool:
+        """Whether ``stop()`` was called: the iterator checks it after every env step."""
         return self._stop.is_set()
 
     def start(self) -> None:
+        """Start running the iterator."""
         self._thread.start()
 
     def _run(self) -> None:
@@ -40,9 +46,19 @@ class BackgroundThread:
 
     @property
     def alive(self) -> bool:
+        """Whether the thread still runs."""
         return self._thread.is_alive()
 
     def stop(self, timeout: float | None) -> None:
+        """Stop the iterator and wait for the thread.
+
+        Args:
+            timeout: seconds to wait for the thread (None: no limit).
+
+        Raises:
+            CollectorTimeoutError: the thread did not end within ``timeout``.
+            BaseException: whatever the iterator raised in the thread.
+        """
         self._stop.set()
         self._thread.join(timeout)
         if self._thread.is_alive():

@@ -3,6 +3,9 @@
 ``LocalWeightsUpdaterBase`` is the download side (fetch weights from a server, or take the ones
 given, and load them into the local policy); ``RemoteWeightsUpdaterBase`` the upload side (push
 weights to workers). ``update_policy_weights_`` runs the local updater first, then the remote one.
+How a collector takes them is here too: ``built_updater`` (the ``weight_updater`` keyword, as a
+class, a constructor or an instance) and ``given_weights`` (TorchRL's keywords for the weights
+given to ``update_policy_weights_``).
 """
 
 from __future__ import annotations
@@ -287,6 +290,11 @@ def given_weights(policy_or_weights: Any, kwargs: dict) -> Any:
 
     Returns:
         The weights (or policy) given, or None when none was.
+
+    Raises:
+        ArgumentValueError: ``model_id`` or ``weights_dict`` names a model other than the
+            policy.
+        ArgumentTypeError: the weights were given under more than one keyword.
     """
     model_id = kwargs.pop("model_id", None)
     if model_id not in (None, "policy"):

@@ -178,13 +178,23 @@ def _has_names(td: TensorDictBase) -> bool:
 
 
 class Slot(NamedTuple):
-    """A receive buffer with what its channel made from it once (its header view, its wire
-    array), and how many holds on its memory those and the slot make: more means someone else
-    holds it (``Spares``)."""
+    """A receive buffer with what its channel made from it once, for ``Spares``.
+
+    Attributes:
+        buffer: the flat receive buffer.
+        made: what the channel made from it (its header view, its wire array): they hold it
+            too, and do not count as holders.
+        free: how many holds there are on the buffer's memory when no one but the slot holds
+            it (-1 where they cannot be counted: never reused).
+        address: where the buffer's memory was when the slot was made. ``made`` points there:
+            a buffer whose memory moved (``share_memory_()`` on a batch in it) is never
+            received into again.
+    """
 
     buffer: torch.Tensor
     made: tuple
     free: int
+    address: int
 
 
 class Spares:
@@ -209,23 +219,48 @@ class Spares:
         self._keep = keep
 
     def slot(self, buffer: torch.Tensor) -> Slot:
-        """``buffer`` (held by no one else yet) with what ``make`` makes from it."""
+        """A slot for a receive buffer.
+
+        Args:
+            buffer: a new buffer, held by no one else yet.
+
+        Returns:
+            ``buffer`` with what ``make`` makes from it.
+        """
         made = self._make(buffer)
         free = _holds(buffer)
-        return Slot(buffer, made, -1 if free is None else free)
+        return Slot(buffer, made, -1 if free is None else free, buffer.data_ptr())
 
     def next_after(self, landed: Slot) -> Slot:
-        """A slot like ``landed`` (which a batch just came into, and which is watched from now
-        on) for the next message: a spare no one holds, else a new one."""
+        """The slot to receive the next message into.
+
+        Args:
+            landed: the slot a batch just came into; watched from now on, and handed out
+                again once no one holds its buffer.
+
+        Returns:
+            A spare like ``landed`` that no one holds, else a new one.
+        """
         fresh = None
         shape = landed.buffer.shape
         for i, slot in enumerate(self._slots):
-            if slot.buffer.shape == shape and (_holds(slot.buffer) or 0) <= slot.free:
+            if slot.buffer.shape == shape and _free(slot):
                 fresh = self._slots.pop(i)
                 break
-        self._slots.append(landed)
-        del self._slots[: -self._keep]
+        if landed.free >= 0 and all(slot is not landed for slot in self._slots):
+            self._slots.append(landed)
+            del self._slots[: -self._keep]
         return self.slot(torch.empty_like(landed.buffer)) if fresh is None else fresh
+
+
+def _free(slot: Slot) -> bool:
+    """Whether no one but ``slot`` holds its buffer, which is where it was: not moved into
+    shared memory by a taker (``share_memory_()``), where another process may read it."""
+    buffer = slot.buffer
+    if buffer.data_ptr() != slot.address or buffer.untyped_storage().is_shared():
+        return False
+    holds = _holds(buffer)
+    return holds is not None and holds <= slot.free
 
 
 def _holds(buffer: torch.Tensor) -> int | None:

@@ -253,10 +253,17 @@ class MPIGroup:
 
     def wire(self, tensor: torch.Tensor) -> Any:
         """The array through which MPI reads or writes ``tensor``'s memory in place, for
-        ``send_now`` and ``try_recv`` (a channel makes it once per buffer, and keeps it while
-        it uses the buffer). Unlike ``send``'s and ``recv``'s arrays it is not kept here: an
-        array holds its buffer, and a channel reuses a buffer only once nothing holds it
-        (``Spares``)."""
+        ``send_now`` and ``try_recv``. Unlike ``send``'s and ``recv``'s arrays it is not kept
+        here: an array holds its buffer, and a channel reuses a buffer only once nothing else
+        holds it (``Spares``).
+
+        Args:
+            tensor: a contiguous CPU tensor.
+
+        Returns:
+            The array; the caller keeps it while it uses the buffer (a channel makes it once
+            per buffer).
+        """
         if not tensor.is_contiguous():
             raise ValueError("the MPI transport moves contiguous tensors only")
         return tensor.numpy()

@@ -93,6 +93,7 @@ def test_a_landed_buffer_is_received_into_again_only_once_no_view_of_it_is_left(
     spares = Spares(lambda buffer: (buffer[:40].view(torch.int64), buffer.numpy()), keep=2)
     first = spares.slot(torch.empty(layout.nbytes, dtype=torch.uint8))
     assert len(first.made) == 2
+    # as a channel calls it: each slot handed out lands a batch, then the next is asked for
     second = spares.next_after(first)  # nothing to reuse yet: a new one
     assert second.buffer.data_ptr() != first.buffer.data_ptr()
     assert second.buffer.shape == first.buffer.shape and len(second.made) == 2
@@ -102,12 +103,31 @@ def test_a_landed_buffer_is_received_into_again_only_once_no_view_of_it_is_left(
     del kept  # dropped: ``first`` is free again; ``second`` just took a batch
     fourth = spares.next_after(third)
     assert fourth is first
-    views = layout.views(second.buffer)
-    assert spares.next_after(fourth) is not second  # a view of ``second`` is still held
-    array = second.buffer.numpy()  # an array made elsewhere holds it too
+    views = layout.views(second.buffer)  # a view of ``second`` is still held ...
+    array = second.buffer.numpy()  # ... and an array made elsewhere
+    fifth = spares.next_after(fourth)
+    assert fifth is not second
     del views
-    assert spares.next_after(fourth) is not second
+    sixth = spares.next_after(fifth)
+    assert sixth is not second
     del array
-    assert spares.next_after(fourth) is second
+    assert spares.next_after(sixth) is second
     other = spares.slot(torch.empty(layout.nbytes + 64, dtype=torch.uint8))  # never mixed
     assert spares.next_after(other).buffer.shape == other.buffer.shape
+
+
+def test_a_buffer_whose_memory_moved_to_shared_memory_is_never_received_into_again():
+    """A taker that shares a batch (``share_memory_()``, a queue to another process) moves
+    the buffer's memory: the slot's header view and wire array point to the old memory, and
+    another process may read the new one."""
+    layout = FlatLayout.of(_batch())
+    spares = Spares(lambda buffer: (buffer.numpy(),), keep=4)
+    first = spares.slot(torch.empty(layout.nbytes, dtype=torch.uint8))
+    second = spares.next_after(first)
+    batch = layout.own(first.buffer, copy=False)
+    batch.share_memory_()
+    assert first.buffer.is_shared()
+    del batch
+    third = spares.next_after(second)
+    assert third is not first
+    assert spares.next_after(third) is second  # the others still go round
