@@ -67,11 +67,6 @@ class MultiCollectorBase(
     #: by a call or by the weight schedule, reach that batch), not as soon as it arrived
     #: (TorchRL's multi-process and RPC collectors: its next batch overlaps the caller's work)
     _release_after_yield = False
-    #: sync: workers are asked for the next round as soon as this round's batches are gathered
-    #: (before the yield), so they collect while the caller works, not when the next round
-    #: starts (TorchRL's multi-process and distributed collectors ask at each round's start;
-    #: hpccollect's distributed collectors run ahead where no weights can reach a rank)
-    _rounds_ahead = False
     #: whether workers are local processes, which a TorchRL env or EnvCreator reaches as a
     #: process argument (its shared-memory state and locks stay shared, as in TorchRL)
     _env_by_inheritance = True

@@ -73,11 +73,9 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
     ``i + 1``), for their next batch; ``update_after_each_batch``, ``max_weight_update_interval``
     and ``update_interval`` send them without a call (``schedule.py``). With ``sync=False`` a
     rank goes on to its next batch only once its last one was yielded and the next is asked for
-    (as TorchRL's): weights sent in the loop body reach that rank's very next batch; with
-    ``sync=True`` every rank is asked for a round when it starts. Where no rank's policy has
-    weights, or with ``rank_reports``, a rank goes on at once (its next batch overlaps the
-    caller's work; with ``sync=True``, reports aside, the next round is asked for before the
-    yield, never past ``total_frames``). ``policy_versions[i]`` counts the updates worker ``i``
+    (as TorchRL's): weights sent in the loop body reach that rank's very next batch. Where no
+    rank's policy has weights, or with ``rank_reports``, it goes on at once (its next batch
+    overlaps the caller's work). ``policy_versions[i]`` counts the updates worker ``i``
     received. A ``policy`` given with ``policy_factory`` (as TorchRL takes them) is where the
     weights come from: each rank builds its own policy with the factory (its first batch uses
     that policy's own weights).
@@ -219,10 +217,8 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
         )
         if self._reports or not any(ch.peer_weights_nbytes for ch in self._pool.channels):
             # the ranks' sinks keep the batches (rank 0 only tallies reports), or no rank's
-            # policy has weights: no weights can wait for a rank, so it goes on at once (sync:
-            # the next round is asked for before the yield, reports aside: gathering.py)
+            # policy has weights: no weights can wait for a rank, so it goes on at once
             self._release_after_yield = False
-            self._rounds_ahead = True
 
     # ------------------------------------------------------------------ the ranks
     @property

@@ -763,36 +763,18 @@ def test_weights_set_in_the_loop_reach_the_next_batch_of_the_rank_that_delivered
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("sync", [False, True])
-def test_a_rank_goes_on_at_once_only_where_no_weights_can_reach_it(sync):
+def test_a_rank_goes_on_at_once_only_where_no_weights_can_reach_it():
     """With weights (a policy with parameters) the rank whose batch was yielded waits for the
-    next ``next()`` (sync: every rank waits for the next round); without (a random policy) it
-    is asked again before the yield (sync: every rank, for the next round), so its next batch
-    overlaps the caller's work."""
-    for policy, in_flight in ((bias_policy(), 0 if sync else 1), (None, 2)):
-        collector = make(envs(3, 5), policy, frames_per_batch=20, sync=sync)
+    next ``next()``; without (a random policy) it is asked again before the yield, so its next
+    batch overlaps the caller's work."""
+    for policy, in_flight in ((bias_policy(), 1), (None, 2)):
+        collector = make(envs(3, 5), policy, frames_per_batch=20)
         try:
             it = iter(collector)
             next(it)
             assert len(collector._in_flight) == in_flight
         finally:
             collector.shutdown()
-
-
-@pytest.mark.timeout(120)
-def test_rounds_asked_ahead_stop_at_total_frames_and_lose_no_step():
-    """A sync collector whose ranks run a round ahead asks for no round past ``total_frames``,
-    and each rank's steps run on from round to round (none collected and dropped)."""
-    collector = make(envs(3, 5), None, frames_per_batch=20, total_frames=60, sync=True)
-    try:
-        batches = [batch.clone() for batch in collector]
-        assert not collector._in_flight  # nobody was asked for a fourth round
-    finally:
-        collector.shutdown()
-    assert [b.shape for b in batches] == [(2, 10)] * 3
-    for row, length in enumerate((3, 5)):
-        steps = torch.cat([b["next", "observation"][row].flatten() for b in batches])
-        assert steps.tolist() == [t % length + 1 for t in range(30)]
 
 
 @pytest.mark.timeout(180)

@@ -12,7 +12,7 @@ the collector is written down in ``GatheringHost``.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence, Set
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -43,7 +43,6 @@ class GatheringHost(Protocol):
     _by_value: set[int]  # workers whose batches travel by value
     _reports: bool  # workers send reports of their batches (``reports.py``), not batches
     _release_after_yield: bool  # async: a worker goes on once its batch was yielded
-    _rounds_ahead: bool  # sync: workers are asked for the next round before the yield
     _asked: dict[int, int]  # the frames each worker was last asked for
     _frames: int
 
@@ -176,38 +175,20 @@ class SyncGathering(Gathering):
         return self.gather([c._layouts[i].numel() for i in c._active])[0]
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
-        """One round per iteration: every worker collects, then their batches are gathered.
-        Where the collector runs rounds ahead (``_rounds_ahead``; not with reports, whose last
-        round rests some workers, nor with preemption, whose interruptor a round starts), the
-        next round is asked for once this one is gathered: it is collected while the caller
-        works on this one."""
+        """One round per iteration: every worker collects, then their batches are gathered."""
         c = self.c
-        ahead = c._rounds_ahead and not c._reports and c.interruptor is None
-        asked: set[int] = set()  # the workers asked for this round already
         while c._more():
             if c.update_at_each_batch:
                 c.update_policy_weights_()
-            batch, frames = self.collect_round(asked)
-            asked = set()
-            if ahead:
-                c._frames += frames  # counted now: whether a next round is wanted needs it
-                frames = 0
-                if c._more():
-                    asked = set(c._active)
-                    for i in asked:
-                        c._collect_from(i)
-            yield c._finish(batch, frames)
+            yield c._finish(*self.collect_round())
 
-    def collect_round(self, asked: Set[int] = frozenset()) -> tuple[TensorDictBase, int]:
-        """One round (``asked``: workers asked for it already, ahead of it)."""
+    def collect_round(self) -> tuple[TensorDictBase, int]:
         c = self.c
-        c._drain([i for i in c._active if i not in asked])
+        c._drain(c._active)
         if c.interruptor is not None:
             c.interruptor.start_collection()  # before any worker can start
         resting = set()
         for i in list(c._active):
-            if i in asked and i in c._in_flight:
-                continue
             if i in self._quiet and not self._wanted(c._in_flight):
                 resting.add(i)  # the frames still wanted are asked of the others already
                 continue
