@@ -255,9 +255,10 @@ class Spares:
 
 def _free(slot: Slot) -> bool:
     """Whether no one but ``slot`` holds its buffer, which is where it was: not moved into
-    shared memory by a taker (``share_memory_()``), where another process may read it."""
+    shared memory by a taker (``share_memory_()`` on a CPU tensor moves it), where another
+    process may read it. (CUDA storages all count as shared: the address is what tells.)"""
     buffer = slot.buffer
-    if buffer.data_ptr() != slot.address or buffer.untyped_storage().is_shared():
+    if buffer.data_ptr() != slot.address:
         return False
     holds = _holds(buffer)
     return holds is not None and holds <= slot.free

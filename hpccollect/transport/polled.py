@@ -187,7 +187,7 @@ class PolledRankChannel(RankChannel):
     def _waiting(self) -> contextlib.AbstractContextManager:
         """This collector rank waits for rank 0 instead of collecting: meanwhile its weight
         thread looks for a broadcast every ``IDLE_SLEEP``, otherwise every ``BUSY_SLEEP`` (each
-        look takes the GIL from the collection). Nothing to do on rank 0, and inside a wait
+        look takes the GIL from the collection). Nothing to do on rank 0, or inside a wait
         already: then a context made once (rank 0 enters it on every look for a batch)."""
         if self._pace is None or self._idle:
             return _NOTHING
