@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import h5py
@@ -23,14 +24,26 @@ __all__ = ["repair"]
 _REPAIR_BYTES = 64 << 10
 # HDF5's message when a write failed after the superblock recorded a larger end of file
 _TRUNCATED = re.compile(r"truncated file: eof = (\d+).*stored_eof = (\d+)")
+#: how long repair waits, by default, for another process to let go of the file's lock
+LOCK_TIMEOUT_S = 10.0
 
 
-def repair(path: str | os.PathLike) -> Path:
+def repair(path: str | os.PathLike, *, lock_timeout: float = LOCK_TIMEOUT_S) -> Path:
     """Cut a file back to its committed rows, check it, and give a ``.partial`` its final name.
 
-    Returns the repaired file's path. Raises ``StorageError`` naming what could not be saved when
-    the file cannot be written (still no space, read-only) or still has problems afterwards; the
-    file then keeps its ``.partial`` name.
+    Args:
+        path: the file, with or without its ``.partial`` suffix.
+        lock_timeout: seconds to wait while another process holds the file's HDF5 lock. A writer
+            that was just killed holds it until its last thread has exited, which can take a
+            moment after the process is reported gone; a writer still running holds it for good.
+
+    Returns:
+        The repaired file's path.
+
+    Raises:
+        StorageError: naming what could not be saved when the file cannot be written (still no
+            space, read-only, still open in a writer after ``lock_timeout``) or still has problems
+            afterwards; the file then keeps its ``.partial`` name.
     """
     path = Path(path)
     partial = path if path.name.endswith(".partial") else path.with_name(path.name + ".partial")
@@ -40,7 +53,7 @@ def repair(path: str | os.PathLike) -> Path:
         raise ArgumentValueError(f"{path} does not exist (nor {partial.name}).")
     if target != final and final.exists():
         raise ArgumentValueError(f"cannot rename {target} to {final}: it exists; move one away.")
-    committed = _cut_to_committed(target)
+    committed = _cut_to_committed(target, lock_timeout)
     with H5Dataset(target) as ds:
         problems = ds.check()
     if problems:
@@ -55,10 +68,12 @@ def repair(path: str | os.PathLike) -> Path:
     return final
 
 
-def _cut_to_committed(target: Path) -> int:
+def _cut_to_committed(target: Path, lock_timeout: float) -> int:
     """Resize every dataset to ``committed_steps`` and mark the file complete; the rows kept."""
     try:
-        file = _open_for_repair(target)
+        file = _open_unlocked(target, lock_timeout)
+    except StorageError:
+        raise
     except OSError as err:
         raise StorageError(
             f"cannot repair {target}: {describe_os_error(err)}; nothing was changed."
@@ -100,6 +115,24 @@ def _cut_to_committed(target: Path) -> int:
     finally:
         os.close(fd)
     return n
+
+
+def _open_unlocked(target: Path, lock_timeout: float) -> h5py.File:
+    """Open for repair once no other process holds the file's lock, waiting ``lock_timeout``."""
+    deadline = time.monotonic() + lock_timeout
+    while True:
+        try:
+            return _open_for_repair(target)
+        except OSError as err:
+            if "unable to lock file" not in str(err):
+                raise
+            if time.monotonic() >= deadline:
+                raise StorageError(
+                    f"cannot repair {target}: another process still has it open for writing "
+                    f"after {lock_timeout:g} s (is the job that writes it still running?); end "
+                    "that process and run repair again; nothing was changed."
+                ) from err
+        time.sleep(0.05)
 
 
 def _open_for_repair(target: Path) -> h5py.File:

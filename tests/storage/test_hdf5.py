@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import gymnasium as gym
@@ -18,7 +21,7 @@ import torch
 from tensordict import TensorDict
 
 from hpccollect import SyncDataCollector
-from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError, StorageError
 from hpccollect.storage import (
     HDF5Writer,
     ReplayBuffer,
@@ -249,6 +252,31 @@ def test_sigkill_keeps_every_committed_row_and_nothing_else(tmp_path, wait):
     with open_dataset(path) as ds:
         assert ds.written_steps == len(ds) and ds.check() == [] and ds.complete
         assert ds.metadata["repaired"].startswith(f"kept {len(ds)} committed rows")
+
+
+def test_repair_waits_for_a_writer_that_lets_go_and_names_one_that_does_not(tmp_path):
+    """A killed writer holds HDF5's lock until its last thread has exited, a moment after it is
+    reported gone: repair waits for the lock, and says so in one line if it never comes."""
+    path = write(tmp_path / "held.h5", collect("CartPole-v1", 50, 100), env="CartPole-v1")
+    partial = path.with_name("held.h5.partial")
+    os.replace(path, partial)
+    holder = os.open(partial, os.O_RDONLY)  # the lock HDF5 takes: flock on the whole file
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(
+            StorageError,
+            match=r"^cannot repair .*held.h5.partial: another "
+            r"process still has it open for writing after 0.3 s",
+        ) as err:
+            repair(partial, lock_timeout=0.3)
+        assert "\n" not in str(err.value) and partial.exists()
+        threading.Timer(0.5, os.close, (holder,)).start()
+        assert repair(partial) == path
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(holder)
+    with open_dataset(path) as ds:
+        assert len(ds) == 100 and ds.complete and ds.check() == []
 
 
 def test_merge_three_shards(tmp_path):
