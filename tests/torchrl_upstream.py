@@ -10,6 +10,12 @@ examples' SLURM options are made those of a cluster without GPUs (one CPU per ta
     .venv-torchrl/bin/pip install psutil 'gym==0.26.2' tqdm   # what the files import
     .venv-torchrl/bin/python tests/torchrl_upstream.py --rl ~/src/rl
     .venv-torchrl/bin/python tests/torchrl_upstream.py --rl ~/src/rl --only examples --original
+
+The examples time the rounds after their 10th; the default size (``SMALL``: 20 rounds) is for
+a run that checks they work. For a speed figure, give them more rounds and pick one example:
+
+    .venv-torchrl/bin/python tests/torchrl_upstream.py --rl ~/src/rl --only examples \
+        --example multi_nodes/sync.py --frames-per-batch 800 --total-frames 120000 [--original]
 """
 
 from __future__ import annotations
@@ -99,9 +105,15 @@ def run_tests(rl: Path, commit: str, work: Path, original: bool, workers: int) -
     return subprocess.run(cmd, cwd=work, timeout=3600).returncode
 
 
-def run_examples(rl: Path, commit: str, work: Path, original: bool) -> int:
+def run_examples(
+    rl: Path, commit: str, work: Path, original: bool, pick: str | None = None, size: list = ()
+) -> int:
+    """Run each example of ``RUNS`` (those whose name contains ``pick``) with ``SMALL`` and
+    then ``size``'s arguments (later ones win); print each one's exit status and frames/s."""
     failed = 0
     for example, args in RUNS:
+        if pick is not None and pick not in example:
+            continue
         if example.startswith("multi_nodes") and not os.environ.get("SLURM_CONF"):
             print(f"{example}: skipped (no SLURM_CONF: start a cluster with slurm/up.sh)")
             continue
@@ -109,7 +121,7 @@ def run_examples(rl: Path, commit: str, work: Path, original: bool) -> int:
         script = work / example.replace("/", "_")
         script.write_text(text if original else swapped(text))
         done = subprocess.run(
-            [sys.executable, str(script), *SMALL, *args],
+            [sys.executable, str(script), *SMALL, *size, *args],
             cwd=work,
             capture_output=True,
             text=True,
@@ -134,14 +146,22 @@ def main() -> int:
     parser.add_argument("--only", choices=["tests", "examples"], help="one of the two")
     parser.add_argument("--original", action="store_true", help="TorchRL's own classes")
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers")
+    parser.add_argument("--example", help="only the examples whose path contains this")
+    parser.add_argument("--frames-per-batch", type=int, help=f"the examples' (default {SMALL[5]})")
+    parser.add_argument("--total-frames", type=int, help=f"the examples' (default {SMALL[7]})")
     args = parser.parse_args()
+    size = []
+    if args.frames_per_batch is not None:
+        size += ["--frames_per_batch", str(args.frames_per_batch)]
+    if args.total_frames is not None:
+        size += ["--total_frames", str(args.total_frames)]
     with tempfile.TemporaryDirectory(prefix="hpccollect-torchrl-") as tmp:
         work = Path(tmp)
         failed = 0
         if args.only in (None, "tests"):
             failed += run_tests(args.rl, args.commit, work, args.original, args.workers) != 0
         if args.only in (None, "examples"):
-            failed += run_examples(args.rl, args.commit, work, args.original)
+            failed += run_examples(args.rl, args.commit, work, args.original, args.example, size)
     return 1 if failed else 0
 
 
