@@ -53,9 +53,10 @@ REPORT_BYTES = 1_200  # a rank report (``collectors/workers/reports.py``) as it 
 #: rank 0's own memory (MB) and what each link holds besides its batches, fitted below
 LIVENESS = 30.0  # s, the default liveness_timeout
 BEAT = min(5.0, LIVENESS / 6)  # heartbeat.beat_interval
-#: per collector rank on rank 0: threads (gloo: its receive, its heartbeats, the beat sent to
-#: it; the mpi4py transport: none) and sockets (gloo: measured 4 a rank; MPI: one connection)
-THREADS = {"gloo": 3, "mpi": 0}
+#: per collector rank on rank 0: threads (gloo: its receive, which also takes the rank's
+#: answers to rank 0's heartbeats; the mpi4py transport: none) and sockets (gloo: measured 4 a
+#: rank; MPI: one connection)
+THREADS = {"gloo": 1, "mpi": 0}
 SOCKETS_RANK0 = {"gloo": 4, "mpi": 1}
 #: gloo connects a pair of ranks when they first talk (``transport/backends._gloo``): a collector
 #: rank holds the store's, two listeners, rank 0's and its broadcast tree's (at most

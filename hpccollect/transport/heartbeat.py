@@ -2,18 +2,20 @@
 when the other last did, so a rank whose node was lost, whose network was cut or that was
 stopped (SIGSTOP) is noticed within ``liveness_timeout`` s, where a send to it would wait for
 its whole timeout and a receive forever. How a beat travels and is received is the channel's
-(``RankChannel.start_heartbeats``); this module keeps the time and the thread.
+(``RankChannel.start_heartbeats``); this module keeps the time.
 
-What it costs: one header-only message each way every ``beat_interval`` s, sent and checked by
-the process's pulse thread (``pulse.py``: one thread for every link); a message received notes
-the time (one clock read). Where a send is seen complete only by waiting in it (gloo), each link
-has a thread that does, so that a peer that stops taking beats never holds the pulse.
+What it costs: one header-only message each way every ``beat_interval`` s, sent (over gloo:
+rank 0's) and checked by the process's pulse thread (``pulse.py``: one thread for every link);
+a message received notes the time (one clock read). Where a send is seen complete only by a thread that waits in it
+(gloo), the beats go as a ping and its answer: rank 0 sends a beat and the rank answers it, so
+the answer tells rank 0 that its beat was taken and rank 0 needs no thread to wait in the send.
+The rank answers from the thread that receives rank 0's beats, which may wait in its send.
 """
 
 from __future__ import annotations
 
 import contextlib
-import queue
+import datetime
 import threading
 import time
 from collections.abc import Callable
@@ -39,10 +41,12 @@ class Heartbeat:
     the peer has been silent too long (``silence``).
 
     The pulse runs it (``tick``) and never blocks on it: a beat the peer has not taken yet (a
-    stopped process) is looked at again on the next turn (``pollable``: the work's
-    ``is_completed()`` tells), or waited for by a thread of its own, and no new one is sent
-    meanwhile. A pause of this process itself (stopped, or starved of the interpreter) is not
-    held against the peer: its beats could not be seen meanwhile.
+    stopped process) is looked at again on the next turn, and no new one is sent meanwhile.
+    Whether it was taken, ``pollable`` sends tell (the work's ``is_completed()``); otherwise
+    the peer's answer does (``answered``), and the end that ``answers`` sends no beat of its
+    own: it answers each beat it receives (``answer``, from the thread that received it). A
+    pause of this process itself (stopped, or starved of the interpreter) is not held against
+    the peer: its beats could not be seen meanwhile.
     """
 
     def __init__(
@@ -51,7 +55,7 @@ class Heartbeat:
         send: Callable[[], Any],
         drain: Callable[[], bool],
         pollable: bool = True,
-        name: str = "hpccollect-beat",
+        answers: bool = False,
         pulse: Pulse = PULSE,
     ) -> None:
         self.timeout = float(timeout)
@@ -60,17 +64,15 @@ class Heartbeat:
         self.limit = self.timeout - min(4.0, self.timeout / 4)
         self.heard = self._ticked = time.monotonic()
         self._send, self._drain = send, drain
+        self._pollable = pollable
+        #: this end answers the peer's beats instead of sending its own (see the class)
+        self.answers = answers and not pollable
         self._stopped = False
-        self._in_flight: Any = None  # a beat the peer has not taken yet
+        # a beat the peer has not taken yet; held until then (a gloo send whose work is
+        # dropped before the peer takes it is never delivered)
+        self._in_flight: Any = None
+        self._lock = threading.Lock()  # around _in_flight's changes (see _beat_unless_in_flight)
         self._pulse = pulse
-        self._sent: queue.SimpleQueue | None = None  # beats to wait for; None: stop
-        self._waiter: threading.Thread | None = None
-        if not pollable:
-            self._sent = queue.SimpleQueue()
-            self._waiter = threading.Thread(
-                target=self._see_through, name=f"{name}-sent", daemon=True
-            )
-            self._waiter.start()
         pulse.add(self, self._ticked + self.interval)
 
     def note(self) -> None:
@@ -108,41 +110,58 @@ class Heartbeat:
         self._ticked = now
         if self._drain():
             self.note()
-        if self._sent is None and self._in_flight is not None and self._in_flight.is_completed():
+        if self._pollable and self._in_flight is not None and self._in_flight.is_completed():
             self._in_flight = None
-        if self._in_flight is None:
-            self._beat_now()
+        if not self.answers:
+            self._beat_unless_in_flight()
         return now + self.interval
 
-    def _beat_now(self) -> None:
-        """Post a beat, for the thread that sees beats through where there is one."""
-        self._in_flight = self._send()
-        if self._sent is not None and self._in_flight is not None:
-            self._sent.put(self._in_flight)
+    def _beat_unless_in_flight(self) -> None:
+        """Send a beat unless one is on its way. The peer may answer it before ``send``
+        returns (the send lets go of the interpreter): ``answered`` waits for the lock, so
+        it always finds the beat it answers."""
+        with self._lock:
+            if self._in_flight is None:
+                self._in_flight = self._send()
 
-    def _see_through(self) -> None:
-        assert self._sent is not None
-        while (work := self._sent.get()) is not None:
-            try:
+    def answered(self) -> None:
+        """The peer answered this end's beat: it was taken, the next one may go (the send's
+        wait returns at once: the peer received it before it answered)."""
+        with self._lock:
+            work, self._in_flight = self._in_flight, None
+        if work is not None:
+            with contextlib.suppress(Exception):  # the link is closed
                 work.wait()
-            except Exception:  # the link is closed
-                return
-            self._in_flight = None
+
+    def answer(self) -> None:
+        """Answer the beat just received (the peer's next one waits for it): send one and wait
+        until the peer has taken it. Raises when the link is closed."""
+        self._send().wait()
 
     def part(self) -> None:
         """Beat once more now, unless a beat is on its way already, then stop (the peer is
-        done, and what waits for its beats there ends with this one)."""
-        if not self._stopped and self._in_flight is None:
+        done, and what waits for its beats there ends with this one). The end that answers
+        has nothing to let go: the peer receives its answers with its messages."""
+        if not self._stopped and not self.answers:
             with contextlib.suppress(Exception):
-                self._beat_now()
+                self._beat_unless_in_flight()
         self.stop()
 
-    def stop(self, timeout: float = 0.0) -> None:
-        """Stop beating; wait up to ``timeout`` s for the thread that sees beats through,
-        if any (a beat the peer never takes keeps it waiting until the link is closed)."""
+    def stop(self) -> None:
+        """Stop beating (a beat still on its way is held: see ``release``)."""
         self._stopped = True
         self._pulse.remove(self)
-        if self._sent is not None and self._waiter is not None:
-            self._sent.put(None)
-            if self._waiter is not threading.current_thread():
-                self._waiter.join(max(0.0, timeout))
+
+    def release(self, timeout: float) -> None:
+        """Once the link closes: give a beat still on its way up to ``timeout`` s to be
+        taken (0: not at all, a silent peer's), then let it go (a gloo beat holds the link's
+        groups, and their port, open). A polled send is left as it is: its request keeps its
+        buffer, which the transport may still read."""
+        self.stop()
+        if self._pollable:
+            return
+        with self._lock:
+            work, self._in_flight = self._in_flight, None
+        if work is not None and timeout > 0:
+            with contextlib.suppress(Exception):  # not taken: the link is closing anyway
+                work.wait(datetime.timedelta(seconds=timeout))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime
 import threading
-import time
 from collections import deque
 from typing import Any
 
@@ -121,6 +120,9 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         self._stopped_by_peer = False  # the peer sent SHUTDOWN
         self._sent_shutdown = False  # ... and this side did
         self._unsent: tuple[Any, torch.Tensor] | None = None  # a command's send (see _send_blob)
+        # held while a message's parts are posted: a beat that answers the peer's travels with
+        # the messages, between two of them (``RankLiveness._send_beat``)
+        self._send_lock = threading.Lock()
         self._beat_out = torch.zeros(HEADER, dtype=torch.uint8)
         head_out = torch.zeros(HEADER, dtype=torch.uint8)
         self._head_out = (head_out, header(head_out))
@@ -206,9 +208,10 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         if len(blob) > inline:
             rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
             parts.append(rest.to(self.device))
-        for part in parts[:-1]:
-            self._wait(self._post(part, MESSAGES), timeout)
-        last = self._post(parts[-1], MESSAGES)
+        with self._send_lock:
+            for part in parts[:-1]:
+                self._wait(self._post(part, MESSAGES), timeout)
+            last = self._post(parts[-1], MESSAGES)
         if isinstance(kind, Command) and kind is not Command.SHUTDOWN:
             # rank 0 does not wait for a command to be taken: a gloo send completes only into
             # a receive the peer posted, and a rank stopped just before posting it would hold
@@ -234,7 +237,9 @@ class RankChannel(RankLiveness, RankWeights, Channel):
 
     def _send_batch(self, flat: torch.Tensor) -> None:
         """Send the batch buffer, header filled in, and see it through."""
-        self._wait(self._post(flat, MESSAGES))
+        with self._send_lock:
+            work = self._post(flat, MESSAGES)
+        self._wait(work)
 
     def _wait(self, work: Any, timeout: datetime.timedelta | None = None) -> None:
         try:
@@ -405,14 +410,13 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         return f"collector rank {self.peer} ({pid}{self.host}{', ' + where if where else ''})"
 
     def join_threads(self, timeout: float) -> None:
-        """Wait up to ``timeout`` s for this end's threads, once its groups are closed (a
-        thread still inside MPI when the process finalises it would fail there)."""
-        deadline = time.monotonic() + timeout
-        # a transfer with a peer that went silent may never end (gloo cannot abort it)
+        """Stop the heartbeats and wait up to ``timeout`` s for the thread that broadcasts
+        weights, once the groups are closed (a thread still inside MPI when the process
+        finalises it would fail there)."""
         if self._beat is not None:
-            self._beat.stop(0.0 if self._lost else timeout)
+            self._beat.stop()
         if self._broadcaster is not None:
-            self._broadcaster.join(max(0.0, deadline - time.monotonic()))
+            self._broadcaster.join(max(0.0, timeout))
 
     def close(self) -> None:
         if self._closed:
@@ -420,7 +424,7 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         self._closed = True
         self._unsent = None  # the groups' end fails it, if it never went
         if self._beat is not None:
-            self._beat.stop(0.0 if self._lost else 0.5)
+            self._beat.release(0.0 if self._lost else 0.5)
         self._closing()
         self.life.close()
 

@@ -1,6 +1,10 @@
 """``RankLiveness``: the heartbeats of a rank link (``RankChannel``'s liveness half). Each end
-beats to the other and notes what it hears; ``silence`` tells a peer silent past the timeout
-(``RankChannel.lose`` then fails the link). The beats' pace and watch are ``heartbeat.py``'s."""
+tells the other it lives and notes what it hears; ``silence`` tells a peer silent past the timeout
+(``RankChannel.lose`` then fails the link). The beats' pace and watch are ``heartbeat.py``'s.
+
+Over a group whose sends cannot be polled (gloo), rank 0 beats on the heartbeats' tag and the
+collector rank answers each beat on the messages' tag: rank 0 takes the answers in the thread
+that receives that rank's messages, so it runs no thread for heartbeats at all."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Any
 import torch
 
 from hpccollect.transport.heartbeat import Heartbeat
-from hpccollect.transport.wire import BEATS
+from hpccollect.transport.wire import BEATS, MESSAGES
 
 __all__ = ["RankLiveness"]
 
@@ -25,6 +29,9 @@ class RankLiveness:
     _beat_out: torch.Tensor
     _failure: str | None
     _stopped_by_peer: bool
+    _send_lock: Any
+    _closed: bool
+    _sent_shutdown: bool
 
     _group: Callable[[], Any]
 
@@ -39,7 +46,7 @@ class RankLiveness:
             self._send_beat,
             self._drain_beats,
             pollable=self.groups.polled,
-            name=f"hpccollect-rank{self.peer}-beat",
+            answers=self.groups.rank != 0,
         )
 
     def silence(self) -> str | None:
@@ -62,7 +69,14 @@ class RankLiveness:
             beat.note()
 
     def _send_beat(self) -> Any:
-        """Post one heartbeat on the heartbeats' tag; what to wait for."""
+        """Post one heartbeat; what to wait for. A beat that answers rank 0's goes on the
+        messages' tag, between two messages (never between the parts of one)."""
+        beat = self._beat
+        if beat is not None and beat.answers:
+            with self._send_lock:
+                if self._closed or self._sent_shutdown:  # nothing would take it after that
+                    raise ConnectionError("the channel is closed")
+                return self._group().send([self._beat_out], self.peer, MESSAGES)
         return self._group().send([self._beat_out], self.peer, BEATS)
 
     def _drain_beats(self) -> bool:

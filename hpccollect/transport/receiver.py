@@ -6,9 +6,11 @@ False until someone calls ``wait()``, a wait cannot be interrupted (``abort`` an
 leave it blocked), and a wait that times out closes the peer's connection for good. A receive
 from any source is no way around it: it cannot be woken at shutdown, and it does not fail when
 a rank's connection does. So each link has a thread that waits in its receive (it ends when
-the link does, which is also how a rank that died is seen at once), and one for its heartbeats
-where they are on. Links whose groups can be polled (the mpi4py transport) need no thread at
-all (``polled.py``).
+the link does, which is also how a rank that died is seen at once). Rank 0's beats go as a
+ping that the collector rank answers on the messages' tag (``rank_liveness.py``), so rank 0
+runs that one thread a rank; a collector rank also runs one that receives rank 0's beats and
+answers them. Links whose groups can be polled (the mpi4py transport) need no thread at all
+(``polled.py``).
 
 What the threads receive goes to the link's inbox and rings the process's one ``Doorbell``,
 which the waiting thread watches beside the launcher's processes (no pipe per link).
@@ -47,7 +49,8 @@ class Receiver:
         self._start(self._messages, f"hpccollect-rank{channel.peer}-recv", channel)
 
     def hear_beats(self, channel: Any) -> None:
-        """Receive ``channel``'s heartbeats too (once its heartbeats start)."""
+        """Receive ``channel``'s heartbeats too, and answer each (a collector rank's link,
+        once its heartbeats start)."""
         self._start(self._beats, f"hpccollect-rank{channel.peer}-beats", channel)
 
     def close(self) -> None:
@@ -79,8 +82,9 @@ class Receiver:
                 return
 
     def _beats(self, channel: Any) -> None:
-        """The peer's heartbeats, each received as it comes (a gloo send completes only into a
-        posted receive); ends when the link does."""
+        """Rank 0's heartbeats, each received as it comes (a gloo send completes only into a
+        posted receive) and answered; ends when the link does, or stays in an answer that rank
+        0 never took (it ended the link first: the process's end ends it)."""
         beat = torch.empty(HEADER, dtype=torch.uint8, device=channel.device)
         while True:
             try:
@@ -90,3 +94,7 @@ class Receiver:
             if channel._closed:  # the peer's beat that lets this thread go (``_peer_done``)
                 return
             channel._heard()
+            try:
+                channel._beat.answer()
+            except Exception:  # the link is closed
+                return

@@ -12,6 +12,7 @@ from typing import Any
 from hpccollect.protocol import Command, message
 from hpccollect.transport.doorbell import ready
 from hpccollect.transport.rank_channel import RankChannel
+from hpccollect.transport.wire import HEARTBEAT
 
 __all__ = ["ThreadedRankChannel"]
 
@@ -38,6 +39,9 @@ class ThreadedRankChannel(RankChannel):
         said stop, or the link failed)."""
         try:
             self._heard()
+            if self._beat is not None and self._in_head[0] == HEARTBEAT:
+                self._beat.answered()  # the rank's answer to rank 0's beat
+                return True
             item = self._read_message()
         except Exception as err:  # the peer is gone, or the groups were aborted
             self._closed_by(err)
@@ -53,8 +57,10 @@ class ThreadedRankChannel(RankChannel):
         self._ended.set()
 
     def start_heartbeats(self, timeout: float | None) -> None:
+        """Beat as ``RankLiveness`` does; the end that answers (a collector rank) receives
+        rank 0's beats in a thread of the receiver, which answers each."""
         super().start_heartbeats(timeout)
-        if self._beat is not None:
+        if self._beat is not None and self._beat.answers:
             self._receiver.hear_beats(self)
 
     def poll(self, timeout: float) -> bool:
@@ -100,9 +106,9 @@ class ThreadedRankChannel(RankChannel):
         return self._failure or "ended its part of the job"
 
     def _peer_done(self, beat: Any) -> None:
-        """The peer said it is done: one last beat lets its thread that waits for beats go
-        (it ends at the first one after its channel closed), so that its gloo connection
-        closes with its groups; then beating stops."""
+        """The peer said it is done: on rank 0, one last beat lets the rank's thread that
+        waits for beats go (it ends at the first one after its channel closed), so that its
+        gloo connection closes with its groups; then beating stops."""
         beat.part()
 
     def _closing(self) -> None:

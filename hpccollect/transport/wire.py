@@ -42,8 +42,10 @@ KINDS: list[Command | Reply] = [*Command, *Reply]
 CODE = {kind: i for i, kind in enumerate(KINDS)}
 CONTROL = 4096  # payload bytes a receiver always has room for
 HEARTBEAT = len(KINDS)  # the code of a heartbeat: a header alone, no protocol message
-# point-to-point tags. Heartbeats travel apart: a gloo send completes only into a receive the
-# peer has posted, and a beat must never take the one a stopped peer left for the next message.
+# point-to-point tags. Rank 0's heartbeats travel apart: a gloo send completes only into a
+# receive the peer has posted, and a beat must never take the one a stopped peer left for the
+# next message. A collector rank's answer to one goes with its messages (``rank_liveness.py``),
+# into the receive rank 0 always has posted for the next one.
 MESSAGES, WEIGHTS, BEATS = 0, 1, 2
 HELLO = 3  # rank 0's first message to each rank over gloo (``backends._connect_pairs_in_use``)
 

@@ -242,3 +242,14 @@ def test_rank_0_runs_the_same_threads_and_pipes_at_2_and_32_ranks(tmp_path):
     assert few["threads"] == many["threads"]
     assert not [t for t in many["threads"] if t.startswith("hpccollect-rank")]
     assert few["pipes"] == many["pipes"]
+
+
+@pytest.mark.timeout(240)
+def test_over_gloo_rank_0_runs_one_thread_a_rank_its_receive(tmp_path):
+    """gloo: a receive is seen only by a thread waiting in it, so rank 0 runs one a rank; the
+    heartbeats add none (the ranks answer rank 0's beats with their messages)."""
+    few, more = (rank_0_holds("gloo", n, tmp_path) for n in (2, 4))
+    added = sorted(set(more["threads"]) - set(few["threads"]))
+    assert added == ["hpccollect-rank3-recv", "hpccollect-rank4-recv"], more["threads"]
+    assert len(more["threads"]) - len(few["threads"]) == 2, more["threads"]
+    assert not [t for t in more["threads"] if "beat" in t], more["threads"]
