@@ -6,10 +6,11 @@ its whole timeout and a receive forever. How a beat travels and is received is t
 
 What it costs: one header-only message each way every ``beat_interval`` s, sent (over gloo:
 rank 0's) and checked by the process's pulse thread (``pulse.py``: one thread for every link);
-a message received notes the time (one clock read). Where a send is seen complete only by a thread that waits in it
-(gloo), the beats go as a ping and its answer: rank 0 sends a beat and the rank answers it, so
-the answer tells rank 0 that its beat was taken and rank 0 needs no thread to wait in the send.
-The rank answers from the thread that receives rank 0's beats, which may wait in its send.
+a message received notes the time (one clock read). Where a send is seen complete only by a
+thread that waits in it (gloo), the beats go as a ping and its answer: rank 0 sends a beat and
+the rank answers it, so the answer tells rank 0 that its beat was taken and rank 0 needs no
+thread to wait in the send. The rank answers from the thread that receives rank 0's beats,
+which may wait in its send.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class Heartbeat:
         returns (the send lets go of the interpreter): ``answered`` waits for the lock, so
         it always finds the beat it answers."""
         with self._lock:
-            if self._in_flight is None:
+            if self._in_flight is None and not self._stopped:  # release() may have run
                 self._in_flight = self._send()
 
     def answered(self) -> None:

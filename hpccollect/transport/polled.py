@@ -159,7 +159,7 @@ class PolledRankChannel(RankChannel):
 
     # ------------------------------------------------------------------ heartbeats
     def _drain_beats(self) -> bool:
-        """The peer's heartbeats, taken by the heartbeat thread (this side's receives are the
+        """The peer's heartbeats, taken by the pulse thread (this side's receives are the
         caller's, who may not look for a while)."""
         came = False
         while self._mpi.try_recv(self._beat_in, self.peer, BEATS):

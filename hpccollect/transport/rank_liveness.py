@@ -36,8 +36,9 @@ class RankLiveness:
     _group: Callable[[], Any]
 
     def start_heartbeats(self, timeout: float | None) -> None:
-        """Beat to the peer and watch its beats, so that ``silence`` tells a peer silent for
-        ``timeout`` s (see ``heartbeat.py``). None, or wire buffers on a GPU: no heartbeats (a
+        """Beat to the peer (over gloo, a collector rank answers rank 0's beats instead) and
+        watch its beats, so that ``silence`` tells a peer silent for ``timeout`` s (see
+        ``heartbeat.py``). None, or wire buffers on a GPU: no heartbeats (a
         second thread's transfers would interleave with the collector's on one communicator)."""
         if timeout is None or self.device.type != "cpu" or self._beat is not None:
             return
