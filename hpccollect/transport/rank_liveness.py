@@ -1,6 +1,7 @@
 """``RankLiveness``: the heartbeats of a rank link (``RankChannel``'s liveness half). Each end
-tells the other it lives and notes what it hears; ``silence`` tells a peer silent past the timeout
-(``RankChannel.lose`` then fails the link). The beats' pace and watch are ``heartbeat.py``'s.
+tells the other it lives and notes what it hears; ``silence`` tells a peer silent past the
+timeout (``RankChannel.lose`` then fails the link). The beats' pace and watch are
+``heartbeat.py``'s.
 
 Over a group whose sends cannot be polled (gloo), rank 0 beats on the heartbeats' tag and the
 collector rank answers each beat on the messages' tag: rank 0 takes the answers in the thread
@@ -38,8 +39,8 @@ class RankLiveness:
     def start_heartbeats(self, timeout: float | None) -> None:
         """Beat to the peer (over gloo, a collector rank answers rank 0's beats instead) and
         watch its beats, so that ``silence`` tells a peer silent for ``timeout`` s (see
-        ``heartbeat.py``). None, or wire buffers on a GPU: no heartbeats (a
-        second thread's transfers would interleave with the collector's on one communicator)."""
+        ``heartbeat.py``). None, or wire buffers on a GPU: no heartbeats (a second thread's
+        transfers would interleave with the collector's on one communicator)."""
         if timeout is None or self.device.type != "cpu" or self._beat is not None:
             return
         self._beat = Heartbeat(
