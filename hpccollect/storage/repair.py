@@ -24,6 +24,7 @@ __all__ = ["repair"]
 _REPAIR_BYTES = 64 << 10
 # HDF5's message when a write failed after the superblock recorded a larger end of file
 _TRUNCATED = re.compile(r"truncated file: eof = (\d+).*stored_eof = (\d+)")
+_LOCKED = "unable to lock file"  # HDF5's message when another process holds the file's lock
 #: how long repair waits, by default, for another process to let go of the file's lock
 LOCK_TIMEOUT_S = 10.0
 
@@ -72,9 +73,13 @@ def _cut_to_committed(target: Path, lock_timeout: float) -> int:
     """Resize every dataset to ``committed_steps`` and mark the file complete; the rows kept."""
     try:
         file = _open_unlocked(target, lock_timeout)
-    except StorageError:
-        raise
     except OSError as err:
+        if _LOCKED in str(err):
+            raise StorageError(
+                f"cannot repair {target}: another process still has it open for writing "
+                f"after {lock_timeout:g} s (is the job that writes it still running?); end "
+                "that process and run repair again; nothing was changed."
+            ) from err
         raise StorageError(
             f"cannot repair {target}: {describe_os_error(err)}; nothing was changed."
         ) from err
@@ -118,20 +123,15 @@ def _cut_to_committed(target: Path, lock_timeout: float) -> int:
 
 
 def _open_unlocked(target: Path, lock_timeout: float) -> h5py.File:
-    """Open for repair once no other process holds the file's lock, waiting ``lock_timeout``."""
+    """Open for repair once no other process holds the file's lock, waiting ``lock_timeout``
+    (then HDF5's error is raised)."""
     deadline = time.monotonic() + lock_timeout
     while True:
         try:
             return _open_for_repair(target)
         except OSError as err:
-            if "unable to lock file" not in str(err):
+            if _LOCKED not in str(err) or time.monotonic() >= deadline:
                 raise
-            if time.monotonic() >= deadline:
-                raise StorageError(
-                    f"cannot repair {target}: another process still has it open for writing "
-                    f"after {lock_timeout:g} s (is the job that writes it still running?); end "
-                    "that process and run repair again; nothing was changed."
-                ) from err
         time.sleep(0.05)
 
 

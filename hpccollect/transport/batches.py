@@ -213,7 +213,7 @@ class Spares:
             freed: whoever holds them keeps them).
     """
 
-    def __init__(self, make: Callable[[torch.Tensor], tuple] = lambda buffer: (), keep: int = 4):
+    def __init__(self, make: Callable[[torch.Tensor], tuple], keep: int = 4):
         self._make = make
         self._slots: list[Slot] = []
         self._keep = keep

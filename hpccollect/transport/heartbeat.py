@@ -143,9 +143,9 @@ class Heartbeat:
         """Beat once more now, unless a beat is on its way already, then stop (the peer is
         done, and what waits for its beats there ends with this one). The end that answers
         has nothing to let go: the peer receives its answers with its messages."""
-        if not self._stopped and not self.answers:
+        if not self.answers:
             with contextlib.suppress(Exception):
-                self._beat_unless_in_flight()
+                self._beat_unless_in_flight()  # none once stopped
         self.stop()
 
     def stop(self) -> None:
