@@ -172,13 +172,24 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
             launcher, starts_processes=inner_processes, slurm_kwargs=slurm_kwargs
         )
         self.launcher.enter(float(start_timeout))  # under mpiexec: ranks 1..N serve, then end
-        fns = _rank_envs(create_env_fn, self.launcher.num_ranks)
+        gathered = getattr(self.launcher, "gathered", None)  # MPILauncher(gather=...)
+        ranks = self.launcher.num_ranks if gathered is None else sum(map(len, gathered))
+        fns = _rank_envs(create_env_fn, ranks)
         self.num_workers_per_collector = check_int(
             "num_workers_per_collector", num_workers_per_collector, minimum=1
         )
         self._collector_kwargs = check_collector_kwargs(
             collector_kwargs, len(fns), self.collector_class
         )
+        self._gathered = None
+        if gathered is not None:
+            from hpccollect.distributed.gatherer import Gathered
+
+            self._gathered = Gathered(gathered, arguments)
+            fns, self._collector_kwargs, arguments["frames_per_batch"] = self._gathered.split(
+                fns, self._collector_kwargs, frames_per_batch, self.sync
+            )
+            self._sync_layout = 0  # each gatherer's round is [its ranks, T]: concatenated
         self.backend = check_backend(backend)
         if self.backend == "mpi" and not self.launcher.mpi_world:
             raise ArgumentValueError(
@@ -214,6 +225,7 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
             update_at_each_batch=self.update_after_each_batch,
             num_threads=num_threads,
             cat_results=self._sync_layout if self.sync else None,
+            **self._base_kwargs(),
         )
         if self._reports or not any(ch.peer_weights_nbytes for ch in self._pool.channels):
             # the ranks' sinks keep the batches (rank 0 only tallies reports), or no rank's
@@ -237,9 +249,15 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
     _policy_with_factory = True  # as TorchRL's: the ranks build theirs, weights come from here
     _release_after_yield = True  # as TorchRL's: weights sent in the loop reach a rank's next batch
 
+    def _base_kwargs(self) -> dict[str, Any]:
+        """More keywords for the local collector machinery (a gatherer's trajectory ids)."""
+        return {}
+
     def _worker_spec(
         self, index: int, create_env_fn: Any, policy: Any, kwargs: dict, threads: int
     ) -> WorkerSpec:
+        if self._gathered is not None:
+            return self._gathered.spec(index, policy, kwargs, threads)
         k = self.num_workers_per_collector
         env = create_env_fn
         if k > 1 or issubclass(self.collector_class, MultiCollectorBase):

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.launcher_watch import watch_launcher
+from hpccollect.launchers.mpi_gather import check_gather, keep_gatherer_group, plan_gathering
 from hpccollect.launchers.rank import LOST_RANK0_STATUS, RankArgs, serve_rank
 from hpccollect.transport.base import PeerLife
 from hpccollect.transport.mpi4py_group import mpi4py_comm, quiesce
@@ -54,10 +55,41 @@ class MPILauncher(Launcher):
         """``launcher="mpi"``, listening where the request says (``--master-addr``)."""
         return cls(master_addr=request.master_addr, interface=request.interface)
 
-    def __init__(self, master_addr: str | None = None, interface: str | None = None) -> None:
-        self.comm = mpi4py_comm()
-        abort_on_uncaught(self.comm)
-        watch_launcher()  # a launcher that ends without passing SIGTERM on: see launcher_watch
+    def __init__(
+        self,
+        master_addr: str | None = None,
+        interface: str | None = None,
+        gather: str | int | None = None,
+        comm: Any = None,
+    ) -> None:
+        """
+        Args:
+            master_addr: the address rank 0 listens on (None: found, see ``rendezvous``).
+            interface: the network interface rank 0 listens on, instead.
+            gather: ``"node"``: the collector ranks of each node form a group, whose first
+                rank (its gatherer) collects from the others and sends rank 0 their round as
+                one batch (``mpi_gather``); ``k``: groups of ``k`` consecutive ranks, likewise;
+                None: every collector rank sends rank 0 its own batches. Every rank must pass
+                the same value (the split is collective).
+            comm: the communicator of the job (default ``MPI.COMM_WORLD``); a gatherer's
+                collector passes its group.
+        """
+        world = mpi4py_comm()
+        self.gather = check_gather(gather)
+        #: on rank 0 of a gathered job: the world ranks each gatherer collects from
+        self.gathered: list[list[int]] | None = None
+        if comm is None:
+            abort_on_uncaught(world)
+            watch_launcher()  # a launcher that ends without passing SIGTERM on: launcher_watch
+        if comm is not None or self.gather is None:
+            self.comm = world if comm is None else comm
+        else:
+            plan = plan_gathering(world, self.gather)
+            if plan.gathers:
+                keep_gatherer_group(plan.lower)
+            self.comm = plan.upper if plan.upper is not None else plan.lower
+            if self.comm.Get_rank() == 0 and plan.lower is None:
+                self.gathered = [group[1:] for group in plan.groups]
         size = self.comm.Get_size()
         if size < 2:
             raise ArgumentValueError(
@@ -83,14 +115,21 @@ class MPILauncher(Launcher):
             from hpccollect.transport.rendezvous import detect
 
             remote = self._remote()
+            environ: Any = os.environ
+            if self.split_comm is not None:
+                # the launcher's variables count the whole job's ranks; only rank 0 (not a
+                # gatherer, which listens on its own host) takes MASTER_ADDR
+                kept = ("MASTER_ADDR",) if self.gather is not None else ()
+                environ = {name: os.environ[name] for name in kept if name in os.environ}
             address = self.master_addr
-            if address is None and self.interface is None and "MASTER_ADDR" not in os.environ:
+            if address is None and self.interface is None and "MASTER_ADDR" not in environ:
                 address = _reaching(remote) if remote else "127.0.0.1"
             found = detect(
                 rank=self.comm.Get_rank(),
                 world_size=self.comm.Get_size(),
                 master_addr=address,
                 interface=self.interface,
+                environ=environ,
             )
             if remote:
                 _refuse_loopback(found.master_addr, remote)
@@ -126,6 +165,8 @@ class MPILauncher(Launcher):
     def default_port(self) -> int:  # type: ignore[override]
         from hpccollect.transport.rendezvous import env_port
 
+        if self.split_comm is not None and self.gather is None:
+            return 0  # a gatherer's group: MASTER_PORT is rank 0's, maybe on this very host
         return env_port() or 0
 
     def enter(self, start_timeout: float) -> None:
@@ -140,6 +181,22 @@ class MPILauncher(Launcher):
         quiesce()  # no thread may still call MPI when it is finalised
         MPI.Finalize()  # waits until rank 0 finalises too (at its exit)
         exit_finalized(0)
+
+    @property
+    def world_ranks(self) -> list[int] | None:
+        """Each rank of a split communicator's number in the whole job (what the errors
+        name), or None where the job is not split."""
+        comm = self.split_comm
+        if comm is None:
+            return None
+        world = mpi4py_comm().Get_group()
+        return list(comm.Get_group().Translate_ranks(list(range(comm.Get_size())), world))
+
+    @property
+    def split_comm(self) -> Any:
+        """The communicator the job's groups meet in when it is not ``MPI.COMM_WORLD`` (a
+        gathered job's), else None."""
+        return None if self.comm == mpi4py_comm() else self.comm
 
     def address(self) -> str:
         return self.rendezvous.master_addr
@@ -258,9 +315,9 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
     def end_job() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        abort_job(comm, LOST_RANK0_STATUS)
+        abort_job(mpi4py_comm(), LOST_RANK0_STATUS)  # the whole job, whatever comm is
 
-    serve_rank(args, end_lost=end_job)
+    serve_rank(args, end_lost=end_job, comm=None if comm == mpi4py_comm() else comm)
 
 
 def abort_on_uncaught(comm: Any = None) -> None:

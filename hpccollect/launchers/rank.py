@@ -57,6 +57,7 @@ def serve_rank(
     args: RankArgs,
     stop_on_sigterm: bool = False,
     end_lost: Callable[[], Any] | None = None,
+    comm: Any = None,
 ) -> None:
     """Join the job as ``args.rank`` and serve rank 0 until it says stop or goes away.
 
@@ -67,7 +68,8 @@ def serve_rank(
     A rank 0 silent for ``args.liveness_timeout`` s (its node lost, its network cut, stopped)
     ends this rank too, saying so on standard error: once its own collector is shut down,
     ``end_lost()`` ends the process (default: exit status ``LOST_RANK0_STATUS`` at once, with
-    no teardown that could wait on rank 0).
+    no teardown that could wait on rank 0). ``comm``: the MPI communicator of the job, for a
+    backend that meets in it (default ``MPI.COMM_WORLD``).
     """
     ignore_stop_signals()
     if stop_on_sigterm:
@@ -76,7 +78,7 @@ def serve_rank(
     if args.host is not None:
         store = open_store(args.host, args.port, args.world_size, False, args.start_timeout)
         store.set(ready_key(args.rank), socket.gethostname())
-    groups = RankGroups.open(args.backend, store, args.rank, args.world_size)
+    groups = RankGroups.open(args.backend, store, args.rank, args.world_size, comm)
     channel = groups.channel(0, device=args.device, send_timeout=args.send_timeout)
     channel.start_heartbeats(args.liveness_timeout)
     served = threading.Event()
@@ -189,7 +191,8 @@ def start_ranks(
         processes = launcher.start(ranks)
         if store is not None:
             _await_ranks(store, processes, start_timeout, f"{address}:{store.port}")
-        groups = _open_groups(backend, store, processes, start_timeout)
+        comm = getattr(launcher, "split_comm", None) if launcher.mpi_world else None
+        groups = _open_groups(backend, store, processes, start_timeout, comm)
     except BaseException:
         for process in processes:
             if process is not None:
@@ -201,6 +204,9 @@ def start_ranks(
         groups.channel(i + 1, process=process, device=device, send_timeout=send_timeout)
         for i, process in enumerate(processes)
     ]
+    named = getattr(launcher, "world_ranks", None)  # a gathered MPI job's ranks, as MPI's
+    for channel in channels if named else ():
+        channel.rank = named[channel.peer]
     for channel in channels:
         channel.start_heartbeats(liveness_timeout)
     return groups, channels
@@ -225,14 +231,16 @@ def _await_ranks(store: Any, processes: Sequence[Any], timeout: float, address: 
             time.sleep(0.02)
 
 
-def _open_groups(backend: str, store: Any, processes: Sequence[Any], timeout: float) -> RankGroups:
+def _open_groups(
+    backend: str, store: Any, processes: Sequence[Any], timeout: float, comm: Any = None
+) -> RankGroups:
     """Join the process groups in a thread, watching the ranks meanwhile (the joining thread
     is abandoned when one ends: it cannot be interrupted)."""
     result: dict[str, Any] = {}
 
     def join() -> None:
         try:
-            result["groups"] = RankGroups.open(backend, store, 0, len(processes) + 1)
+            result["groups"] = RankGroups.open(backend, store, 0, len(processes) + 1, comm)
         except BaseException as err:
             result["error"] = err
 

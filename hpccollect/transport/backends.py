@@ -47,7 +47,9 @@ class Backend:
         name: what ``DistributedDataCollector(backend=...)`` calls it.
         available: whether this process can use it (its library is there).
         open_group: ``open_group(store, rank, world_size, name)`` joins a group of
-            ``world_size`` processes (every rank calls it; it returns when all have).
+            ``world_size`` processes (every rank calls it; it returns when all have). One
+            that needs no store is also given ``comm=``, the MPI communicator the ranks meet
+            in, where the launcher uses another than ``MPI.COMM_WORLD`` (a gathered job).
         missing: how to get it where ``available()`` is False.
         unsupported: why hpccollect cannot use it even where it is available (None: it can).
         needs_store: whether its groups meet through rank 0's TCP store (False: the
@@ -193,12 +195,14 @@ def _mpi_available() -> bool:
     return _torch_has("mpi")() or importlib.util.find_spec("mpi4py") is not None
 
 
-def _mpi(store: Any, rank: int, world_size: int, name: str) -> Any:
-    if dist.is_mpi_available():
+def _mpi(store: Any, rank: int, world_size: int, name: str, comm: Any = None) -> Any:
+    """``comm``: the communicator the ranks meet in (None: ``MPI.COMM_WORLD``); one other than
+    the world always goes over mpi4py (torch's MPI group spans world ranks)."""
+    if comm is None and dist.is_mpi_available():
         return dist.ProcessGroupMPI.create(list(range(world_size)))
     from hpccollect.transport.mpi4py_group import MPIGroup, mpi4py_comm
 
-    comm = mpi4py_comm()
+    comm = mpi4py_comm() if comm is None else comm
     if comm.Get_size() != world_size or comm.Get_rank() != rank:
         raise ArgumentValueError(
             f"backend='mpi' needs rank {rank} of a {world_size}-process MPI job, but this "

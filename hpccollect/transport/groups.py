@@ -85,13 +85,18 @@ class RankGroups:
         return self._receiver
 
     @classmethod
-    def open(cls, backend: str, store: Any, rank: int, world_size: int) -> RankGroups:
-        """Join the job's groups (every rank calls this once; it returns when all have)."""
+    def open(
+        cls, backend: str, store: Any, rank: int, world_size: int, comm: Any = None
+    ) -> RankGroups:
+        """Join the job's groups (every rank calls this once; it returns when all have).
+        ``comm``: the MPI communicator the job's ranks meet in, for a backend that needs no
+        store (None: its own default, ``MPI.COMM_WORLD``)."""
         groups = cls(rank, world_size, backend, store)
-        open_group = backend_named(backend).open_group
+        chosen = backend_named(backend)
+        mpi = {} if comm is None or chosen.needs_store else {"comm": comm}
         for name in ("messages", "broadcast"):
             prefixed = None if store is None else dist.PrefixStore(f"hpccollect/{name}", store)
-            setattr(groups, name, open_group(prefixed, rank, world_size, name))
+            setattr(groups, name, chosen.open_group(prefixed, rank, world_size, name, **mpi))
         return groups
 
     def channel(

@@ -83,7 +83,7 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         send_timeout: float = 600.0,
     ) -> None:
         self.groups, self.peer = groups, peer
-        self.rank = peer
+        self.rank = peer  # what errors call the peer (its number in the whole MPI job)
         self.device = torch.device(device)
         self.life = RankLife(self, process)
         self.local = False
@@ -407,7 +407,7 @@ class RankChannel(RankLiveness, RankWeights, Channel):
     def describe(self) -> str:
         pid = f"pid {self.pid}, " if self.pid is not None else ""
         where = self.life.where
-        return f"collector rank {self.peer} ({pid}{self.host}{', ' + where if where else ''})"
+        return f"collector rank {self.rank} ({pid}{self.host}{', ' + where if where else ''})"
 
     def join_threads(self, timeout: float) -> None:
         """Stop the heartbeats and wait up to ``timeout`` s for the thread that broadcasts

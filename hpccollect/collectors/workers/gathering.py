@@ -137,14 +137,16 @@ class SyncGathering(Gathering):
     def check(self) -> None:
         """Batches are stacked or concatenated: every worker must produce the same layout."""
         skip_time = self.c._worker_fpb is not None  # workers of their own lengths
+        cat = self.c.cat_results
 
         def layout(td: TensorDictBase) -> dict:
-            time = td.batch_dims - 1
+            # the time dim differs between workers of their own lengths, and the dim batches
+            # are concatenated along may differ anyway
+            skip = {td.batch_dims - 1} if skip_time else set()
+            if cat != "stack":
+                skip.add(cat % td.batch_dims)
             return {
-                k: (
-                    (*v.shape[:time], *v.shape[time + 1 :]) if skip_time else tuple(v.shape),
-                    v.dtype,
-                )
+                k: (tuple(n for d, n in enumerate(v.shape) if d not in skip), v.dtype)
                 for k, v in td.items(True, True)
             }
 

@@ -1,0 +1,176 @@
+"""Gathering among an MPI job's ranks, the collectors' side (the split itself is the launcher's:
+``hpccollect/launchers/mpi_gather.py``).
+
+Rank 0's ``DistributedDataCollector`` collects from the gatherers as from any rank (``Gathered``
+says what each is sent); each gatherer's own collector is a ``GroupGatherer``: a sync
+``DistributedDataCollector`` over its group's ranks, whose rounds travel to rank 0 as one batch.
+Rank 0 concatenates the gatherers' rounds, so its batches are laid out as without gathering:
+``[collecting ranks, T]``, in rank order.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from hpccollect.collectors.workers.worker import WorkerSpec
+from hpccollect.distributed.collector import DistributedDataCollector
+from hpccollect.errors import ArgumentValueError
+
+__all__ = ["Gathered", "GroupGatherer"]
+
+#: rank 0's arguments a gatherer's collector takes as they are, for its group's ranks
+_FOR_THE_GROUP = (
+    "device",
+    "env_device",
+    "policy_device",
+    "max_frames_per_traj",
+    "reset_at_each_iter",
+    "exploration_type",
+    "exploration_mode",
+    "collector_class",
+    "num_workers_per_collector",
+    "backend",
+    "worker_timeout",
+    "start_timeout",
+    "liveness_timeout",
+    "weight_sync_schemes",
+    "weight_recv_schemes",
+)
+
+#: what a gathered job cannot do, and why
+_REFUSED = {
+    "rank_sink": "the ranks' sinks keep their batches, and rank 0 would take reports only: "
+    "gathering saves nothing there",
+    "rank_reports": "the ranks' sinks keep their batches, and rank 0 would take reports only: "
+    "gathering saves nothing there",
+    "track_policy_version": "a gatherer's ranks count the weights they got from it, not rank "
+    "0's updates",
+    "trajs_per_batch": "whole trajectories are cut on the ranks that collect them",
+}
+
+
+class Gathered:
+    """Rank 0's view of a gathered job: which collecting ranks each gatherer has, and what each
+    gatherer is sent to build its ``GroupGatherer``.
+
+    Args:
+        groups: the world ranks each gatherer collects from, in group order.
+        arguments: rank 0's ``DistributedDataCollector`` arguments.
+
+    Raises:
+        ArgumentValueError: an argument that gathering cannot honour (named, with why)."""
+
+    def __init__(self, groups: Sequence[Sequence[int]], arguments: dict[str, Any]) -> None:
+        for name, why in _REFUSED.items():
+            if arguments[name] not in (None, False):
+                raise ArgumentValueError(
+                    f"{name} cannot be used with gathering (MPILauncher(gather=...)): {why}. "
+                    f"Leave gather=None, or drop {name}."
+                )
+        for name in ("frames_per_batch", "policy_factory"):
+            if isinstance(arguments[name], (list, tuple)):
+                raise ArgumentValueError(
+                    f"{name} is a list, one per rank; with gathering (MPILauncher(gather=...)) "
+                    "give one value for every rank."
+                )
+        self.sizes = [len(group) for group in groups]
+        self.ranks = sum(self.sizes)
+        self._arguments = {name: arguments[name] for name in _FOR_THE_GROUP}
+        self._envs: list[list] = []
+        self._kwargs: list[list[dict]] = []
+
+    def split(
+        self, fns: list, collector_kwargs: list[dict], frames_per_batch: int, sync: bool
+    ) -> tuple:
+        """Rank 0's per-gatherer arguments from its per-rank ones.
+
+        Args:
+            fns: one env constructor per collecting rank.
+            collector_kwargs: one dict per collecting rank.
+            frames_per_batch: the frames of each batch rank 0 yields.
+            sync: rank 0 yields a round of every rank (``frames_per_batch`` split among all
+                collecting ranks), else each group's round as it comes (``frames_per_batch``
+                split among that group's ranks).
+
+        Returns:
+            One env constructor per gatherer (its first rank's, for the checks: ``spec`` sends
+            the whole group's), one empty ``collector_kwargs`` per gatherer (each gatherer
+            passes its ranks' own), and rank 0's ``frames_per_batch``: with ``sync``, each
+            gatherer's frames per round.
+        """
+        start = 0
+        for size in self.sizes:
+            self._envs.append(list(fns[start : start + size]))
+            self._kwargs.append(collector_kwargs[start : start + size])
+            start += size
+        firsts, kwargs = [envs[0] for envs in self._envs], [{} for _ in self.sizes]
+        if not sync:
+            return firsts, kwargs, frames_per_batch
+        per_rank = -(-int(frames_per_batch) // self.ranks)
+        if per_rank * self.ranks != frames_per_batch:
+            warnings.warn(
+                f"frames_per_batch ({frames_per_batch}) is not divisible by the {self.ranks} "
+                f"collecting ranks; each collects {per_rank} frames per batch.",
+                stacklevel=3,
+            )
+        return firsts, kwargs, [size * per_rank for size in self.sizes]
+
+    def spec(self, index: int, policy: Any, kwargs: dict, threads: int) -> WorkerSpec:
+        """What gatherer ``index`` builds: a ``GroupGatherer`` over its group, with its share of
+        each round (``kwargs``: what rank 0 would send a rank)."""
+        own = {
+            "frames_per_batch": kwargs["frames_per_batch"],
+            "traj_id_offset": kwargs.get("traj_id_offset", 0),
+            "traj_id_stride": kwargs.get("traj_id_stride", 1),
+            "init_random_frames": kwargs.get("init_random_frames", -1),
+            "policy_factory": kwargs.get("policy_factory"),
+            "collector_kwargs": self._kwargs[index],
+        }
+        return WorkerSpec(
+            self._envs[index], policy, {**self._arguments, **own}, threads, GroupGatherer
+        )
+
+
+class GroupGatherer(DistributedDataCollector):
+    """A gatherer rank's collector: ``DistributedDataCollector(sync=True)`` over the ranks of
+    its group (its launcher: the group's communicator, split by ``MPILauncher(gather=...)``),
+    each of whose rounds, stacked ``[ranks, T]``, it sends rank 0 as one batch. Weights, seeds,
+    resets and state from rank 0 reach its ranks through it. Rank 0 builds it on each gatherer
+    (``Gathered.spec``); a script never does.
+
+    Args:
+        create_env_fn: one env constructor per rank of the group.
+        policy: the policy, as rank 0 sent it.
+        frames_per_batch: the group's frames per round.
+        traj_id_offset: the first trajectory id of the group's share (from rank 0).
+        traj_id_stride: the step between the group's trajectory ids (from rank 0).
+        **kwargs: ``DistributedDataCollector``'s keywords, as rank 0 passes them on.
+    """
+
+    def __init__(
+        self,
+        create_env_fn: list,
+        policy: Any = None,
+        *,
+        frames_per_batch: int,
+        traj_id_offset: int = 0,
+        traj_id_stride: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        from hpccollect.launchers.mpi import MPILauncher
+        from hpccollect.launchers.mpi_gather import gatherer_group
+
+        self._traj_ids = {"traj_id_offset": traj_id_offset, "traj_id_stride": traj_id_stride}
+        super().__init__(
+            create_env_fn,
+            policy,
+            frames_per_batch=frames_per_batch,
+            sync=True,
+            launcher=MPILauncher(comm=gatherer_group()),
+            **kwargs,
+        )
+
+    def _base_kwargs(self) -> dict[str, Any]:
+        return self._traj_ids

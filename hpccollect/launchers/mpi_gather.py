@@ -1,0 +1,138 @@
+"""Gathering among the ranks of an MPI job (``MPILauncher(gather=...)``): the collector ranks are
+split into groups, and the first rank of each group (its gatherer) collects from the others and
+forwards each round to rank 0 as one message. Rank 0 then takes one message per group instead of
+one per rank.
+
+The split is a collective call: every rank of the job makes it, with the same ``gather``, when
+it builds its launcher. It gives two communicators: rank 0 with the gatherers (what rank 0's
+collector runs over), and each group (what its gatherer's own collector runs over, the gatherer
+its rank 0).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hpccollect.errors import ArgumentTypeError, ArgumentValueError
+
+__all__ = ["GatherPlan", "check_gather", "gather_groups", "plan_gathering"]
+
+
+def check_gather(gather: Any) -> str | int | None:
+    """``gather`` checked: None (no gathering), ``"node"`` or a group size of at least 2."""
+    if gather is None or gather == "node":
+        return gather
+    if isinstance(gather, bool) or not isinstance(gather, int):
+        raise ArgumentTypeError(
+            f"gather must be None, 'node' or a number of ranks per group, got {gather!r}."
+        )
+    if gather < 2:
+        raise ArgumentValueError(
+            f"gather={gather} leaves a gatherer nobody to gather from: pass a group size of at "
+            "least 2 (the gatherer and the ranks it collects from), 'node', or None."
+        )
+    return gather
+
+
+def gather_groups(gather: str | int, hosts: Sequence[str]) -> list[list[int]]:
+    """The job's groups, each a list of world ranks with its gatherer first. ``hosts``: each
+    rank's host name, rank 0's first; rank 0 belongs to no group.
+
+    ``"node"``: one group per host, of that host's collector ranks in rank order; an int ``k``:
+    collector ranks ``1..k``, ``k+1..2k``, and so on (the last group may be smaller).
+
+    Raises:
+        ArgumentValueError: a group would hold a gatherer alone."""
+    ranks = range(1, len(hosts))
+    if gather == "node":
+        by_host: dict[str, list[int]] = {}
+        for rank in ranks:
+            by_host.setdefault(hosts[rank], []).append(rank)
+        groups = list(by_host.values())
+    else:
+        size = int(gather)
+        groups = [list(ranks[i : i + size]) for i in range(0, len(ranks), size)]
+    for group in groups:
+        if len(group) < 2:
+            where = f" on {hosts[group[0]]}" if gather == "node" else ""
+            raise ArgumentValueError(
+                f"gather={gather!r} leaves collector rank {group[0]}{where} alone in its group, "
+                "with nobody to gather from (a group is its gatherer and at least one rank): "
+                + (
+                    "start at least 2 collector ranks on every node, or pass gather=None."
+                    if gather == "node"
+                    else f"choose a group size that leaves no rank alone for {len(ranks)} "
+                    "collector ranks, or pass gather=None."
+                )
+            )
+    return groups
+
+
+@dataclass(frozen=True)
+class GatherPlan:
+    """This rank's place in a gathered job.
+
+    Attributes:
+        groups: every group's world ranks, its gatherer first.
+        upper: rank 0 and the gatherers (rank 0 first, gatherers in group order); None on a
+            rank that only collects.
+        lower: this rank's group, its gatherer rank 0 of it; None on rank 0."""
+
+    groups: list[list[int]]
+    upper: Any
+    lower: Any
+
+    @property
+    def gathers(self) -> bool:
+        """Whether this rank is a gatherer (in both communicators)."""
+        return self.upper is not None and self.lower is not None
+
+
+def plan_gathering(world: Any, gather: str | int) -> GatherPlan:
+    """Split ``world`` (an mpi4py communicator) for gathering; every rank calls it.
+
+    Raises:
+        ArgumentValueError: a group would hold a gatherer alone (on every rank alike)."""
+    from mpi4py import MPI
+
+    rank = world.Get_rank()
+    hosts = world.allgather(socket.gethostname() if gather == "node" else "")
+    if len(hosts) < 3:
+        raise ArgumentValueError(
+            f"gather={gather!r} needs rank 0 and groups of at least 2 collector ranks; the job "
+            f"has {len(hosts)} ranks: start more with mpiexec -n N, or pass gather=None."
+        )
+    groups = gather_groups(gather, hosts)
+    mine = next((i for i, group in enumerate(groups) if rank in group), None)
+    leads = rank == 0 or (mine is not None and groups[mine][0] == rank)
+    upper = world.Split(0 if leads else MPI.UNDEFINED, rank)
+    lower = world.Split(MPI.UNDEFINED if mine is None else mine, rank)
+    return GatherPlan(
+        groups,
+        None if upper == MPI.COMM_NULL else upper,
+        None if lower == MPI.COMM_NULL else lower,
+    )
+
+
+_GROUP: list[Any] = []  # a gatherer's own group, made by its launcher's split
+
+
+def gatherer_group() -> Any:
+    """The group this process gathers from (its launcher split the job).
+
+    Raises:
+        ArgumentValueError: this process is no gatherer of an MPI job."""
+    if not _GROUP:
+        raise ArgumentValueError(
+            "a gatherer's collector runs only on a gatherer rank of an MPI job whose ranks "
+            "were split with MPILauncher(gather=...)."
+        )
+    return _GROUP[-1]
+
+
+def keep_gatherer_group(comm: Any) -> None:
+    """Note ``comm`` as the group this process gathers from (``gatherer_group``)."""
+    _GROUP.append(comm)
