@@ -11,9 +11,13 @@ What it models, per rank count N:
   of ``fpb`` frames: cores (``N * fps / fpb * cost``, with the mpi4py transport's cost, the one
   to use past ~100 ranks), bytes a second, memory (its base, plus a receive buffer and the
   yielded copy of one batch per rank), threads and sockets;
-* gathered per node: one collector rank per node of ``PER_NODE`` cores running a multi-sync
-  collector with a worker per core, so rank 0 takes one batch of ``PER_NODE`` batches per
-  node instead of ``PER_NODE`` batches (``collector_class``/``--collector multi-sync``);
+* gathered per node: rank 0 takes one message per node of ``PER_NODE`` cores a round instead
+  of ``PER_NODE`` (``MPILauncher(gather="node")``, or one multi-sync collector rank per node).
+  That saves the fixed cost of each message it no longer takes, and nothing else: its cost per
+  frame (laying the round out, copying it into what it yields, waiting) stays. Both are fitted
+  to ``benchmarks/gather.py``'s sync trainer with and without gathering
+  (``benchmarks/results/gather.json``): rank 0 CPU per round = ``f * messages + c * frames``,
+  least squares, and checked against those points;
 * dataset jobs (``--shards``): one report per rank every ``report_interval`` s, each costed as
   a batch of a report's size;
 * start-up under ``mpiexec``: a line fitted to the measured points; heartbeat traffic: one
@@ -40,6 +44,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 SCALE = HERE / "results" / "scale.json"
+GATHER = HERE / "results" / "gather.json"
 OUT = HERE / "results" / "model.json"
 
 #: kind: (bytes a frame, frames a batch, frames a second per collector rank: an assumption)
@@ -83,6 +88,27 @@ def fit_cost(rows: list[dict]) -> dict[str, tuple[float, float]]:
     return fits
 
 
+def fit_gather(rows: list[dict]) -> tuple[float, float, list[dict]]:
+    """(f s a message, c s a frame) of rank 0's CPU per round = f * messages + c * frames, least
+    squares over ``gather.py``'s rows with and without gathering; and each row checked."""
+    x = np.array([[r["messages_per_round"], r["frames_per_round"]] for r in rows], float)
+    y = np.array([r["rank0_cpu_ms_per_round"] / 1e3 for r in rows], float)
+    (f, c), *_ = np.linalg.lstsq(x, y, rcond=None)
+    checked = []
+    for r, (messages, frames), measured in zip(rows, x, y, strict=True):
+        model = f * messages + c * frames
+        checked.append(
+            dict(
+                ranks=r["ranks"],
+                gather=r["gather"],
+                measured_ms=round(1e3 * measured, 3),
+                model_ms=round(1e3 * model, 3),
+                error=round(model / measured - 1, 2),
+            )
+        )
+    return float(f), float(c), checked
+
+
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """(intercept, slope) of a least-squares line."""
     slope, intercept = np.polyfit(np.array(xs, float), np.array(ys, float), 1)
@@ -109,23 +135,25 @@ def check(rows: list[dict], fits: dict[str, tuple[float, float]]) -> list[dict]:
     return out
 
 
-def needs(n: int, kind: str, a: float, bw: float, mem: tuple[float, float]) -> dict:
-    """What rank 0 needs for ``n`` ranks of ``kind`` (see the module)."""
+def needs(
+    n: int, kind: str, a: float, bw: float, mem: tuple[float, float], per_message: float
+) -> dict:
+    """What rank 0 needs for ``n`` ranks of ``kind`` (see the module); ``per_message``: the
+    fixed cost of a message that gathering saves (``fit_gather``)."""
     per_frame, fpb, fps = KINDS[kind]
     nbytes = per_frame * fpb
     cost = a + nbytes / bw
     batches = n * fps / fpb
     reports_cost = a + REPORT_BYTES / bw
     nodes = -(-n // PER_NODE)
-    groups = nodes * fps / fpb  # a node's gathering rank sends one group of batches a round
-    group_cost = a + n / nodes * nbytes / bw
+    groups = nodes * fps / fpb  # a node's gatherer sends one message a round
     return dict(
         ranks=n,
         kind=kind,
         batch_kb=round(nbytes / 1e3, 1),
         batches_per_s=round(batches),
         cores=round(batches * cost, 4),
-        cores_gathered=round(groups * group_cost, 3),
+        cores_gathered=round(max(0.0, batches * cost - (batches - groups) * per_message), 3),
         gb_per_s=round(n * fps * per_frame / 1e9, 3),
         memory_gb=round((mem[0] + n * (mem[1] + 2 * nbytes / 1e6)) / 1e3, 2),
         max_ranks_one_core=math.floor(fpb / (fps * cost)),
@@ -156,7 +184,17 @@ def main() -> None:
     mpi = [r for r in rows if r["kind"] == "cartpole" and r["transport"] == "mpi"]
     s0, s1 = fit_line([r["ranks"] for r in mpi], [r["startup_s"] for r in mpi])
     print(f"start-up under mpiexec = {s0:.2f} s + {s1:.3f} s a rank")
-    table = [needs(n, k, a, bw, (base, per_link)) for k in KINDS for n in RANKS]
+    f, c, gathered = fit_gather(json.loads(GATHER.read_text()))
+    print(
+        f"\nsync trainer, rank 0 CPU per round = {1e6 * f:.0f} us a message + {1e6 * c:.3f} us "
+        "a frame; checked against the measured points (benchmarks/results/gather.json):"
+    )
+    for g in gathered:
+        print(
+            f"  {g['ranks']:3d} ranks, gather={g['gather']}: measured {g['measured_ms']:.3f} "
+            f"ms, model {g['model_ms']:.3f} ms ({g['error']:+.0%})"
+        )
+    table = [needs(n, k, a, bw, (base, per_link), f) for k in KINDS for n in RANKS]
     print(
         "\nwhat rank 0 needs when every batch comes to it (fps a rank: "
         + ", ".join(f"{k} {v[2]:,}" for k, v in KINDS.items())
@@ -198,6 +236,10 @@ def main() -> None:
                     t: dict(cost_us=round(1e6 * fa, 1), bandwidth_gb_s=round(fb / 1e9, 3))
                     for t, (fa, fb) in fits.items()
                 },
+                gather_fit=dict(
+                    us_a_message=round(1e6 * f, 1), us_a_frame=round(1e6 * c, 4)
+                ),
+                gather_checked=gathered,
                 needs_costed_for=SCALE_TRANSPORT,
                 per_node=PER_NODE,
                 memory_base_mb=round(base),
