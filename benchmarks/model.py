@@ -236,9 +236,7 @@ def main() -> None:
                     t: dict(cost_us=round(1e6 * fa, 1), bandwidth_gb_s=round(fb / 1e9, 3))
                     for t, (fa, fb) in fits.items()
                 },
-                gather_fit=dict(
-                    us_a_message=round(1e6 * f, 1), us_a_frame=round(1e6 * c, 4)
-                ),
+                gather_fit=dict(us_a_message=round(1e6 * f, 1), us_a_frame=round(1e6 * c, 4)),
                 gather_checked=gathered,
                 needs_costed_for=SCALE_TRANSPORT,
                 per_node=PER_NODE,
