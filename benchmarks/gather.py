@@ -32,7 +32,7 @@ RESULTS = HERE / "results" / "gather.json"
 def measure(gather: int | None, seconds: float, fpb: int) -> dict:
     """One run, on every rank of the job; rank 0 returns its figures."""
     from hpccollect import DistributedDataCollector
-    from hpccollect.launchers.mpi import MPILauncher
+    from hpccollect.launchers import MPILauncher
 
     launcher = MPILauncher(gather=gather)
     start = time.perf_counter()

@@ -35,6 +35,7 @@ _FOR_THE_GROUP = (
     "worker_timeout",
     "start_timeout",
     "liveness_timeout",
+    "on_worker_failure",
     "weight_sync_schemes",
     "weight_recv_schemes",
 )

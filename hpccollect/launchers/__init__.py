@@ -21,6 +21,7 @@ __all__ = [
     "LAUNCHERS",
     "LaunchRequest",
     "Launcher",
+    "MPILauncher",
     "MPLauncher",
     "PeerLife",
     "get_launcher",
@@ -125,3 +126,13 @@ register_launcher(  # inside a main of submitit_delayed_launcher: its pre-launch
 
 #: the launchers hpccollect brings (``launcher_names()`` also lists those registered later)
 LAUNCHERS = tuple(_LAUNCHERS)
+
+
+def __getattr__(name: str) -> Any:
+    """``MPILauncher``, imported on first use (``launcher="mpi"``'s class, built directly to
+    gather: ``MPILauncher(gather="node")``)."""
+    if name == "MPILauncher":
+        from hpccollect.launchers.mpi import MPILauncher
+
+        return MPILauncher
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -72,18 +72,28 @@ class MPILauncher(Launcher):
                 None: every collector rank sends rank 0 its own batches. Every rank must pass
                 the same value (the split is collective).
             comm: the communicator of the job (default ``MPI.COMM_WORLD``); a gatherer's
-                collector passes its group.
+                collector passes its group (``gather`` is then not given).
         """
         world = mpi4py_comm()
         self.gather = check_gather(gather)
+        if comm is not None and self.gather is not None:
+            raise ArgumentValueError(
+                "MPILauncher takes gather= (to split MPI.COMM_WORLD itself) or comm= (a "
+                "communicator already split), not both."
+            )
         #: on rank 0 of a gathered job: the world ranks each gatherer collects from
         self.gathered: list[list[int]] | None = None
         if comm is None:
             abort_on_uncaught(world)
             watch_launcher()  # a launcher that ends without passing SIGTERM on: launcher_watch
-        if comm is not None or self.gather is None:
-            self.comm = world if comm is None else comm
-        else:
+        self.comm = world if comm is None else comm
+        if self.comm.Get_size() < 2:
+            raise ArgumentValueError(
+                "launcher='mpi' needs rank 0 and at least one collector rank: start the script "
+                "with mpiexec -n N (N >= 2) or srun -n N, or use launcher='mp' to start the "
+                "collector ranks as local processes."
+            )
+        if self.gather is not None:
             plan = plan_gathering(world, self.gather)
             if plan.gathers:
                 keep_gatherer_group(plan.lower)
@@ -91,12 +101,6 @@ class MPILauncher(Launcher):
             if self.comm.Get_rank() == 0 and plan.lower is None:
                 self.gathered = [group[1:] for group in plan.groups]
         size = self.comm.Get_size()
-        if size < 2:
-            raise ArgumentValueError(
-                "launcher='mpi' needs rank 0 and at least one collector rank: start the script "
-                "with mpiexec -n N (N >= 2) or srun -n N, or use launcher='mp' to start the "
-                "collector ranks as local processes."
-            )
         self.num_ranks = size - 1
         self.master_addr, self.interface = master_addr, interface
         self._rendezvous: Any = None

@@ -22,7 +22,17 @@ __all__ = ["GatherPlan", "check_gather", "gather_groups", "plan_gathering"]
 
 
 def check_gather(gather: Any) -> str | int | None:
-    """``gather`` checked: None (no gathering), ``"node"`` or a group size of at least 2."""
+    """``gather`` checked, as ``MPILauncher`` takes it.
+
+    Args:
+        gather: None (no gathering), ``"node"`` or a group size of at least 2.
+
+    Returns:
+        ``gather``.
+
+    Raises:
+        ArgumentTypeError: neither None, ``"node"`` nor an int.
+        ArgumentValueError: a group size under 2."""
     if gather is None or gather == "node":
         return gather
     if isinstance(gather, bool) or not isinstance(gather, int):
@@ -38,11 +48,16 @@ def check_gather(gather: Any) -> str | int | None:
 
 
 def gather_groups(gather: str | int, hosts: Sequence[str]) -> list[list[int]]:
-    """The job's groups, each a list of world ranks with its gatherer first. ``hosts``: each
-    rank's host name, rank 0's first; rank 0 belongs to no group.
+    """The job's groups.
 
-    ``"node"``: one group per host, of that host's collector ranks in rank order; an int ``k``:
-    collector ranks ``1..k``, ``k+1..2k``, and so on (the last group may be smaller).
+    Args:
+        gather: ``"node"``: one group per host, of that host's collector ranks in rank order;
+            an int ``k``: collector ranks ``1..k``, ``k+1..2k``, and so on (the last group may
+            be smaller).
+        hosts: each rank's host name, rank 0's first (rank 0 belongs to no group).
+
+    Returns:
+        Each group's world ranks, its gatherer first.
 
     Raises:
         ArgumentValueError: a group would hold a gatherer alone."""
@@ -92,7 +107,14 @@ class GatherPlan:
 
 
 def plan_gathering(world: Any, gather: str | int) -> GatherPlan:
-    """Split ``world`` (an mpi4py communicator) for gathering; every rank calls it.
+    """Split ``world`` for gathering; every rank calls it (collective).
+
+    Args:
+        world: the job's mpi4py communicator.
+        gather: as ``gather_groups`` takes it.
+
+    Returns:
+        This rank's ``GatherPlan``.
 
     Raises:
         ArgumentValueError: a group would hold a gatherer alone (on every rank alike)."""
@@ -123,6 +145,9 @@ _GROUP: list[Any] = []  # a gatherer's own group, made by its launcher's split
 def gatherer_group() -> Any:
     """The group this process gathers from (its launcher split the job).
 
+    Returns:
+        The group's mpi4py communicator, this process its rank 0.
+
     Raises:
         ArgumentValueError: this process is no gatherer of an MPI job."""
     if not _GROUP:
@@ -134,5 +159,8 @@ def gatherer_group() -> Any:
 
 
 def keep_gatherer_group(comm: Any) -> None:
-    """Note ``comm`` as the group this process gathers from (``gatherer_group``)."""
+    """Note the group this process gathers from, for ``gatherer_group``.
+
+    Args:
+        comm: the group's mpi4py communicator."""
     _GROUP.append(comm)

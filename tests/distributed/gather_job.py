@@ -22,7 +22,7 @@ from conftest import BiasPolicy, CounterEnv
 from tensordict.nn import TensorDictModule
 
 from hpccollect import DistributedDataCollector
-from hpccollect.launchers.mpi import MPILauncher
+from hpccollect.launchers import MPILauncher
 from hpccollect.launchers.mpi_gather import gather_groups
 
 
