@@ -321,7 +321,13 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
         sys.stderr.flush()
         abort_job(mpi4py_comm(), LOST_RANK0_STATUS)  # the whole job, whatever comm is
 
-    serve_rank(args, end_lost=end_job, comm=None if comm == mpi4py_comm() else comm)
+    world = mpi4py_comm()
+    if comm == world:
+        serve_rank(args, end_lost=end_job)
+        return
+    me, first = comm.Get_group().Translate_ranks([comm.Get_rank(), 0], world.Get_group())
+    names = (f"collector rank {me}", "rank 0" if first == 0 else f"its gatherer, rank {first},")
+    serve_rank(args, end_lost=end_job, comm=comm, names=names)
 
 
 def abort_on_uncaught(comm: Any = None) -> None:

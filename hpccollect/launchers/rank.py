@@ -58,6 +58,7 @@ def serve_rank(
     stop_on_sigterm: bool = False,
     end_lost: Callable[[], Any] | None = None,
     comm: Any = None,
+    names: tuple[str, str] | None = None,
 ) -> None:
     """Join the job as ``args.rank`` and serve rank 0 until it says stop or goes away.
 
@@ -69,8 +70,11 @@ def serve_rank(
     ends this rank too, saying so on standard error: once its own collector is shut down,
     ``end_lost()`` ends the process (default: exit status ``LOST_RANK0_STATUS`` at once, with
     no teardown that could wait on rank 0). ``comm``: the MPI communicator of the job, for a
-    backend that meets in it (default ``MPI.COMM_WORLD``).
+    backend that meets in it (default ``MPI.COMM_WORLD``). ``names``: what this rank and its
+    rank 0 are called when it reports rank 0 lost (default ``collector rank N``, ``rank 0``;
+    a gathered MPI job's ranks say their number in the job, and their gatherer's).
     """
+    names = names or (f"collector rank {args.rank}", "rank 0")
     ignore_stop_signals()
     if stop_on_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -85,7 +89,7 @@ def serve_rank(
     lost: list[str] = []
     watch = threading.Thread(
         target=_watch_rank0,
-        args=(channel, groups, args, served, lost),
+        args=(channel, groups, args, served, lost, names),
         name="hpccollect-rank0-watch",
         daemon=True,
     )
@@ -100,7 +104,7 @@ def serve_rank(
         channel.join_threads(5.0)
         watch.join(2.0)
     if gone is not None and not lost:  # the link failed before the watch saw rank 0 silent
-        _report(args, gone)
+        _report(args, names, gone)
         lost.append(gone)
     if lost:
         (end_lost or _exit_lost)()
@@ -114,10 +118,10 @@ def _why_gone(channel: Any) -> str | None:
     return channel.silence() or f"cannot be reached ({failed})"
 
 
-def _report(args: RankArgs, why: str) -> None:
+def _report(args: RankArgs, names: tuple[str, str], why: str) -> None:
     where = f" ({args.host})" if args.host else ""
     print(
-        f"hpccollect: collector rank {args.rank} on {socket.gethostname()}: rank 0{where} "
+        f"hpccollect: {names[0]} on {socket.gethostname()}: {names[1]}{where} "
         f"{why}; this rank stops collecting and ends.",
         file=sys.stderr,
         flush=True,
@@ -131,7 +135,12 @@ def _exit_lost() -> None:
 
 
 def _watch_rank0(
-    channel: Any, groups: RankGroups, args: RankArgs, served: threading.Event, lost: list[str]
+    channel: Any,
+    groups: RankGroups,
+    args: RankArgs,
+    served: threading.Event,
+    lost: list[str],
+    names: tuple[str, str],
 ) -> None:
     """End this rank's part of the job once rank 0 has been silent too long: the channel fails
     every wait on rank 0, ``serve`` returns and the process ends. A send rank 0 never takes
@@ -141,8 +150,8 @@ def _watch_rank0(
         why = channel.silence()
         if why is None:
             continue
-        _report(args, why)
-        lost.append(f"rank 0 {why}")
+        _report(args, names, why)
+        lost.append(f"{names[1]} {why}")
         channel.lose(lost[0])
         with contextlib.suppress(Exception):
             groups.close()

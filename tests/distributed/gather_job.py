@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from functools import partial
 
 import torch
@@ -24,6 +25,12 @@ from tensordict.nn import TensorDictModule
 from hpccollect import DistributedDataCollector
 from hpccollect.launchers import MPILauncher
 from hpccollect.launchers.mpi_gather import gather_groups
+
+
+class Slow(CounterEnv):
+    def step(self, action):
+        time.sleep(0.01)
+        return super().step(action)
 
 
 class Failing(CounterEnv):
@@ -40,6 +47,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--mode", default="collect")
     p.add_argument("--sync", type=int, default=1)
+    p.add_argument("--liveness", type=float, default=30.0)
     a = p.parse_args()
     rank = int(os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
     size = int(os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
@@ -49,21 +57,26 @@ def main() -> None:
     fns = [partial(CounterEnv, r) for r in collecting]
     if a.mode == "raise":
         fns[-1] = partial(Failing, collecting[-1])
+    if a.mode == "wait":  # every rank steps slowly, for ever: the test stops one
+        fns = [partial(Slow, r) for r in collecting]
     policy = TensorDictModule(BiasPolicy(), ["observation"], ["action"])
     collector = DistributedDataCollector(
         fns,
         policy,
         frames_per_batch=a.per_rank * len(collecting),
-        total_frames=a.batches * a.per_rank * len(collecting),
+        total_frames=-1 if a.mode == "wait" else a.batches * a.per_rank * len(collecting),
         launcher=MPILauncher(gather=a.gather),
         backend=a.backend,
         sync=bool(a.sync),
         start_timeout=120,
         worker_timeout=120,
+        liveness_timeout=a.liveness,
     )
     batches = []
     for i, batch in enumerate(collector):
         batches.append(batch.clone())
+        if a.mode == "wait":
+            open(f"{a.out}.started", "w").close()
         if i == 0:
             with torch.no_grad():
                 policy.module.bias.copy_(torch.tensor([0.0, 1.0]))

@@ -4,6 +4,11 @@ yields them laid out as without gathering."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import mpirun
@@ -138,6 +143,53 @@ def test_an_error_on_a_gathered_rank_names_it_and_ends_the_job(tmp_path):
     assert "Rank 5 (worker 1) on" in output and "Rank 8 (worker 2) on" in output, output
     assert "the last collecting rank's env fails on purpose" in output
     assert "aborting the whole job" in output
+    assert_gone(job_pids(out))
+
+
+@mpi_job
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    ("stopped", "says"),
+    [
+        # what the output says: one of these, each line of it
+        (8, [["Rank 5 (worker 1) on", "Rank 8 (worker 2) on", "collector rank 8 (pid"]]),
+        (5, [["collector rank 5 (pid"], ["its gatherer, rank 5, has sent nothing"]]),
+    ],
+    ids=["a-gathered-rank", "a-gatherer"],
+)
+def test_a_silent_rank_or_gatherer_ends_the_job_within_its_liveness_timeout(
+    tmp_path, stopped, says
+):
+    """SIGSTOP to rank 8 (its gatherer, 5, notices within ``liveness_timeout`` and rank 0 raises
+    naming both) or to gatherer 5 (rank 0 notices, and so do 5's ranks, whichever first)."""
+    out = tmp_path / "out.pt"
+    cmd = mpirun.command(9, sys.executable, str(JOB), str(out), "--mode", "wait")
+    proc = subprocess.Popen(
+        [*cmd, "--liveness", "3"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    pid = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "out.pt.started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the job never started"
+            time.sleep(0.1)
+        pid = int((tmp_path / f"out.pt.pid{stopped}").read_text())
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        output, _ = proc.communicate(timeout=30)
+        assert time.monotonic() - stopped_at < 15, output
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0
+    assert any(all(line in output for line in lines) for lines in says), output
     assert_gone(job_pids(out))
 
 
