@@ -240,8 +240,10 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
 
     @property
     def lost_ranks(self) -> list[int]:
-        """Ranks lost during collection (``on_worker_failure="continue"``)."""
-        return [i + 1 for i in self.lost_workers]
+        """Ranks lost during collection (``on_worker_failure="continue"``), by their number in
+        the job (a gathered MPI job's gatherers by their MPI rank)."""
+        channels = self._pool.channels if self._pool is not None else None
+        return [i + 1 if channels is None else channels[i].rank for i in self.lost_workers]
 
     #: how a sync round's batches are put together: stacked, or concatenated along a dim
     _sync_layout: str | int = "stack"
