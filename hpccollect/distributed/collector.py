@@ -251,6 +251,22 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
     _policy_with_factory = True  # as TorchRL's: the ranks build theirs, weights come from here
     _release_after_yield = True  # as TorchRL's: weights sent in the loop reach a rank's next batch
 
+    def _buffer_parts(self, batch: TensorDictBase) -> tuple[TensorDictBase, ...]:
+        if self._gathered is not None:
+            return batch.unbind(0)  # a row per collecting rank, as without gathering
+        return super()._buffer_parts(batch)
+
+    def _time_named_split(self) -> bool:
+        if self._gathered is not None:
+            return self.sync  # rows of [collecting ranks, T], as stacked without gathering
+        return super()._time_named_split()
+
+    def _stamp_rows(self, batch: TensorDictBase, workers: list[int]) -> TensorDictBase:
+        batch = super()._stamp_rows(batch, workers)
+        if self._gathered is not None and self.sync:
+            batch = self._gathered.in_rank_order(batch)
+        return batch
+
     def _base_kwargs(self) -> dict[str, Any]:
         """More keywords for the local collector machinery (a gatherer's trajectory ids)."""
         return {}

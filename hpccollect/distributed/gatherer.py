@@ -14,6 +14,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+from tensordict import TensorDictBase
+
 from hpccollect.collectors.workers.worker import WorkerSpec
 from hpccollect.distributed.collector import DistributedDataCollector
 from hpccollect.errors import ArgumentValueError
@@ -35,7 +38,6 @@ _FOR_THE_GROUP = (
     "worker_timeout",
     "start_timeout",
     "liveness_timeout",
-    "on_worker_failure",
     "weight_sync_schemes",
     "weight_recv_schemes",
 )
@@ -50,6 +52,10 @@ _REFUSED = {
     "0's updates",
     "trajs_per_batch": "whole trajectories are cut on the ranks that collect them",
 }
+
+#: a gatherer gives up on a silent rank of its group this much sooner than rank 0 on the
+#: gatherer, so that the error names the rank, not the gatherer waiting for it
+_SOONER = 0.9
 
 
 class Gathered:
@@ -70,15 +76,31 @@ class Gathered:
                     f"{name} cannot be used with gathering (MPILauncher(gather=...)): {why}. "
                     f"Leave gather=None, or drop {name}."
                 )
+        if arguments["on_worker_failure"] == "continue":
+            raise ArgumentValueError(
+                "on_worker_failure='continue' cannot be used with gathering (MPILauncher("
+                "gather=...)): a gatherer's round has a row for each of its ranks, so it cannot "
+                "go on without one. Leave gather=None, or on_worker_failure='raise'."
+            )
         for name in ("frames_per_batch", "policy_factory"):
             if isinstance(arguments[name], (list, tuple)):
                 raise ArgumentValueError(
                     f"{name} is a list, one per rank; with gathering (MPILauncher(gather=...)) "
                     "give one value for every rank."
                 )
+        self.groups = [list(group) for group in groups]
         self.sizes = [len(group) for group in groups]
         self.ranks = sum(self.sizes)
+        #: each collecting rank's place in rank order (where its env and kwargs are listed)
+        rows = [rank for group in self.groups for rank in group]  # a round's, as it comes
+        self._place = {rank: i for i, rank in enumerate(sorted(rows))}
+        rows = [self._place[rank] for rank in rows]
+        #: the permutation that puts a round's rows (gatherer after gatherer) in rank order;
+        #: None where they are already (ranks placed in blocks, as mpiexec does by default)
+        self.order = None if rows == sorted(rows) else torch.tensor(rows).argsort()
         self._arguments = {name: arguments[name] for name in _FOR_THE_GROUP}
+        self._arguments["worker_timeout"] = _SOONER * float(arguments["worker_timeout"])
+        self._init_random_frames = int(arguments["init_random_frames"])
         self._envs: list[list] = []
         self._kwargs: list[list[dict]] = []
 
@@ -88,8 +110,8 @@ class Gathered:
         """Rank 0's per-gatherer arguments from its per-rank ones.
 
         Args:
-            fns: one env constructor per collecting rank.
-            collector_kwargs: one dict per collecting rank.
+            fns: one env constructor per collecting rank, in rank order.
+            collector_kwargs: one dict per collecting rank, in rank order.
             frames_per_batch: the frames of each batch rank 0 yields.
             sync: rank 0 yields a round of every rank (``frames_per_batch`` split among all
                 collecting ranks), else each group's round as it comes (``frames_per_batch``
@@ -101,11 +123,9 @@ class Gathered:
             passes its ranks' own), and rank 0's ``frames_per_batch``: with ``sync``, each
             gatherer's frames per round.
         """
-        start = 0
-        for size in self.sizes:
-            self._envs.append(list(fns[start : start + size]))
-            self._kwargs.append(collector_kwargs[start : start + size])
-            start += size
+        for group in self.groups:
+            self._envs.append([fns[self._place[rank]] for rank in group])
+            self._kwargs.append([collector_kwargs[self._place[rank]] for rank in group])
         firsts, kwargs = [envs[0] for envs in self._envs], [{} for _ in self.sizes]
         if not sync:
             return firsts, kwargs, frames_per_batch
@@ -121,17 +141,24 @@ class Gathered:
     def spec(self, index: int, policy: Any, kwargs: dict, threads: int) -> WorkerSpec:
         """What gatherer ``index`` builds: a ``GroupGatherer`` over its group, with its share of
         each round (``kwargs``: what rank 0 would send a rank)."""
+        # the random frames each rank would take without gathering, for each of the group's
+        irf = self._init_random_frames
+        share = -(-irf // self.ranks) * self.sizes[index] if irf > 0 else irf
         own = {
             "frames_per_batch": kwargs["frames_per_batch"],
             "traj_id_offset": kwargs.get("traj_id_offset", 0),
             "traj_id_stride": kwargs.get("traj_id_stride", 1),
-            "init_random_frames": kwargs.get("init_random_frames", -1),
+            "init_random_frames": share,
             "policy_factory": kwargs.get("policy_factory"),
             "collector_kwargs": self._kwargs[index],
         }
         return WorkerSpec(
             self._envs[index], policy, {**self._arguments, **own}, threads, GroupGatherer
         )
+
+    def in_rank_order(self, batch: TensorDictBase) -> TensorDictBase:
+        """A sync round (its gatherers' rows one after the other) with its rows in rank order."""
+        return batch if self.order is None else batch[self.order]
 
 
 class GroupGatherer(DistributedDataCollector):

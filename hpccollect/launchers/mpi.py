@@ -32,7 +32,11 @@ from hpccollect.launchers.mpi_gather import check_gather, keep_gatherer_group, p
 from hpccollect.launchers.rank import LOST_RANK0_STATUS, RankArgs, serve_rank
 from hpccollect.transport.base import PeerLife
 from hpccollect.transport.mpi4py_group import mpi4py_comm, quiesce
-from hpccollect.transport.mpi_job_end import abort_job, end_job_at_exit
+from hpccollect.transport.mpi_job_end import (
+    abort_job,
+    end_job_at_exit,
+    end_job_now_if_left_running,
+)
 from hpccollect.transport.mpi_waits import recv_object, send_object
 
 __all__ = ["MPILauncher", "serve"]
@@ -83,7 +87,7 @@ class MPILauncher(Launcher):
             )
         #: on rank 0 of a gathered job: the world ranks each gatherer collects from
         self.gathered: list[list[int]] | None = None
-        if comm is None:
+        if comm is None or comm == world:
             abort_on_uncaught(world)
             watch_launcher()  # a launcher that ends without passing SIGTERM on: launcher_watch
         self.comm = world if comm is None else comm
@@ -93,10 +97,14 @@ class MPILauncher(Launcher):
                 "with mpiexec -n N (N >= 2) or srun -n N, or use launcher='mp' to start the "
                 "collector ranks as local processes."
             )
+        #: a rank that collects for a gatherer: it waits for its gatherer, which waits for
+        #: rank 0, so its start may take two start-ups
+        self._gathered_rank = False
         if self.gather is not None:
             plan = plan_gathering(world, self.gather)
             if plan.gathers:
                 keep_gatherer_group(plan.lower)
+            self._gathered_rank = plan.upper is None
             self.comm = plan.upper if plan.upper is not None else plan.lower
             if self.comm.Get_rank() == 0 and plan.lower is None:
                 self.gathered = [group[1:] for group in plan.groups]
@@ -149,7 +157,7 @@ class MPILauncher(Launcher):
                     rank,
                     _HELLO,
                     self._start_timeout,
-                    f"collector rank {rank}'s first message",
+                    f"collector rank {self._name(rank)}'s first message",
                     _WAIT_SLEEP,
                 )
                 for rank in range(1, self.comm.Get_size())
@@ -177,14 +185,21 @@ class MPILauncher(Launcher):
         self._start_timeout = start_timeout
         if self.comm.Get_rank() == 0:
             return
-        serve(start_timeout, self.comm)
+        serve(start_timeout * (2 if self._gathered_rank else 1), self.comm)
         sys.stdout.flush()
         sys.stderr.flush()
         from mpi4py import MPI
 
         quiesce()  # no thread may still call MPI when it is finalised
+        # a gatherer whose own ranks did not all stop: MPI_Finalize would wait for them
+        end_job_now_if_left_running()
         MPI.Finalize()  # waits until rank 0 finalises too (at its exit)
         exit_finalized(0)
+
+    def _name(self, rank: int) -> int:
+        """Rank ``rank`` of this launcher's communicator by its number in the MPI job."""
+        named = self.world_ranks
+        return named[rank] if named else rank
 
     @property
     def world_ranks(self) -> list[int] | None:
@@ -208,7 +223,8 @@ class MPILauncher(Launcher):
     def left_running(self, ranks: Sequence[int]) -> None:
         """MPI cannot end one rank, and ``MPI_Finalize`` would wait for them forever: the job
         ends when rank 0 exits, with status 0 (the collector finished without them)."""
-        end_job_at_exit(ranks, lost=True)
+        named = self.world_ranks
+        end_job_at_exit([named[r] if named else r for r in ranks], lost=True)
 
     def start(self, ranks: Sequence[RankArgs]) -> list[PeerLife | None]:
         self._hellos()  # taken in any case: every rank sends one
@@ -219,7 +235,7 @@ class MPILauncher(Launcher):
                 args.rank,
                 _START,
                 args.start_timeout,
-                f"handing rank {args.rank} its arguments",
+                f"handing rank {self._name(args.rank)} its arguments",
                 _WAIT_SLEEP,
             )
         return [None] * len(ranks)
@@ -295,8 +311,9 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
 
     Raises:
         CollectorTimeoutError: rank 0 did not construct its collector within ``timeout``."""
-    comm = comm if comm is not None else mpi4py_comm()
-    abort_on_uncaught(comm)
+    world = mpi4py_comm()
+    comm = comm if comm is not None else world
+    abort_on_uncaught(world)
     if comm.Get_rank() == 0:
         raise ArgumentValueError(
             "hpccollect.distributed.serve() runs the collector ranks (MPI ranks 1..N-1); on "
@@ -304,16 +321,21 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
         )
     from hpccollect.transport.addresses import host_addresses
 
+    names = (f"collector rank {comm.Get_rank()}", "rank 0")  # this rank, and its rank 0
+    if comm != world:  # a gathered job's group: say the ranks' numbers in the job
+        me, first = comm.Get_group().Translate_ranks([comm.Get_rank(), 0], world.Get_group())
+        names = (f"collector rank {me}", "rank 0" if first == 0 else f"its gatherer, rank {first},")
     hello = (socket.gethostname(), host_addresses())
     send_object(comm, hello, 0, _HELLO, timeout, "telling rank 0 where this rank runs", _WAIT_SLEEP)
     try:
         args: RankArgs = recv_object(comm, 0, _START, timeout, "rank 0's start", _WAIT_SLEEP)
     except CollectorTimeoutError as err:
+        waited = names[1].rstrip(",")
         raise CollectorTimeoutError(
-            f"MPI rank {comm.Get_rank()} waited {timeout:g} s for rank 0 to construct "
-            "DistributedDataCollector(..., launcher='mpi'); every rank must construct it (or "
-            "call hpccollect.distributed.serve()). Raise start_timeout if rank 0 does long work "
-            "first."
+            f"MPI {names[0].removeprefix('collector ')} waited {timeout:g} s for {waited} to "
+            "construct DistributedDataCollector(..., launcher='mpi'); every rank must construct "
+            "it (or call hpccollect.distributed.serve()). Raise start_timeout if rank 0 does "
+            "long work first."
         ) from err
 
     def end_job() -> None:
@@ -321,13 +343,10 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
         sys.stderr.flush()
         abort_job(mpi4py_comm(), LOST_RANK0_STATUS)  # the whole job, whatever comm is
 
-    world = mpi4py_comm()
     if comm == world:
         serve_rank(args, end_lost=end_job)
-        return
-    me, first = comm.Get_group().Translate_ranks([comm.Get_rank(), 0], world.Get_group())
-    names = (f"collector rank {me}", "rank 0" if first == 0 else f"its gatherer, rank {first},")
-    serve_rank(args, end_lost=end_job, comm=comm, names=names)
+    else:
+        serve_rank(args, end_lost=end_job, comm=comm, names=names)
 
 
 def abort_on_uncaught(comm: Any = None) -> None:

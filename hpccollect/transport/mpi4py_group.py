@@ -364,8 +364,11 @@ class MPIGroup:
         requests = [self.comm.Isend(bytearray(1), p, _BYE) for p in peers if p not in self._gone]
         while not all(r.Test() for r in requests) and time.monotonic() < deadline + _GRACE:
             time.sleep(1e-3)
-        if stuck:
-            end_job_at_exit(stuck, lost=False)
+        if stuck:  # named by their numbers in the job (a gathered job's group is not all of it)
+            from mpi4py import MPI
+
+            world = MPI.COMM_WORLD.Get_group()
+            end_job_at_exit(list(self.comm.Get_group().Translate_ranks(stuck, world)), lost=False)
 
     def _buffer(self, tensors: torch.Tensor | Sequence[torch.Tensor]) -> Any:
         """The tensor's memory as an array MPI reads or writes in place (it keeps the tensor);

@@ -14,7 +14,7 @@ from typing import Any
 
 from hpccollect._launchers import reap_after_abort
 
-__all__ = ["abort_job", "end_job_at_exit", "unlink_node_segment"]
+__all__ = ["abort_job", "end_job_at_exit", "end_job_now_if_left_running", "unlink_node_segment"]
 
 _DRAIN = 2.0  # s an abort waits at most for the launcher to read this process's output
 #: collector ranks that did not stop, the job ends at exit: whether each was known lost
@@ -81,6 +81,14 @@ def end_job_at_exit(ranks: Sequence[int], lost: bool) -> None:
         atexit.register(_abort)
     for rank in ranks:  # a rank the collector knew lost is one, whoever saw it stuck first
         _ABORTING[rank] = _ABORTING.get(rank, False) or lost
+
+
+def end_job_now_if_left_running() -> None:
+    """End the job now if collector ranks were left running (``end_job_at_exit``): for a
+    gatherer, which leaves through ``MPI_Finalize`` and C's ``exit``, not Python's exit
+    handlers, and whose finalize would wait for those ranks forever."""
+    if _ABORTING:
+        _abort()
 
 
 def _abort() -> None:

@@ -53,30 +53,79 @@ def test_a_gatherer_left_alone_or_a_bad_gather_is_refused_with_the_fix():
     assert check_gather(None) is None and check_gather("node") == "node"
 
 
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [("rank_sink", print), ("rank_reports", True), ("track_policy_version", True)],
-)
-def test_what_gathering_cannot_honour_is_named(name, value):
-    arguments = {
+def arguments(**given) -> dict:
+    """Rank 0's DistributedDataCollector arguments as ``Gathered`` reads them."""
+    base = dict.fromkeys(
+        (
+            "rank_sink",
+            "trajs_per_batch",
+            "policy_factory",
+            "device",
+            "env_device",
+            "policy_device",
+            "exploration_mode",
+            "weight_sync_schemes",
+            "weight_recv_schemes",
+        )
+    )
+    base |= {
         "sync": True,
-        "rank_sink": None,
         "rank_reports": False,
         "track_policy_version": False,
-        "trajs_per_batch": None,
         "frames_per_batch": 64,
-        "policy_factory": None,
-        name: value,
+        "on_worker_failure": "raise",
+        "init_random_frames": -1,
+        "worker_timeout": 100.0,
+        "start_timeout": 50.0,
+        "liveness_timeout": 30.0,
+        "max_frames_per_traj": -1,
+        "reset_at_each_iter": False,
+        "exploration_type": "random",
+        "collector_class": "single",
+        "num_workers_per_collector": 1,
+        "backend": "mpi",
     }
-    with pytest.raises(ArgumentValueError, match=f"{name} cannot be used with gathering"):
-        Gathered([[2, 3]], arguments)
+    return base | given
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("rank_sink", print),
+        ("rank_reports", True),
+        ("track_policy_version", True),
+        ("on_worker_failure", "continue"),
+    ],
+)
+def test_what_gathering_cannot_honour_is_named(name, value):
+    with pytest.raises(ArgumentValueError, match=f"{name}.* cannot be used with gathering"):
+        Gathered([[2, 3]], arguments(**{name: value}))
 
 
 def test_a_per_rank_frames_per_batch_is_refused():
-    arguments = dict.fromkeys(("rank_sink", "trajs_per_batch", "policy_factory"))
-    arguments |= {"rank_reports": False, "track_policy_version": False, "sync": True}
     with pytest.raises(ArgumentValueError, match="frames_per_batch is a list"):
-        Gathered([[2, 3]], {**arguments, "frames_per_batch": [8, 8]})
+        Gathered([[2, 3]], arguments(frames_per_batch=[8, 8]))
+
+
+def test_ranks_not_in_blocks_get_their_own_envs_and_their_rows_come_back_in_rank_order():
+    """``gather="node"`` with ranks placed round-robin over two nodes (``--map-by node``):
+    groups [1, 3, 5] and [2, 4, 6] gather [3, 5] and [4, 6]. Each rank gets the env listed at
+    its place in rank order; rank 0 puts the rows of a round (3, 5, 4, 6) back in rank order;
+    each gatherer's share of the random frames is its ranks'."""
+    gathered = Gathered([[3, 5], [4, 6]], arguments(init_random_frames=10))
+    fns, kwargs, fpb = gathered.split(
+        ["env3", "env4", "env5", "env6"], [{"r": 3}, {"r": 4}, {"r": 5}, {"r": 6}], 64, True
+    )
+    assert fns == ["env3", "env4"] and kwargs == [{}, {}] and fpb == [32, 32]
+    spec = gathered.spec(1, None, {"frames_per_batch": 32}, 1)
+    assert spec.create_env_fn == ["env4", "env6"]
+    assert spec.kwargs["collector_kwargs"] == [{"r": 4}, {"r": 6}]
+    assert spec.kwargs["init_random_frames"] == 6  # 3 a rank, as 10 over 4 ranks would be
+    assert spec.kwargs["worker_timeout"] == 90.0  # the gatherer names a stuck rank first
+    rows = TensorDict({"rank": torch.tensor([3, 5, 4, 6])}, [4])
+    assert gathered.in_rank_order(rows)["rank"].tolist() == [3, 4, 5, 6]
+    blocks = Gathered([[2, 3], [5, 6]], arguments())
+    assert blocks.order is None  # mpiexec's default placement: nothing to reorder
 
 
 def run(tmp_path: Path, *args: str, ranks: int = 9, timeout: float = 100) -> tuple:

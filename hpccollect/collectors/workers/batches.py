@@ -58,7 +58,7 @@ class WorkerBatches:
             batch = batch.to(self.storing_device)
         if self.split_trajs:
             batch = split_trajectories(batch)
-            if self._gathering.time_named_split():
+            if self._time_named_split():
                 batch.names = [None] * (batch.ndim - 1) + ["time"]
         if self.postproc is not None:
             batch = self.postproc(batch)
@@ -70,6 +70,10 @@ class WorkerBatches:
 
     def _buffer_parts(self, batch: TensorDictBase) -> tuple[TensorDictBase, ...]:
         return self._gathering.buffer_parts(batch)
+
+    def _time_named_split(self) -> bool:
+        """Whether a split batch names its last dim "time"."""
+        return self._gathering.time_named_split()
 
     def _stamp_rows(self, batch: TensorDictBase, workers: list[int]) -> TensorDictBase:
         """``batch`` (one row per worker in ``workers``, or one worker's) as yielded: here

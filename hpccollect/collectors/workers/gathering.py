@@ -143,7 +143,7 @@ class SyncGathering(Gathering):
             # the time dim differs between workers of their own lengths, and the dim batches
             # are concatenated along may differ anyway
             skip = {td.batch_dims - 1} if skip_time else set()
-            if cat != "stack":
+            if cat != "stack" and -td.batch_dims <= cat < td.batch_dims:
                 skip.add(cat % td.batch_dims)
             return {
                 k: (tuple(n for d, n in enumerate(v.shape) if d not in skip), v.dtype)
