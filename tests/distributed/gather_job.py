@@ -5,7 +5,9 @@ Each rank writes its pid to ``OUT.pid<rank>`` first. Collecting rank ``r`` (a wo
 ``CounterEnv`` whose episodes last ``r`` steps, so the largest observation of a batch row names
 the rank that collected it. Rank 0 takes ``--batches`` batches of ``--per-rank`` frames a rank,
 flips the policy's bias after the first and sends it (``update_policy_weights_``), and saves the
-batches to ``OUT``. ``--mode raise``: the last collecting rank's env raises in its first batch.
+batches to ``OUT``. ``--mode raise``: the last collecting rank's env raises in its first batch;
+``buffer``: the collector extends a replay buffer, whose extends are saved; ``wait``: the ranks step slowly,
+without end (``OUT.started`` once the first batch is in).
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ from tensordict.nn import TensorDictModule
 from hpccollect import DistributedDataCollector
 from hpccollect.launchers import MPILauncher
 from hpccollect.launchers.mpi_gather import gather_groups
+
+
+class Extends(list):
+    """A replay buffer that keeps the batch of each ``extend`` whole, as given (a storage that
+    extends along the first dim, as TorchRL's do)."""
+
+    def extend(self, batch):
+        self.append(batch.clone())
 
 
 class Slow(CounterEnv):
@@ -60,6 +70,7 @@ def main() -> None:
     if a.mode == "wait":  # every rank steps slowly, for ever: the test stops one
         fns = [partial(Slow, r) for r in collecting]
     policy = TensorDictModule(BiasPolicy(), ["observation"], ["action"])
+    buffer = Extends() if a.mode == "buffer" else None
     collector = DistributedDataCollector(
         fns,
         policy,
@@ -71,9 +82,13 @@ def main() -> None:
         start_timeout=120,
         worker_timeout=120,
         liveness_timeout=a.liveness,
+        replay_buffer=buffer,
     )
     batches = []
     for i, batch in enumerate(collector):
+        if buffer is not None:  # the collector extends it: nothing is yielded
+            assert batch is None
+            continue
         batches.append(batch.clone())
         if a.mode == "wait":
             open(f"{a.out}.started", "w").close()
@@ -88,6 +103,7 @@ def main() -> None:
             "batches": [b.to_dict() for b in batches],
             "collecting": collecting,
             "versions": versions,
+            "buffer": None if buffer is None else [b.to_dict() for b in buffer],
         },
         a.out,
     )

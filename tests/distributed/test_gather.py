@@ -185,6 +185,17 @@ def test_with_sync_false_each_groups_round_comes_as_it_is_ready(tmp_path):
 
 @mpi_job
 @pytest.mark.timeout(150)
+def test_a_replay_buffer_gets_a_frame_an_item_as_without_gathering(tmp_path):
+    out, code, output = run(tmp_path, "--gather", "4", "--mode", "buffer", "--batches", "2")
+    assert code == 0, output
+    extends = torch.load(out, weights_only=False)["buffer"]
+    # a rank's row an extend, as each worker's part without gathering
+    assert [TensorDict(e)["next", "observation"].shape for e in extends] == [(16, 1)] * 12
+    assert_gone(job_pids(out))
+
+
+@mpi_job
+@pytest.mark.timeout(150)
 def test_an_error_on_a_gathered_rank_names_it_and_ends_the_job(tmp_path):
     out, code, output = run(tmp_path, "--gather", "4", "--mode", "raise")
     assert code != 0
