@@ -9,6 +9,7 @@ its ``bin`` first on PATH, and mpi4py loading its library (``MPI4PY_LIBMPI``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ __all__ = [
     "own_lines",
     "run",
     "skip_reason",
+    "started",
 ]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,6 +123,32 @@ def run(job: Path, out: Path, *args: str, ranks: int = 3, timeout: float = 90) -
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return proc.returncode, output, time.monotonic() - start
+
+
+@contextlib.contextmanager
+def started(job: Path, out: Path, *args: str, ranks: int = 3, output: bool = False):
+    """``job`` run as ``run`` does, but in the background: the process is yielded once the job
+    wrote ``out.started`` (its stdout and stderr piped with ``output``, else dropped). A job
+    that ends first, or starts no later than 60 s, fails; one still running at the end has
+    every process of it killed."""
+    quiet = subprocess.PIPE if output else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        command(ranks, sys.executable, str(job), str(out), *args),
+        stdout=quiet,
+        stderr=subprocess.STDOUT if output else subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not Path(f"{out}.started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the job never started"
+            time.sleep(0.1)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def job_pids(out: Path) -> list[int]:

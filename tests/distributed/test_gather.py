@@ -4,10 +4,9 @@ yields them laid out as without gathering."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -223,31 +222,17 @@ def test_a_silent_rank_or_gatherer_ends_the_job_within_its_liveness_timeout(
     """SIGSTOP to rank 8 (its gatherer, 5, notices within ``liveness_timeout`` and rank 0 raises
     naming both) or to gatherer 5 (rank 0 notices, and so do 5's ranks, whichever first)."""
     out = tmp_path / "out.pt"
-    cmd = mpirun.command(9, sys.executable, str(JOB), str(out), "--mode", "wait")
-    proc = subprocess.Popen(
-        [*cmd, "--liveness", "3"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    pid = None
-    try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "out.pt.started").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the job never started"
-            time.sleep(0.1)
+    args = ("--mode", "wait", "--liveness", "3")
+    with mpirun.started(JOB, out, *args, ranks=9, output=True) as proc:
         pid = int((tmp_path / f"out.pt.pid{stopped}").read_text())
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
-        output, _ = proc.communicate(timeout=30)
-        assert time.monotonic() - stopped_at < 15, output
-    finally:
-        if pid is not None:
-            os.kill(pid, signal.SIGCONT)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        try:
+            output, _ = proc.communicate(timeout=30)
+            assert time.monotonic() - stopped_at < 15, output
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
     assert proc.returncode != 0
     assert any(all(line in output for line in lines) for lines in says), output
     assert_gone(job_pids(out))

@@ -196,27 +196,12 @@ def test_an_exception_on_one_rank_ends_the_whole_job(tmp_path, mode, says):
 @pytest.mark.timeout(120)
 def test_a_rank_killed_with_sigkill_ends_the_job_within_seconds(tmp_path):
     out = tmp_path / "out.pt"
-    cmd = mpirun.command(3, sys.executable, str(JOB), str(out), "--backend", "mpi")
-    proc = subprocess.Popen(
-        [*cmd, "--mode", "wait"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "out.pt.started").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the job never started"
-            time.sleep(0.1)
+    with mpirun.started(JOB, out, "--backend", "mpi", "--mode", "wait") as proc:
         os.kill(int((tmp_path / "out.pt.pid2").read_text()), signal.SIGKILL)
         killed = time.monotonic()
         proc.wait(timeout=30)
         assert time.monotonic() - killed < 10
         assert proc.returncode != 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert_gone(job_pids(out))
     # hydra ends the other ranks with SIGKILL too: the segment was unlinked when MPI started,
     # which no_mpich_segments_left checks (waiting out those of jobs running beside this one)
