@@ -53,8 +53,8 @@ _REFUSED = {
     "trajs_per_batch": "whole trajectories are cut on the ranks that collect them",
 }
 
-#: a gatherer gives up on a silent rank of its group this much sooner than rank 0 on the
-#: gatherer, so that the error names the rank, not the gatherer waiting for it
+#: a gatherer waits for its ranks' batches this much of rank 0's ``worker_timeout``, so that a
+#: rank that never delivers is named, not the gatherer waiting for it
 _SOONER = 0.9
 
 

@@ -109,6 +109,14 @@ class MPILauncher(Launcher):
             if self.comm.Get_rank() == 0 and plan.lower is None:
                 self.gathered = [group[1:] for group in plan.groups]
         size = self.comm.Get_size()
+        #: the communicator the job's groups meet in when it is not MPI.COMM_WORLD (a gathered
+        #: job's), else None; and each of its ranks' numbers in the whole job
+        self.split_comm = None if self.comm == world else self.comm
+        self.world_ranks: list[int] | None = None
+        if self.split_comm is not None:
+            self.world_ranks = list(
+                self.comm.Get_group().Translate_ranks(list(range(size)), world.Get_group())
+            )
         self.num_ranks = size - 1
         self.master_addr, self.interface = master_addr, interface
         self._rendezvous: Any = None
@@ -200,22 +208,6 @@ class MPILauncher(Launcher):
         """Rank ``rank`` of this launcher's communicator by its number in the MPI job."""
         named = self.world_ranks
         return named[rank] if named else rank
-
-    @property
-    def world_ranks(self) -> list[int] | None:
-        """Each rank of a split communicator's number in the whole job (what the errors
-        name), or None where the job is not split."""
-        comm = self.split_comm
-        if comm is None:
-            return None
-        world = mpi4py_comm().Get_group()
-        return list(comm.Get_group().Translate_ranks(list(range(comm.Get_size())), world))
-
-    @property
-    def split_comm(self) -> Any:
-        """The communicator the job's groups meet in when it is not ``MPI.COMM_WORLD`` (a
-        gathered job's), else None."""
-        return None if self.comm == mpi4py_comm() else self.comm
 
     def address(self) -> str:
         return self.rendezvous.master_addr
