@@ -1,5 +1,6 @@
-"""The script every rank of ``mpiexec -n N`` runs in tests/distributed/test_gather.py: a trainer
-on rank 0 over collector ranks split into groups of ``--gather`` (``MPILauncher(gather=...)``).
+"""The script every rank of ``mpiexec -n N`` runs in tests/distributed/test_gather.py (and
+tests/slurm/test_nodes.py): a trainer on rank 0 over collector ranks split into groups of
+``--gather`` ranks, or one group a node (``node``) (``MPILauncher(gather=...)``).
 
 Each rank writes its pid to ``OUT.pid<rank>`` first. Collecting rank ``r`` (a world rank) runs a
 ``CounterEnv`` whose episodes last ``r`` steps, so the largest observation of a batch row names
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 from functools import partial
@@ -51,7 +53,7 @@ class Failing(CounterEnv):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
-    p.add_argument("--gather", type=int, default=4)
+    p.add_argument("--gather", default="4", help="'node' or a group size")
     p.add_argument("--backend", default="mpi")
     p.add_argument("--per-rank", type=int, default=16)
     p.add_argument("--batches", type=int, default=3)
@@ -63,7 +65,13 @@ def main() -> None:
     size = int(os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
     with open(f"{a.out}.pid{rank}", "w") as f:
         f.write(str(os.getpid()))
-    collecting = [r for group in gather_groups(a.gather, [""] * size) for r in group[1:]]
+    gather = a.gather if a.gather == "node" else int(a.gather)
+    hosts = [""] * size
+    if gather == "node":
+        from mpi4py import MPI
+
+        hosts = MPI.COMM_WORLD.allgather(socket.gethostname())
+    collecting = sorted(r for group in gather_groups(gather, hosts) for r in group[1:])
     fns = [partial(CounterEnv, r) for r in collecting]
     if a.mode == "raise":
         fns[-1] = partial(Failing, collecting[-1])
@@ -76,7 +84,7 @@ def main() -> None:
         policy,
         frames_per_batch=a.per_rank * len(collecting),
         total_frames=-1 if a.mode == "wait" else a.batches * a.per_rank * len(collecting),
-        launcher=MPILauncher(gather=a.gather),
+        launcher=MPILauncher(gather=gather),
         backend=a.backend,
         sync=bool(a.sync),
         start_timeout=120,

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import mpirun
 import pytest
+import torch
 from conftest import alive
+from tensordict import TensorDict
 
 from hpccollect.storage import open_dataset
 
@@ -25,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NODES = ROOT / "slurm" / "nodes.sh"
 SSH = ROOT / "slurm" / "node-ssh"
 LIVENESS_JOB = ROOT / "tests" / "distributed" / "liveness_job.py"
+GATHER_JOB = ROOT / "tests" / "distributed" / "gather_job.py"
 BIN = mpirun.BIN
 MPIEXEC = mpirun.MPIEXEC  # MPICH's hydra: its ssh launcher reaches the simulated nodes
 # UCX would carry MPI between the simulated nodes through shared memory (one machine, one /dev/shm):
@@ -160,6 +163,23 @@ def test_a_job_over_two_nodes_needs_no_address_flag(nodes, tmp_path, backend):
     assert "rank 0 on node1" in out + err
     with open_dataset(tmp_path / "x.h5") as ds:
         assert ds.complete and len(ds) == total
+    assert_nodes_idle(nodes)
+
+
+@pytest.mark.timeout(180)
+def test_gathered_per_node_with_ranks_placed_round_robin_rows_come_in_rank_order(nodes, tmp_path):
+    """``MPILauncher(gather="node")`` over two nodes, hydra placing ranks round-robin (0, 2,
+    4, 6 on node1; 1, 3, 5 on node2): gatherers 2 and 1 collect from [4, 6] and [3, 5], and
+    rank 0's rows still come in rank order, each rank running its own env."""
+    out = tmp_path / "out.pt"
+    cmd = [sys.executable, str(GATHER_JOB), str(out), "--gather", "node", "--backend", "mpi"]
+    code, _, err = Job(tmp_path, "node1,node2", 7, *cmd).wait(150)
+    assert code == 0, err
+    saved = torch.load(out, weights_only=False)
+    assert saved["collecting"] == [3, 4, 5, 6]
+    for raw in saved["batches"]:
+        batch = TensorDict(raw, batch_size=[4, 16])
+        assert [int(row.max()) for row in batch["next", "observation"]] == [3, 4, 5, 6]
     assert_nodes_idle(nodes)
 
 
