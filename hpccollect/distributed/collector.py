@@ -43,6 +43,7 @@ from hpccollect.distributed.arguments import (
     check_slurm_kwargs,
     weight_schedule,
 )
+from hpccollect.distributed.gathered import GatheredRows
 from hpccollect.distributed.schedule import WeightSchedule
 from hpccollect.distributed.weights import RankWeightsSender
 from hpccollect.errors import ArgumentValueError
@@ -56,7 +57,7 @@ __all__ = ["DistributedDataCollector", "DistributedSyncCollector"]
 
 
 @with_args(**DISTRIBUTED)
-class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase):
+class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, MultiCollectorBase):
     """TorchRL's distributed collector: rank 0 (this process) gathers the batches that collector
     ranks 1..N collect, and sends them policy weights.
 
@@ -181,15 +182,8 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
         self._collector_kwargs = check_collector_kwargs(
             collector_kwargs, len(fns), self.collector_class
         )
-        self._gathered = None
         if gathered is not None:
-            from hpccollect.distributed.gatherer import Gathered
-
-            self._gathered = Gathered(gathered, arguments)
-            fns, self._collector_kwargs, arguments["frames_per_batch"] = self._gathered.split(
-                fns, self._collector_kwargs, frames_per_batch, self.sync
-            )
-            self._sync_layout = 0  # each gatherer's round is [its ranks, T]: concatenated
+            fns = self._gather_from(gathered, fns, arguments)
         self.backend = check_backend(backend)
         if self.backend == "mpi" and not self.launcher.mpi_world:
             raise ArgumentValueError(
@@ -250,22 +244,6 @@ class DistributedDataCollector(ThreadFilling, WeightSchedule, MultiCollectorBase
     _env_by_inheritance = False  # ranks get everything in their payload
     _policy_with_factory = True  # as TorchRL's: the ranks build theirs, weights come from here
     _release_after_yield = True  # as TorchRL's: weights sent in the loop reach a rank's next batch
-
-    def _buffer_parts(self, batch: TensorDictBase) -> tuple[TensorDictBase, ...]:
-        if self._gathered is not None:
-            return batch.unbind(0)  # a row per collecting rank, as without gathering
-        return super()._buffer_parts(batch)
-
-    def _time_named_split(self) -> bool:
-        if self._gathered is not None:
-            return self.sync  # rows of [collecting ranks, T], as stacked without gathering
-        return super()._time_named_split()
-
-    def _stamp_rows(self, batch: TensorDictBase, workers: list[int]) -> TensorDictBase:
-        batch = super()._stamp_rows(batch, workers)
-        if self._gathered is not None and self.sync:
-            batch = self._gathered.in_rank_order(batch)
-        return batch
 
     def _base_kwargs(self) -> dict[str, Any]:
         """More keywords for the local collector machinery (a gatherer's trajectory ids)."""

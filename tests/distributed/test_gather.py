@@ -16,7 +16,7 @@ import torch
 from mpirun import assert_gone, job_pids
 from tensordict import TensorDict
 
-from hpccollect.distributed.gatherer import Gathered
+from hpccollect.distributed.gathered import Gathered
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.launchers.mpi_gather import check_gather, gather_groups
 
