@@ -50,6 +50,10 @@ _REFUSED = {
     "trajs_per_batch": "whole trajectories are cut on the ranks that collect them",
 }
 
+#: a gatherer's collector, imported on the gatherer (it is a ``DistributedDataCollector``,
+#: which imports this module)
+_GATHERER = "hpccollect.distributed.gatherer:GroupGatherer"
+
 #: a gatherer waits for its ranks' batches this much of rank 0's ``worker_timeout``, so that a
 #: rank that never delivers is named, not the gatherer waiting for it
 _SOONER = 0.9
@@ -149,11 +153,7 @@ class Gathered:
             "policy_factory": kwargs.get("policy_factory"),
             "collector_kwargs": self._kwargs[index],
         }
-        from hpccollect.distributed.gatherer import GroupGatherer
-
-        return WorkerSpec(
-            self._envs[index], policy, {**self._arguments, **own}, threads, GroupGatherer
-        )
+        return WorkerSpec(self._envs[index], policy, {**self._arguments, **own}, threads, _GATHERER)
 
     def in_rank_order(self, batch: TensorDictBase) -> TensorDictBase:
         """A sync round (its gatherers' rows one after the other) with its rows in rank order."""

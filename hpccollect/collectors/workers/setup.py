@@ -88,7 +88,7 @@ def fake_worker_batch(args: list, whole_trajectories: bool) -> TensorDictBase:
     as that worker builds its own (flat, one frame, for whole trajectories)."""
     spec = WorkerSpec.loads(args[0])
     env = args[3] if args[3] is not None else spec.create_env_fn
-    probe = spec.collector_class(env, spec.policy, **spec.kwargs)
+    probe = spec.build(env)
     try:
         fake = probe.fake_tensordict()
     finally:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from hpccollect._lazy import load_target
 from hpccollect._signals import ignore_stop_signals
 from hpccollect.collectors.loops.buffers import store
 from hpccollect.collectors.loops.whole_trajs import TrajectoryAssembler
@@ -46,7 +47,8 @@ __all__ = ["WorkerSpec", "serve", "worker_main"]
 @dataclass
 class WorkerSpec:
     """What one worker builds (sent once, with cloudpickle, so lambdas and closures work):
-    ``collector_class(create_env_fn, policy, **kwargs)`` with ``num_threads`` torch threads.
+    ``collector_class(create_env_fn, policy, **kwargs)`` with ``num_threads`` torch threads;
+    ``collector_class`` may be named as ``"module:Class"``, imported in the worker.
 
     ``sink``: None, or a callable the worker calls once to get an object whose ``extend(batch)``
     takes every batch it collects before announcing it (a per-rank dataset shard, written where
@@ -63,12 +65,19 @@ class WorkerSpec:
     policy: Any
     kwargs: dict
     num_threads: int = 1
-    collector_class: type = SyncDataCollector
+    collector_class: type | str = SyncDataCollector
     sink: Any = None
     init_fn: Any = None
     weights_template: Any = None
     live_weights: bool = False
     reports: Reporting | None = None
+
+    def build(self, create_env_fn: Any, **extra: Any) -> Any:
+        """The worker's collector over ``create_env_fn``: ``collector_class`` (imported first
+        when named as a string) with the policy, ``kwargs`` and ``extra``."""
+        cls = self.collector_class
+        cls = load_target(cls) if isinstance(cls, str) else cls
+        return cls(create_env_fn, self.policy, **self.kwargs, **extra)
 
     def dumps(self) -> bytes:
         return cloudpickle.dumps(self)
@@ -132,7 +141,7 @@ def serve(
         if weights is None:
             template = spec.policy if spec.policy is not None else spec.weights_template
             weights = channel.weights_buffer(template)
-        collector = spec.collector_class(spec.create_env_fn, spec.policy, **spec.kwargs, **extra)
+        collector = spec.build(spec.create_env_fn, **extra)
         if buffer is not None:
             collector.replay_buffer = buffer
         if spec.live_weights and weights is not None:
