@@ -100,7 +100,7 @@ class PolledRankChannel(RankChannel):
 
     def _await(self, timeout: float) -> None:
         if self._take(timeout) == "ended":
-            raise ConnectionError(self.death(2.0) or "the rank ended")
+            raise ConnectionError(self.life.death(2.0) or "the rank ended")
 
     def _take(self, timeout: float) -> str:
         """Wait up to ``timeout`` s for the next message and put it in the inbox. "took",

@@ -3,10 +3,14 @@ receives cannot be polled (gloo).
 
 A gloo receive is seen complete only by a thread that waits in it: ``is_completed()`` stays
 False until someone calls ``wait()``, a wait cannot be interrupted (``abort`` and ``shutdown``
-leave it blocked), and a wait that times out closes the peer's connection for good. A receive
-from any source is no way around it: it cannot be woken at shutdown, and it does not fail when
-a rank's connection does. So each link has a thread that waits in its receive (it ends when
-the link does, which is also how a rank that died is seen at once). Rank 0's beats go as a
+leave it blocked), and a wait that times out closes the group's connections for good. A receive
+from any source (one thread for every link) is no way around it, as tried: it does not fail
+when a rank's connection does, only a message ends it (a group member held by rank 0 itself
+could send one at shutdown), and, what rules it out, it is held by the first rank whose
+message begins to arrive, so one rank stopped part-way through a send (SIGSTOP, a lost node)
+holds every rank's messages: the liveness tests then report live ranks as silent. So each
+link has a thread that waits in its receive (it ends when the link does, which is also how a
+rank that died is seen at once). Rank 0's beats go as a
 ping that the collector rank answers on the messages' tag (``rank_liveness.py``), so rank 0
 runs that one thread a rank; a collector rank also runs one that receives rank 0's beats and
 answers them. Links whose groups can be polled (the mpi4py transport) need no thread at all

@@ -76,7 +76,7 @@ class ThreadedRankChannel(RankChannel):
             # the process ended: its connection's end is seen within moments
             self._ended.wait(_END_GRACE)
             if not self._inbox:
-                raise ConnectionError(self.death() or "the rank ended")
+                raise ConnectionError(self.life.death() or "the rank ended")
 
     def _look(self, timeout: float) -> str:
         """Wait up to ``timeout`` s for a message in the inbox: "took", "ended" (the peer's

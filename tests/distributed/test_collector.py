@@ -392,6 +392,48 @@ def test_an_env_raising_on_a_rank_comes_back_typed_with_its_traceback():
     assert "this env fails on purpose" in str(err)
 
 
+class EndsLeavingAChild(gym.Wrapper):
+    """At its third step, forks a child that sleeps holding every socket of the process (as a
+    simulator server the env started would), writes its pid to ``path``, and ends the
+    process with exit code 7."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(CounterEnv(5))
+        self.path, self.steps = path, 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 3:
+            child = os.fork()
+            if child == 0:
+                time.sleep(60)
+                os._exit(0)
+            with open(self.path, "w") as f:
+                f.write(str(child))
+            os._exit(7)
+        return self.env.step(action)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_ended_while_a_child_holds_its_connection_is_named(tmp_path):
+    """Its connection stays open, so only its process tells rank 0 that it ended: the error
+    names the rank and its exit code (it was an AttributeError of hpccollect's own)."""
+    path = tmp_path / "child.pid"
+    collector = make([partial(CounterEnv, 3), partial(EndsLeavingAChild, str(path))], sync=True)
+    pids = rank_pids(collector)
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            next(iter(collector))
+        assert time.monotonic() - start < 10
+    finally:
+        collector.shutdown(timeout=5)
+        if path.exists():
+            os.kill(int(path.read_text()), signal.SIGKILL)
+    assert info.value.rank == 2 and "exited with code 7" in str(info.value), str(info.value)
+    assert_all_gone(pids)
+
+
 @pytest.mark.timeout(120)
 def test_a_silent_rank_raises_a_timeout_saying_how_long():
     collector = make(envs(3, 5), sync=True, worker_timeout=3)
