@@ -6,9 +6,10 @@ False until someone calls ``wait()``, a wait cannot be interrupted (``abort`` an
 leave it blocked), and a wait that times out closes the group's connections for good. A receive
 from any source (one thread for every link) is no way around it, as tried: it does not fail
 when a rank's connection does, only a message ends it (a group member held by rank 0 itself
-could send one at shutdown), and, what rules it out, it is held by the first rank whose
-message begins to arrive, so one rank stopped part-way through a send (SIGSTOP, a lost node)
-holds every rank's messages: the liveness tests then report live ranks as silent. So each
+could send one at shutdown), and, what rules it out, once one rank was stopped (SIGSTOP, as
+a lost node looks) it took no further message from any rank in some runs (gloo commits it to
+one sender before the message has arrived): the liveness tests then reported live ranks as
+silent. So each
 link has a thread that waits in its receive (it ends when the link does, which is also how a
 rank that died is seen at once). Rank 0's beats go as a
 ping that the collector rank answers on the messages' tag (``rank_liveness.py``), so rank 0
