@@ -3,16 +3,14 @@ receives cannot be polled (gloo).
 
 A gloo receive is seen complete only by a thread that waits in it: ``is_completed()`` stays
 False until someone calls ``wait()``, a wait cannot be interrupted (``abort`` and ``shutdown``
-leave it blocked), and a wait that times out closes the group's connections for good. A receive
-from any source (one thread for every link) is no way around it, as tried: it does not fail
-when a rank's connection does, only a message ends it (a group member held by rank 0 itself
-could send one at shutdown), and, what rules it out, once one rank was stopped (SIGSTOP, as
-a lost node looks) it took no further message from any rank in some runs (gloo commits it to
-one sender before the message has arrived): the liveness tests then reported live ranks as
-silent. So each
-link has a thread that waits in its receive (it ends when the link does, which is also how a
-rank that died is seen at once). Rank 0's beats go as a
-ping that the collector rank answers on the messages' tag (``rank_liveness.py``), so rank 0
+leave it blocked), and a wait that times out closes the group's connections for good. One
+receive from any source for every link is no way around it (tried): it does not fail when a
+rank's connection does, only a message ends it (a group member held by rank 0 itself could
+send one at shutdown), and, what rules it out, once one rank was stopped (SIGSTOP, as a lost
+node looks) it took no further message from any rank in some runs, so the liveness tests
+reported live ranks as silent. So each link has a thread that waits in its receive (it ends
+when the link does, which is also how a rank that died is seen at once). Rank 0's beats go as
+a ping that the collector rank answers on the messages' tag (``rank_liveness.py``), so rank 0
 runs that one thread a rank; a collector rank also runs one that receives rank 0's beats and
 answers them. Links whose groups can be polled (the mpi4py transport) need no thread at all
 (``polled.py``).
