@@ -46,6 +46,7 @@ BACKENDS = backend_names()
 #: options that only a distributed run (mpiexec/srun, or --launcher mpi) uses
 DISTRIBUTED_OPTIONS = (
     "shards",
+    "gather",
     "backend",
     "master_addr",
     "interface",
@@ -85,6 +86,7 @@ class RunConfig:
     master_addr: str | None = None
     interface: str | None = None
     shards: bool = False
+    gather: str | int | None = None  # None: every collector rank sends rank 0 its batches
     on_rank_failure: str | None = None  # None: raise
     liveness_timeout: float | None = None  # None: DEFAULT_LIVENESS_TIMEOUT
     report_interval: float | None = None  # None: DEFAULT_REPORT_INTERVAL (with shards only)
@@ -164,6 +166,7 @@ class RunConfig:
             raise ArgumentValueError(
                 f"--liveness-timeout must be a number of seconds >= 1, got {timeout!r}."
             )
+        self._check_gather()
         interval = self.report_interval
         if interval is not None:
             if isinstance(interval, bool) or not (
@@ -178,6 +181,30 @@ class RunConfig:
                     "without --shards every batch goes to rank 0 as it is collected: add "
                     "--shards, or drop --report-interval."
                 )
+
+    def _check_gather(self) -> None:
+        gather = self.gather
+        if gather is None:
+            return
+        if gather != "node" and (isinstance(gather, bool) or not isinstance(gather, int)):
+            raise ArgumentValueError(
+                f"--gather must be node or a number of collector ranks per group, got {gather!r}."
+            )
+        if gather != "node" and gather < 2:
+            raise ArgumentValueError(
+                f"--gather {gather} leaves a group's first rank nobody to gather from: pass a "
+                "group size of at least 2, or node."
+            )
+        for given, why in (
+            (self.shards, "--shards already sends rank 0 no batches, only the ranks' reports"),
+            (
+                self.on_rank_failure == "continue",
+                "--on-rank-failure continue cannot drop one rank of a gathered group",
+            ),
+            (self.launcher not in (None, "mpi"), f"--launcher {self.launcher} has no MPI ranks"),
+        ):
+            if given:
+                raise ArgumentValueError(f"--gather: {why}; drop one of them.")
 
     def check_local(self) -> None:
         """Refuse the distributed-only options in a single-process run (they would do nothing)."""

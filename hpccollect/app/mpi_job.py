@@ -42,7 +42,7 @@ from hpccollect.collectors.workers.reports import DEFAULT_REPORT_INTERVAL, Repor
 from hpccollect.distributed import DistributedDataCollector
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
 from hpccollect.launchers import get_launcher
-from hpccollect.launchers.mpi import abort_on_uncaught
+from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
 from hpccollect.storage import Sink, dataset_format, open_sink
 from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 from hpccollect.transport.mpi4py_group import mpi4py_comm
@@ -106,6 +106,8 @@ class MPICollect:
         if self.rank:  # the launcher forwards signals to every rank; rank 0 decides
             ignore_stop_signals()
         self.describe_error: Describe | None = None
+        #: on rank 0 with --gather: the ranks each group's first rank collects from
+        self.gathered: list[list[int]] | None = None
         self.announce: Callable[[MPICollect], None] | None = None
         self.run_id = uuid.uuid4().hex
 
@@ -145,6 +147,7 @@ class MPICollect:
             return launcher, self._check()
 
         launcher, policy = agree(self.comm, checks, self.describe_error, stop)
+        self.gathered = getattr(launcher, "gathered", None)  # --gather: each group's ranks
         if self.announce is not None:
             self.announce(self)
         if self.cfg.overwrite:  # an earlier run's shards go, so none is taken for this run's
@@ -199,6 +202,8 @@ class MPICollect:
                 f"with mpiexec -n N or srun -n N (N >= 2), or drop --launcher {name} to collect "
                 "in one process."
             )
+        if self.cfg.gather is not None:  # collective: every rank builds it alike
+            return MPILauncher(self.cfg.master_addr, self.cfg.interface, gather=self.cfg.gather)
         return get_launcher(name, master_addr=self.cfg.master_addr, interface=self.cfg.interface)
 
     def _check(self) -> Any:
@@ -314,8 +319,15 @@ class MPICollect:
             else f"{cfg.num_envs} env(s)"
         )
         where = f"{cfg.output} (shards in {cfg.shards_dir})" if cfg.shards else str(cfg.output)
+        ranks = f"{self.ranks} collector rank(s)"
+        if self.gathered is not None:
+            collecting = sum(len(group) for group in self.gathered)
+            ranks = (
+                f"{collecting} collector rank(s) in {len(self.gathered)} group(s), each sent on "
+                "by its own first rank"
+            )
         return (
-            f"collecting {cfg.total_frames} frames of {cfg.env} with {self.ranks} collector "
-            f"rank(s) ({cfg.backend or 'gloo'}, rank 0 on {socket.gethostname()}, pid "
+            f"collecting {cfg.total_frames} frames of {cfg.env} with {ranks} "
+            f"({cfg.backend or 'gloo'}, rank 0 on {socket.gethostname()}, pid "
             f"{os.getpid()}), each {cfg.collector} ({inner}) -> {where}"
         )

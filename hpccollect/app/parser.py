@@ -192,6 +192,14 @@ def _distributed_options(collect: argparse.ArgumentParser) -> None:
         "writes --out as a merged view over them (default: rank 0 writes --out)",
     )
     mpi.add_argument(
+        "--gather",
+        type=_gather,
+        metavar="{node,K}",
+        help="node: the collector ranks of each node send rank 0 one batch a round through "
+        "the node's first rank, which collects nothing itself; K: groups of K consecutive "
+        "collector ranks do the same (fewer messages and links into rank 0; not with --shards)",
+    )
+    mpi.add_argument(
         "--report-interval",
         type=float,
         metavar="SECONDS",
@@ -227,6 +235,18 @@ def _dataset_commands(sub: Any) -> None:
     )
     export.add_argument("--dataset-id", help="NAMESPACE/NAME-vN (minari)")
     export.add_argument("--overwrite", action="store_true")
+
+
+def _gather(text: str) -> str | int:
+    """``--gather``: ``node``, or a group size (its range is checked with the run's options)."""
+    if text == "node":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "must be node or a number of collector ranks per group, such as 8"
+        ) from None
 
 
 def _json_object(text: str) -> dict:

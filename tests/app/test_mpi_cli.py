@@ -176,6 +176,43 @@ def test_collect_under_mpiexec_keeps_every_episode_of_every_rank(tmp_path, capsy
 
 
 @pytest.mark.timeout(240)
+def test_collect_gathered_writes_every_collecting_ranks_episodes(tmp_path, capsys):
+    """--gather 3 under mpiexec -n 7: two groups, each of a gatherer and two collecting ranks;
+    rank 0 takes one batch a group and round, and writes what the four ranks collected."""
+    job = Job(
+        tmp_path, *SMALL, "--collector", "single", "--gather", "3", "--out", "run.h5", ranks=7
+    )
+    code, out, err, _ = job.wait(180)
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert "with 4 collector rank(s) in 2 group(s), each sent on by its own first rank" in err
+    assert out.count("frames collected  2000") == 1
+    frames, _ = episodes(tmp_path / "run.h5")  # every episode whole, none twice
+    assert frames == TOTAL
+    text = inspect_ok(tmp_path / "run.h5", capsys)
+    assert "gather=3" in text and "collector_ranks=6" in text
+    job.assert_nothing_left()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--gather", "1"], "--gather 1 leaves a group's first rank nobody to gather from"),
+        (["--gather", "two"], "argument --gather: must be node or a number"),
+        (["--gather", "2", "--shards"], "--gather: --shards already sends rank 0 no batches"),
+        (["--gather", "node", "--on-rank-failure", "continue"], "--gather: --on-rank-failure"),
+        (["--gather", "node"], "--gather: only for a distributed run"),
+    ],
+)
+def test_gather_mistakes_are_refused_in_one_line(tmp_path, capsys, args, says):
+    assert main(["collect", *args, "--out", str(tmp_path / "x.h5")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     "shards",  # under the other MPIs (tests/all.sh's suite 3), the shards alone
     [
