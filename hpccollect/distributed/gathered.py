@@ -39,12 +39,14 @@ _FOR_THE_GROUP = (
     "weight_recv_schemes",
 )
 
+_KEPT_ON_RANKS = (
+    "the ranks' sinks keep their batches, and rank 0 would take reports only: gathering saves "
+    "nothing there"
+)
 #: what a gathered job cannot do, and why
 _REFUSED = {
-    "rank_sink": "the ranks' sinks keep their batches, and rank 0 would take reports only: "
-    "gathering saves nothing there",
-    "rank_reports": "the ranks' sinks keep their batches, and rank 0 would take reports only: "
-    "gathering saves nothing there",
+    "rank_sink": _KEPT_ON_RANKS,
+    "rank_reports": _KEPT_ON_RANKS,
     "track_policy_version": "a gatherer's ranks count the weights they got from it, not rank "
     "0's updates",
     "trajs_per_batch": "whole trajectories are cut on the ranks that collect them",
