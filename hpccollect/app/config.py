@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from hpccollect.collectors.torchrl_api.kinds import COLLECTOR_KINDS, collector_kinds
-from hpccollect.errors import ArgumentValueError
+from hpccollect.errors import ArgumentValueError, HpcCollectError
 from hpccollect.launchers import job_launchers
+from hpccollect.launchers.mpi_gather import check_gather
 from hpccollect.transport.backends import backend_names
 
 if sys.version_info >= (3, 11):
@@ -186,15 +187,13 @@ class RunConfig:
         gather = self.gather
         if gather is None:
             return
-        if gather != "node" and (isinstance(gather, bool) or not isinstance(gather, int)):
+        try:
+            check_gather(gather)
+        except HpcCollectError:
             raise ArgumentValueError(
-                f"--gather must be node or a number of collector ranks per group, got {gather!r}."
-            )
-        if gather != "node" and gather < 2:
-            raise ArgumentValueError(
-                f"--gather {gather} leaves a group's first rank nobody to gather from: pass a "
-                "group size of at least 2, or node."
-            )
+                "--gather must be node or a number of collector ranks per group of at least 2 "
+                f"(a group's first rank gathers from the others), got {gather!r}."
+            ) from None
         for given, why in (
             (self.shards, "--shards already sends rank 0 no batches, only the ranks' reports"),
             (

@@ -22,7 +22,9 @@ rank then closes its shard) and writes the merged view.
 from __future__ import annotations
 
 import functools
+import math
 import os
+import re
 import socket
 import time
 import uuid
@@ -144,7 +146,9 @@ class MPICollect:
         def checks() -> tuple[Any, Any]:
             with stop.deferred():  # collective calls: every rank must take part
                 launcher = self._launcher()
-            return launcher, self._check()
+            policy = self._check()
+            self._check_groups(getattr(launcher, "gathered", None))
+            return launcher, policy
 
         launcher, policy = agree(self.comm, checks, self.describe_error, stop)
         self.gathered = getattr(launcher, "gathered", None)  # --gather: each group's ranks
@@ -202,8 +206,13 @@ class MPICollect:
                 f"with mpiexec -n N or srun -n N (N >= 2), or drop --launcher {name} to collect "
                 "in one process."
             )
-        if self.cfg.gather is not None:  # collective: every rank builds it alike
-            return MPILauncher(self.cfg.master_addr, self.cfg.interface, gather=self.cfg.gather)
+        gather = self.cfg.gather
+        if gather is not None:  # collective: every rank builds it alike, and fails alike
+            try:
+                return MPILauncher(self.cfg.master_addr, self.cfg.interface, gather=gather)
+            except ArgumentValueError as err:  # said in the command line's words
+                why = re.sub(r"^gather=\S+ ", "", str(err)).replace("pass gather=None", "drop it")
+                raise ArgumentValueError(f"--gather {gather} {why}") from None
         return get_launcher(name, master_addr=self.cfg.master_addr, interface=self.cfg.interface)
 
     def _check(self) -> Any:
@@ -225,6 +234,25 @@ class MPICollect:
                 cfg.shards_dir / shard_name(1), True
             )  # creates the folder: the ranks write there
         return probe_policy(cfg, env_maker(cfg))
+
+    def _check_groups(self, groups: list[list[int]] | None) -> None:
+        """With --gather, each batch rank 0 takes is one group's round, split evenly among its
+        collecting ranks and their envs (as ``_check_batch_split`` does without groups), so
+        that ``--total-frames`` is collected exactly."""
+        if not groups:
+            return
+        cfg = self.cfg
+        sizes = sorted({len(group) for group in groups})
+        unit = math.lcm(*(size * cfg.env_copies for size in sizes))
+        if cfg.frames_per_batch % unit:
+            lower = cfg.frames_per_batch // unit * unit
+            values = " or ".join(str(v) for v in (lower, lower + unit) if v > 0)
+            raise ArgumentValueError(
+                f"--frames-per-batch {cfg.frames_per_batch} cannot be split over a group: with "
+                f"--gather {cfg.gather} each batch is one group's round, shared by its "
+                f"{' or '.join(map(str, sizes))} collecting rank(s) x {cfg.env_copies} env(s); "
+                f"pass a multiple of {unit} ({values})."
+            )
 
     def _arguments(self, launcher: Any) -> dict[str, Any]:
         """The ``DistributedDataCollector`` arguments; the same on every rank."""
@@ -269,6 +297,11 @@ class MPICollect:
                 "launcher": "mpi",
                 "backend": cfg.backend or "gloo",
                 "collector_ranks": self.ranks,
+                **(
+                    {}
+                    if self.gathered is None
+                    else {"collecting_ranks": sum(len(group) for group in self.gathered)}
+                ),
             },
             seed=cfg.seed,
             compression=None if cfg.compression == "none" else cfg.compression,

@@ -197,7 +197,8 @@ def _distributed_options(collect: argparse.ArgumentParser) -> None:
         metavar="{node,K}",
         help="node: the collector ranks of each node send rank 0 one batch a round through "
         "the node's first rank, which collects nothing itself; K: groups of K consecutive "
-        "collector ranks do the same (fewer messages and links into rank 0; not with --shards)",
+        "collector ranks do the same (fewer messages and links into rank 0; each batch is a "
+        "group's round, --frames-per-batch shared by its ranks; not with --shards)",
     )
     mpi.add_argument(
         "--report-interval",

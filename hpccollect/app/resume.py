@@ -47,7 +47,7 @@ __all__ = [
 
 SEED_STRIDE = 1_000_003
 #: options a resumed run takes from its record; the others (launcher, backend, addresses, the
-#: worker timeout) describe the new allocation and come from the command line
+#: worker timeout, gathering) describe the new allocation and come from the command line
 _RECORDED = (
     "env",
     "env_kwargs",
@@ -73,6 +73,7 @@ RUN_OPTIONS = (
     "on_rank_failure",
     "liveness_timeout",
     "report_interval",
+    "gather",
 )
 #: what the data is: given again, they must equal the record
 _FIXED = ("env", "env_kwargs", "imports", "policy", "max_steps", "seed")

@@ -177,11 +177,10 @@ def test_collect_under_mpiexec_keeps_every_episode_of_every_rank(tmp_path, capsy
 
 @pytest.mark.timeout(240)
 def test_collect_gathered_writes_every_collecting_ranks_episodes(tmp_path, capsys):
-    """--gather 3 under mpiexec -n 7: two groups, each of a gatherer and two collecting ranks;
-    rank 0 takes one batch a group and round, and writes what the four ranks collected."""
-    job = Job(
-        tmp_path, *SMALL, "--collector", "single", "--gather", "3", "--out", "run.h5", ranks=7
-    )
+    """--gather 3 under mpiexec -n 7: two groups, each of a gatherer and two collecting ranks
+    (each a multi-sync collector of two worker processes); rank 0 takes one batch a group and
+    round, and writes what the four ranks collected."""
+    job = Job(tmp_path, *SMALL, "--gather", "3", "--out", "run.h5", ranks=7)
     code, out, err, _ = job.wait(180)
     assert code == 0, err
     assert "Traceback" not in err
@@ -190,7 +189,7 @@ def test_collect_gathered_writes_every_collecting_ranks_episodes(tmp_path, capsy
     frames, _ = episodes(tmp_path / "run.h5")  # every episode whole, none twice
     assert frames == TOTAL
     text = inspect_ok(tmp_path / "run.h5", capsys)
-    assert "gather=3" in text and "collector_ranks=6" in text
+    assert "gather=3" in text and "collecting_ranks=4" in text and "collector_ranks=6" in text
     job.assert_nothing_left()
 
 
@@ -198,7 +197,7 @@ def test_collect_gathered_writes_every_collecting_ranks_episodes(tmp_path, capsy
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--gather", "1"], "--gather 1 leaves a group's first rank nobody to gather from"),
+        (["--gather", "1"], "--gather must be node or a number of collector ranks per group"),
         (["--gather", "two"], "argument --gather: must be node or a number"),
         (["--gather", "2", "--shards"], "--gather: --shards already sends rank 0 no batches"),
         (["--gather", "node", "--on-rank-failure", "continue"], "--gather: --on-rank-failure"),
@@ -210,6 +209,63 @@ def test_gather_mistakes_are_refused_in_one_line(tmp_path, capsys, args, says):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0], err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("ranks", "args", "says"),
+    [
+        (  # 3 collecting ranks share each batch
+            5,
+            ["--gather", "4", "--frames-per-batch", "200"],
+            "--frames-per-batch 200 cannot be split over a group: with --gather 4 each batch is "
+            "one group's round, shared by its 3 collecting rank(s) x 1 env(s); pass a multiple "
+            "of 3 (198 or 201).",
+        ),
+        (  # collector ranks 1 and 2, then 3 alone
+            4,
+            ["--gather", "2"],
+            "--gather 2 leaves collector rank 3 alone in its group",
+        ),
+    ],
+    ids=["frames", "alone"],
+)
+def test_gather_mistakes_under_mpiexec_end_every_rank_with_one_line(tmp_path, ranks, args, says):
+    job = Job(tmp_path, "--collector", "single", "--total-frames", "2000", *args, ranks=ranks)
+    code, out, err, _ = job.wait(100)
+    assert code == 2, err
+    lines = [line for line in mpirun.own_lines(err) if not line.startswith("collecting ")]
+    assert len(lines) == 1 and lines[0].startswith("hpccollect: error: " + says), err
+    assert "gather=" not in lines[0] and out == ""
+    job.assert_nothing_left()
+
+
+@pytest.mark.timeout(300)
+def test_a_gathered_run_resumes_gathered(tmp_path, capsys):
+    """--gather is how the new allocation runs, as --launcher is: given again on --resume."""
+    total = 40_000
+    args = ["--env", "CartPole-v1", "--collector", "single", "--frames-per-batch", "200"]
+    job = Job(
+        tmp_path, *args, "--total-frames", str(total), "--gather", "2", "--out", "run.h5", ranks=5
+    )
+    collecting = re.compile(rf"\] [1-9]\d*/{total} frames")
+    started = job.watch(150, lambda: bool(collecting.search(job.stderr())))
+    assert started and job.proc.poll() is None, job.stderr()
+    job.proc.send_signal(signal.SIGTERM)
+    code, out, err, _ = job.wait(60)
+    assert code == 0 and "stopped early by SIGTERM" in out, err
+    before, _ = episodes(tmp_path / "run.h5")
+    assert 0 < before < total, before
+    job.assert_nothing_left()
+
+    again = Job(tmp_path, "--resume", "run.h5", "--gather", "2", ranks=5)
+    code, out, err, _ = again.wait(200)
+    assert code == 0, err
+    assert "with 2 collector rank(s) in 2 group(s)" in err
+    frames, _ = episodes(tmp_path / "run.h5")  # ids unique, episodes contiguous
+    assert frames == total
+    inspect_ok(tmp_path / "run.h5", capsys)
+    again.assert_nothing_left()
 
 
 @pytest.mark.timeout(240)
