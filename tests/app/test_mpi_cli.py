@@ -175,6 +175,27 @@ def test_collect_under_mpiexec_keeps_every_episode_of_every_rank(tmp_path, capsy
     assert seconds < 150, f"the job took {seconds:.1f} s"
 
 
+def stopped_early(tmp_path: Path, total: int, *args: str, ranks: int = 3) -> int:
+    """A CartPole run of ``total`` frames to run.h5, stopped by SIGTERM to mpiexec once it
+    collects; the frames it kept (some)."""
+    job = Job(
+        tmp_path,
+        *["--env", "CartPole-v1", "--collector", "single", "--frames-per-batch", "200"],
+        *["--total-frames", str(total), "--out", "run.h5", *args],
+        ranks=ranks,
+    )
+    collecting = re.compile(rf"\] [1-9]\d*/{total} frames")
+    started = job.watch(150, lambda: bool(collecting.search(job.stderr())))
+    assert started and job.proc.poll() is None, job.stderr()
+    job.proc.send_signal(signal.SIGTERM)
+    code, out, err, _ = job.wait(60)
+    assert code == 0 and "stopped early by SIGTERM" in out, err
+    before, _ = episodes(tmp_path / "run.h5")
+    assert before > 0
+    job.assert_nothing_left()
+    return before
+
+
 @pytest.mark.timeout(240)
 def test_collect_gathered_writes_every_collecting_ranks_episodes(tmp_path, capsys):
     """--gather 3 under mpiexec -n 7: two groups, each of a gatherer and two collecting ranks
@@ -244,24 +265,14 @@ def test_gather_mistakes_under_mpiexec_end_every_rank_with_one_line(tmp_path, ra
 def test_a_gathered_run_resumes_gathered(tmp_path, capsys):
     """--gather is how the new allocation runs, as --launcher is: given again on --resume."""
     total = 40_000
-    args = ["--env", "CartPole-v1", "--collector", "single", "--frames-per-batch", "200"]
-    job = Job(
-        tmp_path, *args, "--total-frames", str(total), "--gather", "2", "--out", "run.h5", ranks=5
-    )
-    collecting = re.compile(rf"\] [1-9]\d*/{total} frames")
-    started = job.watch(150, lambda: bool(collecting.search(job.stderr())))
-    assert started and job.proc.poll() is None, job.stderr()
-    job.proc.send_signal(signal.SIGTERM)
-    code, out, err, _ = job.wait(60)
-    assert code == 0 and "stopped early by SIGTERM" in out, err
-    before, _ = episodes(tmp_path / "run.h5")
-    assert 0 < before < total, before
-    job.assert_nothing_left()
+    before = stopped_early(tmp_path, total, "--gather", "2", ranks=5)
+    assert before < total, before
 
     again = Job(tmp_path, "--resume", "run.h5", "--gather", "2", ranks=5)
     code, out, err, _ = again.wait(200)
     assert code == 0, err
     assert "with 2 collector rank(s) in 2 group(s)" in err
+    assert f"holds {total} of {total} frames" in out
     frames, _ = episodes(tmp_path / "run.h5")  # ids unique, episodes contiguous
     assert frames == total
     inspect_ok(tmp_path / "run.h5", capsys)
@@ -384,19 +395,9 @@ def test_distributed_options_without_a_launcher_are_refused(tmp_path, capsys):
 @pytest.mark.timeout(360)
 def test_a_run_stopped_under_mpiexec_resumes_with_new_shards(tmp_path, capsys):
     total = 40_000
-    args = ["--env", "CartPole-v1", "--collector", "single", "--frames-per-batch", "200"]
-    args += ["--total-frames", str(total), "--out", "run.h5", "--shards"]
     # reports (and so the progress line) every 0.2 s: the job is stopped near its start
-    job = Job(tmp_path, *args, "--report-interval", "0.2")
-    collecting = re.compile(rf"\] [1-9]\d*/{total} frames")
-    started = job.watch(150, lambda: bool(collecting.search(job.stderr())))
-    assert started and job.proc.poll() is None, job.stderr()
-    job.proc.send_signal(signal.SIGTERM)
-    code, out, err, _ = job.wait(60)
-    assert code == 0 and "stopped early by SIGTERM" in out, err
-    before, _ = episodes(tmp_path / "run.h5")
-    assert 0 < before < total / 2, before
-    job.assert_nothing_left()
+    before = stopped_early(tmp_path, total, "--shards", "--report-interval", "0.2")
+    assert before < total / 2, before
 
     again = Job(tmp_path, "--resume", "run.h5", "--shards")  # the rest from the record
     code, out, err, _ = again.wait(200)
