@@ -118,6 +118,13 @@ class MPICollect:
         """Collector ranks (every MPI rank but 0)."""
         return self.size - 1
 
+    @property
+    def collecting(self) -> int:
+        """Collector ranks that collect (with --gather, each group's first rank does not)."""
+        if self.gathered is None:
+            return self.ranks
+        return sum(len(group) for group in self.gathered)
+
     def abort(self, code: int) -> None:
         """End every rank of the job with ``code`` (after this rank printed why)."""
         if self.size > 1:
@@ -297,11 +304,7 @@ class MPICollect:
                 "launcher": "mpi",
                 "backend": cfg.backend or "gloo",
                 "collector_ranks": self.ranks,
-                **(
-                    {}
-                    if self.gathered is None
-                    else {"collecting_ranks": sum(len(group) for group in self.gathered)}
-                ),
+                **({} if self.gathered is None else {"collecting_ranks": self.collecting}),
             },
             seed=cfg.seed,
             compression=None if cfg.compression == "none" else cfg.compression,
@@ -354,10 +357,9 @@ class MPICollect:
         where = f"{cfg.output} (shards in {cfg.shards_dir})" if cfg.shards else str(cfg.output)
         ranks = f"{self.ranks} collector rank(s)"
         if self.gathered is not None:
-            collecting = sum(len(group) for group in self.gathered)
             ranks = (
-                f"{collecting} collector rank(s) in {len(self.gathered)} group(s), each sent on "
-                "by its own first rank"
+                f"{self.collecting} collector rank(s) in {len(self.gathered)} group(s), each "
+                "sent on by its own first rank"
             )
         return (
             f"collecting {cfg.total_frames} frames of {cfg.env} with {ranks} "
