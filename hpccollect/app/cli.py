@@ -108,17 +108,21 @@ def _collect(ns: argparse.Namespace, out: _Output) -> int:
     from hpccollect.app.local_job import run_collect
     from hpccollect.app.progress import Progress
 
-    print(
-        f"collecting {cfg.total_frames} frames of {cfg.env} with {cfg.collector} "
-        f"({cfg.num_workers if cfg.collector != 'single' else 1} process(es) x {cfg.num_envs} env(s)) "
-        f"-> {cfg.output}",
-        file=sys.stderr,
-    )
     progress = None if ns.quiet else Progress(cfg.total_frames)
+
+    def on_progress(frames: int, episodes: int, mean: float | None) -> None:
+        if frames == 0:  # the checks passed and the collector started: what it will do
+            processes = cfg.num_workers if cfg.collector != "single" else 1
+            print(
+                f"collecting {cfg.total_frames} frames of {cfg.env} with {cfg.collector} "
+                f"({processes} process(es) x {cfg.num_envs} env(s)) -> {cfg.output}",
+                file=sys.stderr,
+            )
+        if progress is not None:
+            progress.update(frames, episodes, mean)
+
     try:
-        summary = run_collect(
-            cfg, None if progress is None else progress.update, _on_resume(progress)
-        )
+        summary = run_collect(cfg, on_progress, _on_resume(progress))
     finally:
         if progress is not None:
             progress.close()
@@ -231,6 +235,10 @@ def _export(ns: argparse.Namespace) -> int:
         if not ns.dataset_id:
             raise ArgumentValueError("--format minari needs --dataset-id NAMESPACE/NAME-vN.")
         out = export_minari(ns.file, ns.out, ns.dataset_id, overwrite=ns.overwrite)
+    elif ns.dataset_id:
+        raise ArgumentValueError(
+            f"--dataset-id names a Minari dataset; --format {ns.format} takes none: drop it."
+        )
     elif ns.format == "d4rl":
         out = export_d4rl(ns.file, ns.out, overwrite=ns.overwrite)
     else:

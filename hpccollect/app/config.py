@@ -29,6 +29,7 @@ __all__ = [
     "BACKENDS",
     "COLLECTORS",
     "LAUNCHERS",
+    "MAX_SEED",
     "RunConfig",
     "current_spelling",
     "data_dir",
@@ -56,6 +57,21 @@ DISTRIBUTED_OPTIONS = (
     "report_interval",
 )
 RANK_FAILURES = ("raise", "continue")
+
+
+#: the largest --seed: the job adds worker and rank offsets to it, and torch takes seeds below
+#: 2**64 (a resumed attempt's offset wraps around, see ``resume.py``)
+MAX_SEED = 2**63 - 1
+
+
+def _seconds(value: Any, above: float | None = None, at_least: float | None = None) -> bool:
+    """Whether ``value`` is a finite number of seconds ``> above`` (or ``>= at_least``): every
+    wait the job makes is bounded, and NaN compares false with every bound."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if not math.isfinite(value):
+        return False
+    return value > above if above is not None else value >= at_least
 
 
 def data_dir() -> Path:
@@ -94,6 +110,7 @@ class RunConfig:
     resume: str | None = None  # a run to continue (see hpccollect.app.resume)
 
     def __post_init__(self) -> None:
+        self._check_types()
         for name in ("num_envs", "num_workers", "frames_per_batch", "total_frames"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -121,9 +138,7 @@ class RunConfig:
             raise ArgumentValueError(
                 f"--env-kwargs must be a JSON object, got {self.env_kwargs!r}."
             )
-        if isinstance(self.worker_timeout, bool) or not (
-            isinstance(self.worker_timeout, (int, float)) and self.worker_timeout > 0
-        ):
+        if not _seconds(self.worker_timeout, above=0):
             raise ArgumentValueError(
                 f"--worker-timeout must be a number of seconds > 0, got {self.worker_timeout!r}."
             )
@@ -139,6 +154,27 @@ class RunConfig:
             )
         self._check_distributed()
         self._check_batch_split()
+
+    def _check_types(self) -> None:
+        """The options a TOML file could give the wrong type of, refused by name (a command
+        line gives them as strings already)."""
+        for name in ("env", "policy", "compression", "collector", "out", "resume"):
+            value = getattr(self, name)
+            if value is None and name in ("out", "resume"):
+                continue
+            flag = "--" + name.replace("_", "-")
+            if not isinstance(value, str) or not value.strip():
+                raise ArgumentValueError(f"{flag} must be a non-empty string, got {value!r}.")
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not (0 <= self.seed <= MAX_SEED)
+        ):
+            raise ArgumentValueError(
+                f"--seed must be an integer from 0 to {MAX_SEED} (2**63 - 1), got {self.seed!r}."
+            )
+        if not isinstance(self.overwrite, bool):
+            raise ArgumentValueError(f"--overwrite is true or false, got {self.overwrite!r}.")
 
     def _check_distributed(self) -> None:
         for name, allowed in (("launcher", LAUNCHERS), ("backend", BACKENDS)):
@@ -161,18 +197,14 @@ class RunConfig:
                 f"{self.on_rank_failure!r}."
             )
         timeout = self.liveness_timeout
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 1
-        ):
+        if timeout is not None and not _seconds(timeout, at_least=1):
             raise ArgumentValueError(
                 f"--liveness-timeout must be a number of seconds >= 1, got {timeout!r}."
             )
         self._check_gather()
         interval = self.report_interval
         if interval is not None:
-            if isinstance(interval, bool) or not (
-                isinstance(interval, (int, float)) and 0 < interval < math.inf
-            ):
+            if not _seconds(interval, above=0):
                 raise ArgumentValueError(
                     f"--report-interval must be a number of seconds > 0, got {interval!r}."
                 )
@@ -306,9 +338,19 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
             data = tomllib.load(f)
     except FileNotFoundError as err:
         raise ArgumentValueError(f"--config: {path} does not exist.") from err
+    except OSError as err:
+        raise ArgumentValueError(
+            f"--config: cannot read {path} ({err.strerror or type(err).__name__}); give a "
+            "TOML file."
+        ) from err
     except tomllib.TOMLDecodeError as err:
         raise ArgumentValueError(f"--config: {path} is not valid TOML: {err}") from err
-    return data.get("collect", data)
+    table = data.get("collect", data)
+    if not isinstance(table, dict):
+        raise ArgumentValueError(
+            f"--config: {path}: 'collect' must be a table ([collect]) of options, got {table!r}."
+        )
+    return table
 
 
 def _divisors(n: int) -> list[int]:

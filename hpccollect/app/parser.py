@@ -75,7 +75,10 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
 
 
 def _collect_options(collect: argparse.ArgumentParser) -> None:
-    collect.add_argument("--config", help="TOML file with any of these options")
+    collect.add_argument(
+        "--config",
+        help="TOML file of these options but --config and --quiet (at the top level or under [collect]; names as here, without the dashes); the command line wins",
+    )
     d = RunConfig()
     collect.add_argument(
         "--env",
@@ -120,9 +123,17 @@ def _collect_options(collect: argparse.ArgumentParser) -> None:
     collect.add_argument(
         "--policy", help="default (a small MLP), random, module:function, or a state_dict file"
     )
-    collect.add_argument("--out", help="dataset file (default data/<env>-seed<seed>.h5)")
+    collect.add_argument(
+        "--out",
+        help="dataset file (default $HPCCOLLECT_DATA_DIR/<env>-seed<seed>.h5, the directory data/ when that variable is not set)",
+    )
     collect.add_argument("--compression", choices=COMPRESSIONS, help=f"default {d.compression}")
-    collect.add_argument("--overwrite", action="store_true", default=None)
+    collect.add_argument(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="replace --out, and an earlier run's files beside it, if they exist",
+    )
     collect.add_argument(
         "--resume",
         metavar="RUN",
@@ -212,30 +223,33 @@ def _distributed_options(collect: argparse.ArgumentParser) -> None:
 
 def _dataset_commands(sub: Any) -> None:
     inspect = sub.add_parser("inspect", help="describe and check a dataset file")
-    inspect.add_argument("file")
+    inspect.add_argument("file", type=_path)
     repair = sub.add_parser(
         "repair",
         help="make an unfinished file (a crashed or killed run's .partial) readable: cut it "
         "back to its committed rows and give it its final name",
     )
-    repair.add_argument("file", help="the .partial file, or its final name")
+    repair.add_argument("file", type=_path, help="the .partial file, or its final name")
     merge = sub.add_parser("merge", help="one file over many shards (virtual datasets)")
-    merge.add_argument("shards", nargs="+")
-    merge.add_argument("--out", required=True)
-    merge.add_argument("--overwrite", action="store_true")
+    merge.add_argument("shards", nargs="+", type=_path)
+    merge.add_argument("--out", required=True, type=_path)
+    merge.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     merge.add_argument(
         "--allow-partial",
         action="store_true",
         help="also merge unfinished (.partial) shards, their committed rows only",
     )
     export = sub.add_parser("export", help="export to D4RL, Minari or a memory-mapped TensorDict")
-    export.add_argument("file")
+    export.add_argument("file", type=_path)
     export.add_argument("--format", required=True, choices=("d4rl", "minari", "memmap"))
     export.add_argument(
-        "--out", required=True, help="file (d4rl), datasets root (minari), folder (memmap)"
+        "--out",
+        required=True,
+        type=_path,
+        help="file (d4rl), datasets root (minari), folder (memmap)",
     )
     export.add_argument("--dataset-id", help="NAMESPACE/NAME-vN (minari)")
-    export.add_argument("--overwrite", action="store_true")
+    export.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
 
 def _gather(text: str) -> str | int:
@@ -248,6 +262,13 @@ def _gather(text: str) -> str | int:
         raise argparse.ArgumentTypeError(
             "must be node or a number of collector ranks per group, such as 8"
         ) from None
+
+
+def _path(text: str) -> str:
+    """A file or folder argument: not empty (an empty path would mean the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a path, got an empty string")
+    return text
 
 
 def _json_object(text: str) -> dict:

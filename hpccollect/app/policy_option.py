@@ -42,11 +42,18 @@ def build_policy(spec: str, env: GymEnv) -> Any:
 
 def _from_factory(spec: str, env: GymEnv) -> Any:
     module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ArgumentValueError(
+            f"--policy {spec}: a factory is module:function, both named (e.g. "
+            "--policy mypolicies:make_actor)."
+        )
     try:
         factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
+    except Exception as err:  # a module that fails as it is imported fails here too
+        text = str(err).splitlines()[0] if str(err) else "(no message)"
         raise ArgumentValueError(
-            f"--policy {spec}: cannot import {attr} from {module_name}: {err}"
+            f"--policy {spec}: cannot import {attr} from {module_name} ({type(err).__name__}: "
+            f"{text}); check the name and that its directory is on PYTHONPATH."
         ) from err
     space = env.env
     try:

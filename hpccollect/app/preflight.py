@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import importlib
 import multiprocessing
-import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from hpccollect.app.resume import Attempt, run_files
 from hpccollect.envs.gym import GymEnv
 from hpccollect.errors import ArgumentValueError
 from hpccollect.storage import dataset_format
+from hpccollect.storage.outputs import check_kind, check_writable
 
 __all__ = ["check_output", "env_maker", "probe_policy", "record", "resolve_env"]
 
@@ -98,30 +98,21 @@ def probe_policy(cfg: RunConfig, make: Callable[[], gym.Env], seed: int | None =
 def check_output(out: Path, overwrite: bool) -> None:
     """Refuse an existing output, or an earlier run's files beside it (unless ``overwrite``),
     and an output that cannot be written."""
-    earlier = [p for p in (out, dataset_format(out).partial_path(out)) if p.exists()] + run_files(
-        out
-    )
+    partial = dataset_format(out).partial_path(out)
+    suffix = partial.name[len(out.name) :]  # what a file being written has after its name
+    if out.name.endswith(suffix):
+        raise ArgumentValueError(
+            f"--out {out}: that is the name a dataset has while it is written; give the "
+            f"finished name, --out {out.with_name(out.name.removesuffix(suffix))}."
+        )
+    check_kind(out, folder=False)
+    earlier = [p for p in (out, partial) if p.exists()] + run_files(out)
     if earlier and not overwrite:
         raise ArgumentValueError(
             f"{earlier[0]} already exists; pass --overwrite to replace it (or --resume {out} to "
             "continue that run) or --out elsewhere."
         )
-    _check_writable(out)
-
-
-def _check_writable(out: Path) -> None:
-    """Refuse an output that cannot be written before any worker starts."""
-    probe = out.parent / f".{out.name}.{os.getpid()}.write-test"
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        os.unlink(probe)
-    except OSError as err:
-        reason = err.strerror or type(err).__name__
-        raise ArgumentValueError(
-            f"--out {out}: cannot write in {out.parent} ({reason}); choose a writable "
-            "directory with --out (or $HPCCOLLECT_DATA_DIR)."
-        ) from err
+    check_writable(out, hint=" (or $HPCCOLLECT_DATA_DIR)")
 
 
 def record(cfg: RunConfig, attempt: Attempt | None) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpccollect.app.config import RunConfig, current_spelling
+from hpccollect.app.config import MAX_SEED, RunConfig, current_spelling
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
 from hpccollect.storage import merge_datasets, read_dataset, repair_dataset
 
@@ -236,7 +236,8 @@ def start_attempt(cfg: RunConfig) -> Attempt:
             f"{run} is complete: {before} of {cfg.total_frames} frames are on disk, nothing "
             "to collect (raise --total-frames to collect more)."
         )
-    attempt_cfg = dataclasses.replace(cfg, total_frames=left, seed=cfg.seed + number * SEED_STRIDE)
+    seed = (cfg.seed + number * SEED_STRIDE) % (MAX_SEED + 1)  # a valid --seed still
+    attempt_cfg = dataclasses.replace(cfg, total_frames=left, seed=seed)
     return Attempt(run, number, attempt_cfg, cfg.seed, cfg.total_frames, before, pieces)
 
 

@@ -27,17 +27,13 @@ from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.hdf5_reader import H5Dataset
 from hpccollect.storage.layout import dataset_path
 from hpccollect.storage.metadata import ENV_ATTRS, recorded_env
+from hpccollect.storage.outputs import check_output_path
 from hpccollect.storage.sink import read_dataset
 
 __all__ = ["export_d4rl", "export_memmap", "export_minari"]
 
 _D4RL = ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations")
 _D4RL_ATTRS = (*ENV_ATTRS, "seed", "run_id", "hpccollect_version")
-
-
-def _check_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and not overwrite:
-        raise ArgumentValueError(f"{out} already exists; pass --overwrite to replace it.")
 
 
 def _obs_keys(ds: H5Dataset) -> list[tuple[str, ...]]:
@@ -74,7 +70,7 @@ def export_d4rl(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bo
     Dict observations are flattened and concatenated (float32).
     """
     out = Path(out)
-    _check_out(out, overwrite)
+    check_output_path(out, overwrite=overwrite)
     with read_dataset(src) as ds:
         n = len(ds)
         if not n:
@@ -137,7 +133,7 @@ def export_memmap(
 ) -> Path:
     """Every committed row as a memory-mapped TensorDict folder."""
     out = Path(out)
-    _check_out(out, overwrite)
+    check_output_path(out, overwrite=overwrite, folder=True)
     with read_dataset(src) as ds:
         ds.to_tensordict().memmap(out, existsok=overwrite)
     return out
@@ -158,7 +154,7 @@ def export_minari(
 
     root = Path(root)
     target = root / dataset_id
-    _check_out(target, overwrite)
+    check_output_path(target, overwrite=overwrite, folder=True)
     with read_dataset(src) as ds:
         obs_space, act_space = ds.observation_space, ds.action_space
         if obs_space is None:

@@ -25,6 +25,7 @@ from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.hdf5_reader import H5Dataset
 from hpccollect.storage.layout import EPISODE
 from hpccollect.storage.metadata import ENV_ATTRS
+from hpccollect.storage.outputs import check_output_path
 from hpccollect.storage.spaces_json import describe, space_from_json
 
 __all__ = ["merge_shards"]
@@ -57,8 +58,7 @@ def merge_shards(
     out = Path(out)
     if not shards:
         raise ArgumentValueError("merge needs at least one shard.")
-    if out.exists() and not overwrite:
-        raise ArgumentValueError(f"{out} already exists; pass --overwrite to replace it.")
+    check_output_path(out, overwrite=overwrite)
     _refuse_duplicates([Path(s) for s in shards], out)
     opened: list[H5Dataset] = []
     try:

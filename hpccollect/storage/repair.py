@@ -52,6 +52,11 @@ def repair(path: str | os.PathLike, *, lock_timeout: float = LOCK_TIMEOUT_S) -> 
     final = target.with_name(target.name.removesuffix(".partial"))
     if not target.exists():
         raise ArgumentValueError(f"{path} does not exist (nor {partial.name}).")
+    if not h5py.is_hdf5(target):
+        raise ArgumentValueError(
+            f"{target} is not an HDF5 file (no HDF5 signature in it): there is nothing of a "
+            "dataset to repair; check the path."
+        )
     if target != final and final.exists():
         raise ArgumentValueError(f"cannot rename {target} to {final}: it exists; move one away.")
     committed = _cut_to_committed(target, lock_timeout)

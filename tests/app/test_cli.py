@@ -156,12 +156,38 @@ def test_default_run_then_inspect_merge_export(tmp_path):
         (["inspect", "junk.h5"], "not a readable HDF5 file"),
         (["export", "junk.h5", "--format", "csv", "--out", "x"], "invalid choice"),
         (["export", "junk.h5", "--format", "minari", "--out", "x"], "needs --dataset-id"),
+        (["--seed", "-5"], "--seed must be an integer from 0 to 9223372036854775807"),
+        (["--seed", str(2**64)], "--seed must be an integer from 0 to"),
+        (["--out", "adir"], "--out adir is a directory; give a file path, e.g. --out adir/"),
+        (["--out", "adir", "--overwrite"], "--out adir is a directory"),
+        (["--out", "x.h5.partial"], "give the finished name, --out x.h5."),
+        (["--out", ""], "--out must be a non-empty string, got ''"),
+        (["--policy", ":x"], "--policy :x: a factory is module:function, both named"),
+        (["--config", "adir"], "--config: cannot read adir (Is a directory)"),
+        (["--config", "env.toml"], "--env must be a non-empty string, got 5"),
+        (["--config", "seed.toml"], "--seed must be an integer from 0 to"),
+        (["--config", "overwrite.toml"], "--overwrite is true or false, got 'no'"),
+        (["--config", "table.toml"], "'collect' must be a table ([collect]) of options, got 3"),
+        (["inspect", ""], "argument file: must be a path, got an empty string"),
+        (["repair", "junk.h5"], "junk.h5 is not an HDF5 file (no HDF5 signature in it)"),
+        (["merge", "junk.h5", "--out", "adir", "--overwrite"], "--out adir is a directory"),
+        (["merge", "junk.h5", "--out", "/proc/m.h5"], "--out /proc/m.h5: cannot write in /proc"),
+        (["export", "junk.h5", "--format", "d4rl", "--out", "/proc/e.hdf5"], "cannot write in"),
+        (["export", "junk.h5", "--format", "memmap", "--out", "afile"], "afile is a file"),
+        (
+            ["export", "junk.h5", "--format", "d4rl", "--dataset-id", "a/b-v0", "--out", "e"],
+            "--dataset-id names a Minari dataset; --format d4rl takes none",
+        ),
     ],
 )
 def test_user_mistakes_get_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys, args, message):
     (tmp_path / "junk.h5").write_text("not an hdf5 file")
     (tmp_path / "afile").write_text("a regular file")
-    argv = list(map(str, args if args[0] in ("inspect", "export") else small(*args)))
+    (tmp_path / "adir").mkdir()
+    for name, text in TOML_MISTAKES.items():
+        (tmp_path / name).write_text(text)
+    commands = ("inspect", "export", "merge", "repair")
+    argv = list(map(str, args if args[0] in commands else small(*args)))
     if message in IN_A_FRESH_PROCESS:
         done = run(*argv, cwd=tmp_path)
         code, err = done.returncode, done.stderr
@@ -171,7 +197,16 @@ def test_user_mistakes_get_one_line_and_exit_code_2(tmp_path, monkeypatch, capsy
     lines = [line for line in err.splitlines() if line.startswith("hpccollect")]
     assert len(lines) == 1 and message in lines[0], err
     assert "Traceback" not in err
+    assert "collecting" not in err  # what the run would do is said once it starts, not before
 
+
+#: a --config file of each kind of wrong value
+TOML_MISTAKES = {
+    "env.toml": "env = 5\n",
+    "seed.toml": 'seed = "abc"\n',
+    "overwrite.toml": 'overwrite = "no"\n',
+    "table.toml": "collect = 3\n",
+}
 
 #: mistakes also checked through a new ``python -m hpccollect`` process (its exit status, and
 #: nothing else on stderr from imports); the others run in this process, which is quicker
@@ -181,6 +216,7 @@ IN_A_FRESH_PROCESS = {
     "--import no_such_module_xyz: cannot import module",
     "not a readable HDF5 file",
     "needs --dataset-id",
+    "--seed must be an integer from 0 to 9223372036854775807",
 }
 
 
@@ -337,6 +373,7 @@ def _state_dict_files(tmp_path):
         "def returns_number(observation_space, action_space):\n"
         "    return 3\n"
     )
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom at import')\n")
 
 
 @pytest.mark.parametrize(
@@ -352,6 +389,7 @@ def _state_dict_files(tmp_path):
             "returns_none() returned NoneType, not a policy; return an nn.Module or a callable",
         ),
         ("factories:returns_number", "returns_number() returned int, not a policy"),
+        ("broken:make", "cannot import make from broken (RuntimeError: boom at import)"),
         (
             "shape.pt",
             "shape.pt: shapes do not match the default MLP for this env (was it trained on "

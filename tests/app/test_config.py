@@ -79,6 +79,10 @@ def test_collector_sync_on_the_command_line_still_runs_single(tmp_path, monkeypa
     "args, says",
     [
         (["--liveness-timeout", "0.5"], "--liveness-timeout must be a number of seconds >= 1"),
+        (["--liveness-timeout", "nan"], "--liveness-timeout must be a number of seconds >= 1"),
+        (["--liveness-timeout", "inf"], "--liveness-timeout must be a number of seconds >= 1"),
+        (["--worker-timeout", "nan"], "--worker-timeout must be a number of seconds > 0"),
+        (["--worker-timeout", "inf"], "--worker-timeout must be a number of seconds > 0"),
         (["--on-rank-failure", "continue"], "--on-rank-failure: only for a distributed run"),
         (["--liveness-timeout", "10"], "--liveness-timeout: only for a distributed run"),
         (["--report-interval", "0"], "--report-interval must be a number of seconds > 0"),
@@ -101,3 +105,21 @@ def test_on_rank_failure_takes_raise_or_continue(capsys):
     assert main(["collect", "--on-rank-failure", "maybe"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--on-rank-failure" in err[0] and "'maybe'" in err[0], err
+
+
+@pytest.mark.parametrize(
+    "name, value, says",
+    [
+        ("seed", True, "--seed must be an integer"),
+        ("seed", 1.5, "--seed must be an integer"),
+        ("policy", 3, "--policy must be a non-empty string"),
+        ("out", 3, "--out must be a non-empty string"),
+        ("resume", "", "--resume must be a non-empty string"),
+        ("collector", 3, "--collector must be a non-empty string"),
+        ("overwrite", 1, "--overwrite is true or false"),
+    ],
+)
+def test_a_config_of_the_wrong_type_is_refused_by_its_option(name, value, says):
+    """What a TOML file can give that the command line cannot: each refused, named."""
+    with pytest.raises(ArgumentValueError, match=says.replace("-", r"\-")):
+        RunConfig(**{name: value})
