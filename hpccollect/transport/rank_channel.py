@@ -248,6 +248,16 @@ class RankChannel(RankLiveness, RankWeights, Channel):
             self._failure = self._failure or f"stopped taking messages ({first_line(err)})"
             raise ConnectionError(self._failure) from err
 
+    def _await_rest(self, work: Any) -> None:
+        """Wait for the rest of a message whose header came, bounded like a send: a peer
+        stopped mid-message (SIGSTOP, a lost node) fails this link, named, instead of holding
+        this side (rank 0's collecting thread, over mpi4py) for good."""
+        try:
+            work.wait(self._send_timeout)
+        except Exception as err:
+            self._failure = self._failure or f"stopped mid-message ({first_line(err)})"
+            raise ConnectionError(self._failure) from err
+
     def _group(self) -> Any:
         group = self.groups.messages
         if group is None:
@@ -283,7 +293,7 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         blob = self._recv_buf[HEADER : HEADER + inline].cpu().numpy().tobytes()
         if length > len(blob):
             rest = torch.empty(length - len(blob), dtype=torch.uint8, device=self.device)
-            self._group().recv([rest], self.peer, MESSAGES).wait()
+            self._await_rest(self._group().recv([rest], self.peer, MESSAGES))
             blob += rest.cpu().numpy().tobytes()
         if kind is Command.UPDATE_WEIGHTS:
             self._receive_weights()

@@ -6,14 +6,17 @@ Each rank writes its pid to ``OUT.pid<rank>``; rank 0 prints one ``ok ...`` line
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from hpccollect.transport.mpi4py_group import MPIGroup, mpi4py_comm, quiesce
+from hpccollect.transport.rank_channel import RankChannel
 
 SIZES = (40, 59_000, 3_000_000)  # a header, a CartPole batch, a transfer that takes a while
 TAG = 3
@@ -46,6 +49,16 @@ def main() -> None:
         assert not group.try_recv(group.wire(torch.empty(8, dtype=torch.uint8)), 1, TAG + 1, 0.05)
         assert time.monotonic() - start < 2.0
         print("ok nothing to receive", flush=True)
+        # the rest of a message that never comes (its sender stopped mid-message): the wait is
+        # bounded like a send, and the link fails, named (RankChannel._await_rest)
+        link = SimpleNamespace(_send_timeout=datetime.timedelta(seconds=0.3), _failure=None)
+        start = time.monotonic()
+        try:
+            RankChannel._await_rest(link, group.recv([torch.empty(64)], 1, TAG + 2))
+        except ConnectionError as err:
+            assert "stopped mid-message" in str(err) and link._failure == str(err), err
+            assert time.monotonic() - start < 5.0
+            print("ok a message cut short fails its link", flush=True)
         for seed, size in enumerate(SIZES * 3):
             buf = torch.zeros(size, dtype=torch.uint8)
             wire = group.wire(buf)
