@@ -17,6 +17,7 @@ from hpccollect.errors import ArgumentValueError, WorkerError
 from hpccollect.policy import copy_weights_
 from hpccollect.protocol import Reply
 from hpccollect.transport.batches import FlatLayout
+from hpccollect.transport.mpi_waits import wait_request
 
 __all__ = ["DistributedWeightUpdater", "RPCWeightUpdater", "RankWeightsSender"]
 
@@ -104,12 +105,16 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
             self.pool.defer(i, Reply.ACK)
         if broadcast:
             try:
-                self.groups.broadcast.broadcast(self.flat, 0).wait(
-                    datetime.timedelta(seconds=self.timeout)
-                )
+                self._see_through(self.groups.broadcast.broadcast(self.flat, 0), ids)
+            except WorkerError:
+                raise
             except Exception as err:
-                for i in ids:  # a rank that ended is the likely cause: name it
-                    if self.pool.channels[i].life.death(wait=1.0) is not None:
+                channels = self.pool.channels
+                for i in ids:  # a rank that went silent or ended is the likely cause: name it
+                    if channels[i].silence() is not None:
+                        raise self.pool.death_error(i) from err
+                for i in ids:
+                    if channels[i].life.death(wait=1.0) is not None:
                         raise self.pool.death_error(i) from err
                 raise WorkerError(
                     f"the weight broadcast to the collector ranks failed ({err}).",
@@ -125,6 +130,17 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
             except ConnectionError as err:
                 raise self.pool.death_error(i) from err
         self.delivered(ids)
+
+    def _see_through(self, work: Any, ids: list[int]) -> None:
+        """Wait for the weight broadcast ``work``, bounded by ``timeout``, asking between its
+        tests whether a rank went silent: a stopped rank holds a broadcast, and is named within
+        its ``liveness_timeout``, not after ``worker_timeout``."""
+
+        def silent() -> None:
+            self.pool._check_silence(ids)  # raises the silent rank's WorkerError
+
+        wait_request(work.is_completed, self.timeout, "the weight broadcast", silent)
+        work.wait(datetime.timedelta(seconds=self.timeout))  # what went wrong, if anything did
 
     def _fill(self, weights: TensorDictBase) -> None:
         """Copy ``weights`` into the flat buffer: one fused copy when they are laid out as the

@@ -10,7 +10,9 @@ more batches came; ``{"timeout": n}`` when nothing happened within ``--limit`` s
 ``--pause S``: rank 0 sleeps S s between batches (a trainer busy for longer than the timeout);
 ``--slow S``: each env step sleeps S s (a batch takes longer than the timeout); ``--hold``:
 once a rank is lost, write ``OUT.detected`` and shut down only once ``OUT.resume`` exists (the
-test lets the lost rank go on first), or after 30 s.
+test lets the lost rank go on first), or after 30 s. ``--weights N``: the ranks act with
+``BiasPolicy`` carrying N more float parameters, and rank 0 sends its weights after every batch
+(a broadcast larger than the sockets' buffers, which a stopped rank holds).
 """
 
 from __future__ import annotations
@@ -26,10 +28,20 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import CounterEnv
+import torch
+from conftest import BiasPolicy, CounterEnv
+from tensordict.nn import TensorDictModule
 
 from hpccollect import DistributedDataCollector
 from hpccollect.errors import WorkerError
+
+
+class Ballasted(BiasPolicy):
+    """``BiasPolicy`` with ``n`` more parameters that its actions do not use."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.ballast = torch.nn.Parameter(torch.zeros(n))
 
 
 class Slow(CounterEnv):
@@ -55,11 +67,16 @@ def main() -> None:
     p.add_argument("--pause", type=float, default=0.0)
     p.add_argument("--slow", type=float, default=0.0)
     p.add_argument("--hold", action="store_true")
+    p.add_argument("--weights", type=int, default=0)
     a = p.parse_args()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stacks on a hang
     env = partial(Slow, 5, a.slow) if a.slow else partial(CounterEnv, 5)
+    policy = None
+    if a.weights:
+        policy = TensorDictModule(Ballasted(a.weights), ["observation"], ["action"])
     collector = DistributedDataCollector(
         env if a.launcher == "mpi" else [env, env],
+        policy,
         frames_per_batch=10 if a.slow else 40,
         total_frames=-1,
         launcher=a.launcher,
@@ -90,6 +107,8 @@ def main() -> None:
                 result = {"timeout": n}
                 break
             time.sleep(a.pause)
+            if a.weights:
+                collector.update_policy_weights_()
     except WorkerError as err:
         result = {"error": str(err), "at": time.time()}
     finally:

@@ -112,6 +112,24 @@ def test_a_stopped_rank_is_reported_within_the_liveness_timeout(tmp_path, sync):
 
 
 @pytest.mark.timeout(120)
+def test_a_rank_stopped_while_rank_0_broadcasts_weights_is_reported_in_time(tmp_path):
+    """Rank 0 sends 32 MB of weights after every batch: a stopped rank holds the broadcast
+    (more than the sockets take), and is named within its liveness_timeout, not after the
+    broadcast's worker_timeout (600 s)."""
+    job = Job(tmp_path, "--weights", str(8_000_000))
+    pids = job.pids()
+    stopped = stop(pids[2])
+    result = job.result()
+    assert "error" in result, result
+    took = result["at"] - stopped
+    assert took <= LIVENESS + 2.0, f"reported {took:.1f} s after the rank stopped"
+    assert f"collector rank 2 (pid {pids[2]}, " in result["error"]
+    assert "has sent nothing, not even a heartbeat, for" in result["error"]
+    assert job.proc.returncode == 0
+    assert_gone(pids)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("sync", [0, 1], ids=["async", "sync"])
 def test_continue_goes_on_without_a_stopped_rank_and_says_so_once(tmp_path, sync):
     job = Job(tmp_path, "--sync", str(sync), "--failure", "continue")
