@@ -57,11 +57,12 @@ class Doorbell:
 
     def clear(self) -> None:
         """Take every ring so far (call before looking at what the rings announced)."""
-        if not self._open:
-            return
-        with contextlib.suppress(BlockingIOError, OSError):
-            while os.read(self._rfd, 4096):
-                pass
+        with self._lock:  # never reads a closed (maybe reused) fd
+            if not self._open:
+                return
+            with contextlib.suppress(BlockingIOError, OSError):
+                while os.read(self._rfd, 4096):
+                    pass
 
     def close(self) -> None:
         """Release the pipe; idempotent."""
