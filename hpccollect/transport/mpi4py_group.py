@@ -125,7 +125,7 @@ class _Work:
         self.request: Any = None
 
     def what(self) -> str:
-        return f"{self.verb} rank {self.peer}"
+        return f"{self.verb} rank {self.group.world_ranks[self.peer]}"
 
     def _arrived(self) -> bool:
         return True
@@ -213,6 +213,14 @@ class _Broadcast(_Work):
         return self.group.stopped(None if self.group.rank == self.peer else self.peer)
 
 
+def _world_ranks(comm: Any) -> list[int]:
+    """The rank in ``MPI.COMM_WORLD`` of each member of ``comm``."""
+    from mpi4py import MPI
+
+    members = list(range(comm.Get_size()))
+    return list(comm.Get_group().Translate_ranks(members, MPI.COMM_WORLD.Get_group()))
+
+
 class MPIGroup:
     """A private duplicate of ``comm`` with the process-group calls the transport needs.
 
@@ -240,6 +248,9 @@ class MPIGroup:
         #: ``with group.inside:`` counts this thread as using MPI through the group
         self.inside = _Inside(self.calls)
         self._arrays: dict[int, tuple[torch.Tensor, Any]] = {}  # see ``_buffer``
+        #: each member's rank in the MPI job, for messages (a gathered job's group numbers its
+        #: members from 0)
+        self.world_ranks = _world_ranks(self.comm)
         _GROUPS.add(self)
 
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
@@ -336,7 +347,7 @@ class MPIGroup:
         with self._lock:
             if peer not in self._gone and self.comm.Iprobe(peer, _BYE):
                 self.comm.Recv(bytearray(1), peer, _BYE)
-                self._gone[peer] = f"rank {peer} closed its end of the connection"
+                self._gone[peer] = f"rank {self.world_ranks[peer]} closed its end of the connection"
         return self._gone.get(peer)
 
     def cancel(self, request: Any) -> None:

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import torch
 
-from hpccollect.transport.mpi4py_group import MPIGroup, mpi4py_comm, quiesce
+from hpccollect.transport.mpi4py_group import MPIGroup, _world_ranks, mpi4py_comm, quiesce
 from hpccollect.transport.rank_channel import RankChannel
 
 SIZES = (40, 59_000, 3_000_000)  # a header, a CartPole batch, a transfer that takes a while
@@ -34,6 +34,10 @@ def main() -> None:
     rank = comm.Get_rank()
     Path(f"{out}.pid{rank}").write_text(str(os.getpid()))
     group = MPIGroup(comm, "test-transport")
+    assert group.world_ranks == [0, 1], group.world_ranks
+    reversed_comm = comm.Split(0, -rank)  # a gathered job's kind of group: its own numbering
+    assert _world_ranks(reversed_comm) == [1, 0], _world_ranks(reversed_comm)
+    reversed_comm.Free()
     try:
         group.wire(torch.zeros(4, 4)[:, 0])
     except ValueError as err:
