@@ -94,37 +94,29 @@ def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("sync", [0, 1], ids=["async", "sync"])
-def test_a_stopped_rank_is_reported_within_the_liveness_timeout(tmp_path, sync):
-    job = Job(tmp_path, "--sync", str(sync))
+@pytest.mark.parametrize(
+    "args, margin",
+    [
+        pytest.param(["--sync", "0"], 1.0, id="async"),
+        pytest.param(["--sync", "1"], 1.0, id="sync"),
+        # rank 0 sends 32 MB of weights after every batch: the stopped rank holds the broadcast
+        # (more than the sockets take), and is named within liveness_timeout, not after the
+        # broadcast's worker_timeout (600 s); silence is looked for once a second there
+        pytest.param(["--weights", str(8_000_000)], 2.0, id="during-a-weight-broadcast"),
+    ],
+)
+def test_a_stopped_rank_is_reported_within_the_liveness_timeout(tmp_path, args, margin):
+    job = Job(tmp_path, *args)
     pids = job.pids()
     stopped = stop(pids[2])
     result = job.result()
     assert "error" in result, result
     took = result["at"] - stopped
-    assert took <= LIVENESS + 1.0, f"reported {took:.1f} s after the rank stopped"
+    assert took <= LIVENESS + margin, f"reported {took:.1f} s after the rank stopped"
     text = result["error"]
     assert f"collector rank 2 (pid {pids[2]}, " in text  # which rank, and its host
     assert "has sent nothing, not even a heartbeat, for" in text  # how long
     assert "liveness_timeout" in text
-    assert job.proc.returncode == 0
-    assert_gone(pids)
-
-
-@pytest.mark.timeout(120)
-def test_a_rank_stopped_while_rank_0_broadcasts_weights_is_reported_in_time(tmp_path):
-    """Rank 0 sends 32 MB of weights after every batch: a stopped rank holds the broadcast
-    (more than the sockets take), and is named within its liveness_timeout, not after the
-    broadcast's worker_timeout (600 s)."""
-    job = Job(tmp_path, "--weights", str(8_000_000))
-    pids = job.pids()
-    stopped = stop(pids[2])
-    result = job.result()
-    assert "error" in result, result
-    took = result["at"] - stopped
-    assert took <= LIVENESS + 2.0, f"reported {took:.1f} s after the rank stopped"
-    assert f"collector rank 2 (pid {pids[2]}, " in result["error"]
-    assert "has sent nothing, not even a heartbeat, for" in result["error"]
     assert job.proc.returncode == 0
     assert_gone(pids)
 
