@@ -77,7 +77,8 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
 def _collect_options(collect: argparse.ArgumentParser) -> None:
     collect.add_argument(
         "--config",
-        help="TOML file of these options but --config and --quiet (at the top level or under [collect]; names as here, without the dashes); the command line wins",
+        help="TOML file of these options but --config and --quiet (at the top level or under "
+        "[collect]; names as here, without the dashes); the command line wins",
     )
     d = RunConfig()
     collect.add_argument(
@@ -125,7 +126,8 @@ def _collect_options(collect: argparse.ArgumentParser) -> None:
     )
     collect.add_argument(
         "--out",
-        help="dataset file (default $HPCCOLLECT_DATA_DIR/<env>-seed<seed>.h5, the directory data/ when that variable is not set)",
+        help="dataset file (default $HPCCOLLECT_DATA_DIR/<env>-seed<seed>.h5, the directory "
+        "data/ when that variable is not set)",
     )
     collect.add_argument("--compression", choices=COMPRESSIONS, help=f"default {d.compression}")
     collect.add_argument(

@@ -241,22 +241,23 @@ class RankChannel(RankLiveness, RankWeights, Channel):
             work = self._post(flat, MESSAGES)
         self._wait(work)
 
-    def _wait(self, work: Any, timeout: datetime.timedelta | None = None) -> None:
+    def _wait(
+        self,
+        work: Any,
+        timeout: datetime.timedelta | None = None,
+        why: str = "stopped taking messages",
+    ) -> None:
         try:
             work.wait(timeout or self._send_timeout)
         except Exception as err:
-            self._failure = self._failure or f"stopped taking messages ({first_line(err)})"
+            self._failure = self._failure or f"{why} ({first_line(err)})"
             raise ConnectionError(self._failure) from err
 
     def _await_rest(self, work: Any) -> None:
         """Wait for the rest of a message whose header came, bounded like a send: a peer
         stopped mid-message (SIGSTOP, a lost node) fails this link, named, instead of holding
         this side (rank 0's collecting thread, over mpi4py) for good."""
-        try:
-            work.wait(self._send_timeout)
-        except Exception as err:
-            self._failure = self._failure or f"stopped mid-message ({first_line(err)})"
-            raise ConnectionError(self._failure) from err
+        self._wait(work, why="stopped mid-message")
 
     def _group(self) -> Any:
         group = self.groups.messages

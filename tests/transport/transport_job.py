@@ -7,6 +7,7 @@ Each rank writes its pid to ``OUT.pid<rank>``; rank 0 prints one ``ok ...`` line
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import sys
 import time
@@ -56,6 +57,7 @@ def main() -> None:
         # the rest of a message that never comes (its sender stopped mid-message): the wait is
         # bounded like a send, and the link fails, named (RankChannel._await_rest)
         link = SimpleNamespace(_send_timeout=datetime.timedelta(seconds=0.3), _failure=None)
+        link._wait = functools.partial(RankChannel._wait, link)
         start = time.monotonic()
         try:
             RankChannel._await_rest(link, group.recv([torch.empty(64)], 1, TAG + 2))
