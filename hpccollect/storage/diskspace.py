@@ -64,10 +64,11 @@ class SpaceReserver:
 
     Args:
         path: the file (named in errors).
-        fd: a descriptor of it open for writing.
+        fd: a descriptor of it open for writing; None for a file HDF5 writes through no
+            descriptor (its ``core`` or ``fileobj`` driver): nothing is reserved.
     """
 
-    def __init__(self, path: os.PathLike | str, fd: int) -> None:
+    def __init__(self, path: os.PathLike | str, fd: int | None) -> None:
         self.path, self.fd = path, fd
         self.reserved = 0
         self.fallocate_works = _fallocate is not None
@@ -81,7 +82,7 @@ class SpaceReserver:
         limit = _fsize_limit()
         if limit is not None and end > limit:
             raise OSError(errno.EFBIG, f"{os.strerror(errno.EFBIG)} (RLIMIT_FSIZE {limit} bytes)")
-        if end <= self.reserved:
+        if end <= self.reserved or self.fd is None:
             return
         if self.fallocate_works:
             step = min(max(self.reserved // 4, _MIN_STEP), _MAX_STEP)
@@ -105,7 +106,8 @@ class SpaceReserver:
 
     def release(self) -> None:
         """Give back the reserved blocks beyond the file's end (the file is unchanged)."""
-        release_beyond_end(self.fd, self.reserved)
+        if self.fd is not None:
+            release_beyond_end(self.fd, self.reserved)
         self.reserved = 0
 
 

@@ -72,6 +72,8 @@ class EpisodeAssembler:
         keys = [k for k in keys if k != MASK]
         if self.keymap is None:
             self.keymap = keymap_for(keys)
+        if not batch.batch_size.numel():
+            return None
         arrays, ids, done, row_end = self._flatten(batch, keys)
         if not len(ids):
             return None

@@ -5,6 +5,13 @@ chunks from its row size and the expected number of rows, reserves the space an 
 before HDF5 writes anything (``diskspace.SpaceReserver``), writes with h5py's low-level calls
 (per-append Python overhead is a large part of the cost) and rewrites the committed counters in
 place. After a write error ``freeze()`` stops every further write to the file.
+
+Compressed datasets are written a whole chunk at a time. HDF5 writes a compressed chunk that
+grows somewhere new and frees its old place; a later chunk of the same append may then be
+written over that place while the file's index (rewritten only at the next flush) still points
+at it, so a ``kill -9`` there corrupts rows already committed. Written once and whole, no chunk
+moves: rows wait in a one-chunk buffer per dataset (``durable_rows`` says how many are in the
+file), and ``finish()`` writes the last, partial chunk once at close.
 """
 
 from __future__ import annotations
@@ -37,6 +44,14 @@ def chunk_rows(row_bytes: int, expected_rows: int | None, max_bytes: int = 1 << 
     return int(min(max(1, target // row_bytes), 1 << 20))
 
 
+def _descriptor(file: h5py.File) -> int | None:
+    """The descriptor HDF5 writes the file through; None for a driver that has none."""
+    try:
+        return file.id.get_vfd_handle()
+    except (OSError, RuntimeError, TypeError, ValueError):
+        return None
+
+
 def _row_bytes(array: np.ndarray) -> int:
     return max(1, int(np.prod(array.shape[1:], dtype=np.int64)) * array.dtype.itemsize)
 
@@ -67,23 +82,83 @@ class RowAppender:
             chunk_bytes,
             expected_rows,
         )
-        self.space = SpaceReserver(path, file.id.get_vfd_handle())
+        self.space = SpaceReserver(path, _descriptor(file))
         self._datasets: dict[str, h5py.h5d.DatasetID] = {}
         self._chunking: dict[str, tuple[int, int]] = {}
         self._counters: tuple[h5py.h5a.AttrID, ...] | None = None
+        self._whole = compression is not None  # write whole chunks only (see the module doc)
+        self._rows_per_chunk = 0  # with _whole: the same for every dataset
+        self._held: dict[str, np.ndarray] = {}  # with _whole: each dataset's unwritten chunk
+        self._held_rows = 0
+        #: rows in the file (the rest wait in the buffer until their chunk is whole)
+        self.durable_rows = 0
+
+    def lay_out(self, data: dict[str, np.ndarray]) -> None:
+        """Create the datasets for rows like ``data``'s (path -> rows), with no rows yet."""
+        if self._whole:
+            widest = max(_row_bytes(a) for a in data.values())
+            self._rows_per_chunk = chunk_rows(widest, self.expected_rows, self.chunk_bytes)
+        for path, array in data.items():
+            self._dataset(path, array)
 
     def append(self, data: dict[str, np.ndarray], start: int) -> None:
-        """Write ``data`` (path -> rows) at row ``start`` of each dataset; ``OSError`` before
-        anything is written when the disk cannot take it."""
+        """Put ``data`` (path -> rows) at row ``start`` of each dataset; ``OSError`` before
+        anything is written when the disk cannot take it.
+
+        Appending again from an earlier ``start`` with the same rows (a commit cut short and
+        retried) rewrites them: the result is as if the first call had completed.
+        """
         n = len(next(iter(data.values())))
-        self.space.ensure(self.file.id.get_filesize() + self._bytes_needed(data, start, n))
+        if not self._whole:
+            self.space.ensure(self.file.id.get_filesize() + self._bytes_needed(data, start, n))
+            for path, array in data.items():
+                self._write(self._dataset(path, array), array, start)
+            self.durable_rows = start + n
+            return
+        if start < self.durable_rows:  # a retry: rows before durable_rows are in the file
+            data = {p: a[self.durable_rows - start :] for p, a in data.items()}
+            n, start = n - (self.durable_rows - start), self.durable_rows
+        rows = self._rows_per_chunk
+        fill, done = start - self.durable_rows, 0
+        while done < n:
+            take = min(rows - fill, n - done)
+            if fill == 0 and take == rows:  # a whole chunk in the input: no copy
+                self._write_chunk({p: a[done : done + rows] for p, a in data.items()})
+            else:
+                for path, array in data.items():
+                    held = self._held.get(path)
+                    if held is None:
+                        held = self._held[path] = np.empty((rows, *array.shape[1:]), array.dtype)
+                    held[fill : fill + take] = array[done : done + take]
+                if fill + take == rows:
+                    self._write_chunk(self._held)
+            fill = (fill + take) % rows
+            done += take
+        self._held_rows = fill
+
+    def _write_chunk(self, data: dict[str, np.ndarray]) -> None:
+        """Write one whole chunk's rows of every dataset at ``durable_rows``."""
+        self.space.ensure(
+            self.file.id.get_filesize()
+            + self._bytes_needed(data, self.durable_rows, len(next(iter(data.values()))))
+        )
         for path, array in data.items():
-            ds = self._dataset(path, array)
-            trailing = array.shape[1:]
-            ds.set_extent((start + n, *trailing))
-            file_space = ds.get_space()
-            file_space.select_hyperslab((start,) + (0,) * len(trailing), (n, *trailing))
-            ds.write(h5py.h5s.create_simple(array.shape), file_space, np.ascontiguousarray(array))
+            self._write(self._dataset(path, array), array, self.durable_rows)
+        self.durable_rows += len(next(iter(data.values())))
+
+    def finish(self) -> None:
+        """Write the rows still held (the last chunk, partial, written once)."""
+        if self._held_rows:
+            self._write_chunk({p: a[: self._held_rows] for p, a in self._held.items()})
+            self._held_rows = 0
+
+    @staticmethod
+    def _write(ds: h5py.h5d.DatasetID, array: np.ndarray, start: int) -> None:
+        n, trailing = len(array), array.shape[1:]
+        ds.set_extent((start + n, *trailing))
+        file_space = ds.get_space()
+        file_space.select_hyperslab((start,) + (0,) * len(trailing), (n, *trailing))
+        ds.write(h5py.h5s.create_simple(array.shape), file_space, np.ascontiguousarray(array))
 
     def _bytes_needed(self, data: dict[str, np.ndarray], start: int, n: int) -> int:
         """At most how much the file grows by appending ``n`` rows at ``start``."""
@@ -91,14 +166,14 @@ class RowAppender:
         for path, array in data.items():
             rows, row_bytes = self._chunking.get(path) or self._chunk_shape(array)
             new_chunks = -(-(start + n) // rows) + (start // -rows)
-            if self.compression:  # a compressed chunk that grows is written elsewhere
-                new_chunks += 1
             total += new_chunks * (rows * row_bytes + 4096)
         return total
 
     def _chunk_shape(self, array: np.ndarray) -> tuple[int, int]:
         """(rows per chunk, bytes per row) of the dataset for ``array``."""
         row_bytes = _row_bytes(array)
+        if self._whole:
+            return self._rows_per_chunk, row_bytes
         return chunk_rows(row_bytes, self.expected_rows, self.chunk_bytes), row_bytes
 
     def _dataset(self, path: str, array: np.ndarray) -> h5py.h5d.DatasetID:
@@ -114,6 +189,7 @@ class RowAppender:
             chunks=(rows, *trailing),
             dtype=array.dtype,
             compression=self.compression,
+            fletcher32=self._whole,  # a damaged compressed chunk fails its read, named
         ).id
         return self._datasets[path]
 
@@ -127,10 +203,17 @@ class RowAppender:
         for attr, value in zip(self._counters, (steps, episodes), strict=True):
             attr.write(np.array(value, dtype=np.int64))
 
-    def fsync(self) -> None:
+    def mark_complete(self) -> None:
+        """Set the ``complete`` attribute (created false with the file) in place."""
+        attr = h5py.h5a.open(self.file.id, b"complete")
         try:
-            fd = self.file.id.get_vfd_handle()
-        except (OSError, TypeError, ValueError):  # not a POSIX file driver: flush() is all
+            attr.write(np.array(True))
+        finally:
+            attr.close()
+
+    def fsync(self) -> None:
+        fd = _descriptor(self.file)
+        if fd is None:  # not a POSIX file driver: flush() is all
             return
         try:
             os.fsync(fd)
@@ -141,10 +224,12 @@ class RowAppender:
     def freeze(self) -> None:
         """After a write error, point HDF5's descriptor at /dev/null: the file stays exactly as it
         was, and HDF5 can close without failing again (a close that fails crashes h5py later)."""
+        fd = _descriptor(self.file)
+        if fd is None:
+            return
         try:
-            fd = self.file.id.get_vfd_handle()
             null = os.open(os.devnull, os.O_RDWR)
-        except (OSError, TypeError, ValueError):
+        except OSError:
             return
         try:
             os.dup2(null, fd)

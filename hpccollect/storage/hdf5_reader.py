@@ -274,7 +274,8 @@ class H5Dataset:
         return np.add.reduceat(rewards, [s for s, _ in bounds])
 
     def check(self) -> list[str]:
-        """Integrity problems found (an empty list when the file is sound)."""
+        """Integrity problems found (an empty list when the file is sound). Every committed
+        row is read."""
         problems = []
         for path in [*self.keymap, EPISODE] if self.keymap else []:
             if path not in self.file:
@@ -283,6 +284,9 @@ class H5Dataset:
                 problems.append(
                     f"dataset {path!r} has {self.file[path].shape[0]} rows, fewer than committed"
                 )
+        if problems:
+            return problems
+        problems += self._unreadable()
         if problems:
             return problems
         bounds = self.episode_bounds()
@@ -299,6 +303,24 @@ class H5Dataset:
             inner[ends] = False
             if done[inner].any():
                 problems.append("next/done is set inside an episode")
+        return problems
+
+    def _unreadable(self, block_bytes: int = 64 << 20) -> list[str]:
+        """Every committed row of every dataset, read in blocks: the parts that fail (a damaged
+        compressed chunk fails its decompression or its checksum)."""
+        problems = []
+        for path in [*self.keymap, EPISODE] if self.keymap else []:
+            ds = self.file[path]
+            rows = max(1, block_bytes // max(1, ds.dtype.itemsize * int(np.prod(ds.shape[1:]))))
+            for start in range(0, self.committed_steps, rows):
+                stop = min(start + rows, self.committed_steps)
+                try:
+                    ds[start:stop]
+                except (OSError, RuntimeError) as err:
+                    problems.append(
+                        f"dataset {path!r}: rows {start}-{stop - 1} cannot be read ({err})"
+                    )
+                    break
         return problems
 
     def close(self) -> None:

@@ -1,10 +1,14 @@
 """``HDF5Writer``: collector batches -> an HDF5 shard of whole episodes, safe against crashes.
 
 Rows are transitions grouped by episode, in time order. Steps of an episode that has not ended
-wait in memory; when it ends, the whole episode is appended, then ``committed_steps`` and
-``committed_episodes`` are updated, then the file is flushed (and fsync'ed every few appends).
-A reader trusts only the committed rows, so a ``kill -9`` loses at most the episodes in flight.
-The file is ``<path>.partial`` while open and renamed to ``<path>`` when closed.
+wait in memory; when it ends, the whole episode is appended, the file is flushed, then the
+file's ``committed_steps`` and ``committed_episodes`` are rewritten in place and the file is
+flushed again (and fsync'ed every few appends). A reader trusts only the committed rows, so a
+``kill -9`` loses at most the episodes in flight; with compression, whose chunks are written
+whole (``h5append``), at most one chunk's rows as well. Every attribute a later write changes
+exists from the start and is rewritten in place: nothing a crash can tear grows the file's
+headers after the first commit. The file is ``<path>.partial`` while open and renamed to
+``<path>`` when closed.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import datetime
 import os
 import socket
 import uuid
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -113,18 +118,17 @@ class HDF5Writer(Sink):
         self.failed: StorageError | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = h5py.File(self.partial, "w")
-            self._rows = RowAppender(
-                self._file,
-                self.partial,
-                compression=compression,
-                chunk_bytes=chunk_bytes,
-                expected_rows=expected_rows,
-            )
+            self._file = self._create_file(self.partial)
+            self._rows = self._appender(self._file)
         except (OSError, RuntimeError) as err:
             raise StorageError(f"cannot create {self.partial}: {describe_os_error(err)}") from err
         self._episodes = EpisodeAssembler()
-        self.committed_steps = self.committed_episodes = 0
+        # (steps, episodes, episodes being written): one attribute, set in one step, so that a
+        # commit cut short (a second Ctrl-C) is written again by close(), neither lost nor twice
+        self._state: tuple[int, int, Episodes | None] = (0, 0, None)
+        # per commit, its episodes' ends (steps, episodes) not yet in the file's counters
+        self._ends: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self._in_file = (0, 0)  # the file's counters: what a crash keeps
         self.returns: list[float] = []
         self._appends = 0
         self._closed = False
@@ -136,6 +140,48 @@ class HDF5Writer(Sink):
             self._closed = True
             self._close_file()
             raise self.failed from err
+
+    def _create_file(self, path: Path) -> h5py.File:
+        """A new file, open for writing (its own method so that tests can watch its writes)."""
+        return h5py.File(path, "w")
+
+    def _appender(self, file: h5py.File) -> RowAppender:
+        return RowAppender(
+            file,
+            self.partial,
+            compression=self.compression,
+            chunk_bytes=self.chunk_bytes,
+            expected_rows=self.expected_rows,
+        )
+
+    def _lay_out(self, data: dict[str, np.ndarray]) -> None:
+        """Before the first commit: the file with its datasets (no rows yet) and its keymap.
+
+        Creating datasets changes HDF5's headers in many writes, which a crash can tear and
+        leave an unreadable file. So the laid-out file is made beside the empty one, synced,
+        and renamed over it: a reader sees one or the other.
+        """
+        staged = self.partial.with_name(self.partial.name + ".new")
+        file = self._create_file(staged)
+        try:
+            for key, value in self._file.attrs.items():
+                file.attrs[key] = value
+            keymap = self._episodes.keymap
+            file.attrs["keymap"] = keymap_to_json(keymap)
+            file.attrs["squeezed"] = sorted(SQUEEZED & set(keymap))
+            rows = self._appender(file)
+            rows.lay_out(data)
+            file.flush()
+            rows.fsync()
+            os.replace(staged, self.partial)
+            _sync_folder(self.partial)
+        except BaseException:
+            file.close()
+            staged.unlink(missing_ok=True)
+            raise
+        self._rows.forget()
+        self._file.close()  # it was unlinked by the rename: its blocks go with it
+        self._file, self._rows = file, rows
 
     def _write_metadata(
         self,
@@ -161,6 +207,7 @@ class HDF5Writer(Sink):
         attrs["host"] = socket.gethostname()  # the node that wrote it (a shard's, on a cluster)
         attrs["committed_steps"] = np.int64(0)
         attrs["committed_episodes"] = np.int64(0)
+        attrs["complete"] = np.False_
         attrs["collector_config"] = describe(config or {})
         attrs["run_id"] = str(run_id) if run_id is not None else uuid.uuid4().hex
         attrs["shard"] = shard
@@ -195,36 +242,64 @@ class HDF5Writer(Sink):
             self._commit(episodes)
 
     # ------------------------------------------------------------------ output
+    @property
+    def committed_steps(self) -> int:
+        """Steps of the episodes written (all in the file once it is closed)."""
+        return self._state[0]
+
+    @property
+    def committed_episodes(self) -> int:
+        """Episodes written (all in the file once it is closed)."""
+        return self._state[1]
+
     def _commit(self, episodes: Episodes) -> None:
-        """Append whole episodes, flush, then move the committed counters and flush again."""
+        """Append whole episodes, flush, then move the file's committed counters and flush again."""
+        steps, count, _ = self._state
+        self._state = (steps, count, episodes)
         data = {p: (a.reshape(len(a)) if p in SQUEEZED else a) for p, a in episodes.data.items()}
         tids, lengths = episodes.ids, episodes.lengths
         data[EPISODE] = np.repeat(tids.astype(np.int64), lengths)
-        start, n = self.committed_steps, len(data[EPISODE])
+        n = len(data[EPISODE])
         try:
             if "keymap" not in self._file.attrs:
-                keymap = self._episodes.keymap
-                self._file.attrs["keymap"] = keymap_to_json(keymap)
-                self._file.attrs["squeezed"] = sorted(SQUEEZED & set(keymap))
-            self._rows.append(data, start)  # raises before writing when the disk is too full
+                self._lay_out(data)
+            self._rows.append(data, steps)  # raises before writing when the disk is too full
             self._file.flush()  # the rows are written before any counter covers them
             self._appends += 1
             if self._appends % self.fsync_every == 0:
                 self._rows.fsync()
-            self._rows.write_counters(start + n, self.committed_episodes + len(tids))
-            self._file.flush()
+            while self._ends and self._ends[-1][0][0] > steps:  # a retried commit's own ends
+                self._ends.pop()
+            self._ends.append((steps + np.cumsum(lengths), count + np.arange(1, len(tids) + 1)))
+            self._move_counters()
         except (OSError, RuntimeError) as err:
             raise self._fail(err) from err
-        self.committed_steps += n
-        self.committed_episodes += len(tids)
+        self._state = (steps + n, count + len(tids), None)
         self.returns += episodes.returns()
+
+    def _move_counters(self) -> None:
+        """Make the file's counters cover every episode whose rows are all in the file."""
+        durable, last = self._rows.durable_rows, None
+        while self._ends:
+            steps, episodes = self._ends[0]
+            k = int(np.searchsorted(steps, durable, side="right"))
+            if k:
+                last = int(steps[k - 1]), int(episodes[k - 1])
+            if k < len(steps):
+                self._ends[0] = steps[k:], episodes[k:]
+                break
+            self._ends.popleft()
+        if last is not None:
+            self._rows.write_counters(*last)
+            self._file.flush()
+            self._in_file = last
 
     def _fail(self, err: BaseException) -> StorageError:
         """Remember the first write error; the file keeps its committed rows and stays partial."""
         if self.failed is None:
             self.failed = StorageError(
                 f"cannot write {self.partial}: {describe_os_error(err)}; its "
-                f"{self.committed_steps} committed rows ({self.committed_episodes} episodes) are "
+                f"{self._in_file[0]} committed rows ({self._in_file[1]} episodes) are "
                 f"kept: free space, then run `python -m hpccollect repair {self.partial}`."
             )
             self.failed.errno = getattr(err, "errno", None)
@@ -253,11 +328,17 @@ class HDF5Writer(Sink):
             return self.path if self.failed is None else self.partial
         try:
             if self.failed is None:
+                cut_short = self._state[2]
+                if cut_short is not None:
+                    self._commit(cut_short)
                 rest = self._episodes.finish()
                 if rest is not None:
                     self._commit(rest)
                 try:
-                    self._file.attrs["complete"] = True
+                    self._rows.finish()
+                    self._file.flush()  # the rows are written before any counter covers them
+                    self._move_counters()
+                    self._rows.mark_complete()
                     self._file.flush()
                     self._rows.fsync()
                 except (OSError, RuntimeError) as err:
@@ -268,6 +349,7 @@ class HDF5Writer(Sink):
         if self.failed is not None:
             return self.partial
         os.replace(self.partial, self.path)
+        _sync_folder(self.path)
         return self.path
 
     def _close_file(self) -> None:
@@ -290,3 +372,17 @@ class HDF5Writer(Sink):
             f"HDF5Writer({str(self.path)!r}, committed_steps={self.committed_steps}, "
             f"committed_episodes={self.committed_episodes}, open_episodes={self.open_episodes})"
         )
+
+
+def _sync_folder(path: Path) -> None:
+    """Make a rename into ``path``'s folder survive a power cut (where the system allows)."""
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -31,6 +31,7 @@ from hpccollect.storage.spaces_json import describe, space_from_json
 __all__ = ["merge_shards"]
 
 _SUMMED = ("committed_steps", "committed_episodes")
+_LAYOUT = ("keymap", "squeezed")  # set by a shard's first commit
 #: per-file facts: recorded per shard in ``shards``, never copied to the merged file's top level
 _PER_FILE = ("run_id", "shard", "created", "complete", "merged_from", "shards", *_SUMMED)
 #: the same in every shard (checked), so kept only at the top level
@@ -153,18 +154,21 @@ def _short(value: Any) -> str:
 
 
 def _common_layout(shards: list[H5Dataset]) -> dict[str, tuple[tuple[int, ...], Any]]:
-    """Dataset path -> (trailing shape, dtype), the same in every shard."""
+    """Dataset path -> (trailing shape, dtype), the same in every shard that has rows (a shard
+    whose writer committed nothing has no datasets yet, and adds no rows)."""
 
     def layout(ds: H5Dataset) -> dict:
-        names = [*ds.keymap, EPISODE] if ds.keymap else []
-        return {p: (ds.file[p].shape[1:], ds.file[p].dtype) for p in names}
+        return {p: (ds.file[p].shape[1:], ds.file[p].dtype) for p in [*ds.keymap, EPISODE]}
 
-    first = layout(shards[0])
-    for ds in shards[1:]:
+    laid_out = [ds for ds in shards if ds.keymap]
+    if not laid_out:
+        return {}
+    first = layout(laid_out[0])
+    for ds in laid_out[1:]:
         if layout(ds) != first:
             raise ArgumentValueError(
                 f"{ds.path} does not have the same datasets, shapes and dtypes as "
-                f"{shards[0].path}; only shards of one collection can be merged."
+                f"{laid_out[0].path}; only shards of one collection can be merged."
             )
     return first
 
@@ -220,7 +224,7 @@ def _write_shifted(f: h5py.File, path: str, trailing, dtype, shards, offsets) ->
     out = f.create_dataset(path, shape=(total, *trailing), dtype=dtype, chunks=True)
     row = 0
     for ds, offset in zip(shards, offsets, strict=True):
-        source = ds.file[path]
+        source = ds.file[path] if ds.committed_steps else None
         for start in range(0, ds.committed_steps, _BLOCK):
             stop = min(start + _BLOCK, ds.committed_steps)
             out[row + start : row + stop] = source[start:stop] + np.asarray(offset, dtype)
@@ -229,10 +233,11 @@ def _write_shifted(f: h5py.File, path: str, trailing, dtype, shards, offsets) ->
 
 def _write_attrs(f: h5py.File, shards: list[H5Dataset], rel: list[str], offsets) -> None:
     """Attributes equal in every shard at the top level; every shard's own in ``shards``."""
-    first = shards[0].file.attrs
-    for key, value in first.items():
+    laid_out = [ds for ds in shards if ds.keymap] or shards  # a shard without rows has no layout
+    for key, value in laid_out[0].file.attrs.items():
+        among = laid_out if key in _LAYOUT else shards
         if key not in _PER_FILE and all(
-            key in ds.file.attrs and _same(ds.file.attrs[key], value) for ds in shards[1:]
+            key in ds.file.attrs and _same(ds.file.attrs[key], value) for ds in among
         ):
             f.attrs[key] = value
     for key in _SUMMED:

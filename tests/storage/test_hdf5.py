@@ -184,6 +184,13 @@ def test_writer_errors(tmp_path):
     writer.close()
     with pytest.raises(ArgumentValueError, match="closed"):
         writer.extend(collect("CartPole-v1", 10, 10)[0])
+    batch = collect("CartPole-v1", 10, 10)[0]
+    with HDF5Writer(tmp_path / "z.h5") as empty:  # an empty batch is taken, and adds nothing
+        empty.extend(batch[:0])
+        empty.extend(batch)
+        empty.extend(batch[:0])
+    with open_dataset(tmp_path / "z.h5") as ds:
+        assert len(ds) == 10 and ds.check() == []
     with pytest.raises(ArgumentValueError, match="does not exist"):
         open_dataset(tmp_path / "nope.h5")
     (tmp_path / "junk.h5").write_text("not hdf5")

@@ -67,6 +67,22 @@ def test_independent_runs_merge_into_a_clean_file_with_unique_ids(tmp_path):
     assert ids[: len(first_ids)] == [int(e["collector", "traj_ids"][0]) for e in episodes(a)]
 
 
+def test_a_shard_that_committed_nothing_adds_no_rows(tmp_path):
+    """A rank killed before its first episode ended leaves a shard without datasets."""
+    a = shard(tmp_path / "a.h5", seed=1)
+    HDF5Writer(tmp_path / "empty.h5", env="CartPole-v1").close()
+    b = shard(tmp_path / "b.h5", seed=2, frames=200)
+    merged = merge_shards([a, tmp_path / "empty.h5", b], tmp_path / "m.h5")
+    with open_dataset(merged) as ds:
+        assert ds.check() == [] and len(ds) == 500
+        assert json.loads(ds.file.attrs["merged_from"]) == ["a.h5", "empty.h5", "b.h5"]
+        got = [without_ids(e) for e in ds.episodes()]
+    want = [without_ids(e) for e in episodes(a) + episodes(b)]
+    assert len(got) == len(want) and all((g == w).all() for g, w in zip(got, want, strict=True))
+    with open_dataset(merge_shards([tmp_path / "empty.h5"], tmp_path / "none.h5")) as ds:
+        assert len(ds) == 0 and ds.check() == []
+
+
 def test_shards_of_one_run_keep_their_ids_and_stay_virtual(tmp_path):
     paths = [
         shard(

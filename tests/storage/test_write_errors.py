@@ -33,7 +33,8 @@ WRITER = textwrap.dedent("""
     collector = SyncDataCollector(lambda: CounterEnv(7), None, frames_per_batch=500)
     writer = HDF5Writer({path!r}, fsync_every=2)
     if {unguarded!r}:  # take away the space reservation: HDF5 itself meets the full disk
-        writer._rows.space.ensure = lambda end: None
+        from hpccollect.storage.diskspace import SpaceReserver
+        SpaceReserver.ensure = lambda self, end: None
     try:
         for batch in collector:
             writer.extend(batch)

@@ -1,0 +1,155 @@
+"""Every point a ``kill -9`` can stop a writer at: the file then holds exactly its committed rows.
+
+HDF5 changes a file with many ``write`` calls per append. A killed process leaves the writes it
+made (the page cache keeps them) and none after. The writer here is the real ``HDF5Writer``,
+whose file goes through h5py's ``fileobj`` driver to a file object that records every write.
+The file as a kill after write k would leave it is rebuilt from the first k writes and read
+back with the real reader, for every k from the writer's first flush (the file is readable from
+there on) to its close.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from hpccollect import SyncDataCollector
+from hpccollect.storage import HDF5Writer, open_dataset
+from hpccollect.storage.layout import EPISODE
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class _Recording(io.FileIO):
+    """A file that adds each write and truncation made to it to ``log``, in order."""
+
+    def __init__(self, path, log: list) -> None:
+        super().__init__(path, "w+")
+        self.log = log
+        log.append(("create", str(path), self))
+
+    def write(self, data) -> int:
+        self.log.append((self, self.tell(), bytes(data)))
+        return super().write(data)
+
+    def truncate(self, size=None) -> int:
+        size = self.tell() if size is None else size
+        self.log.append((self, size, None))
+        return super().truncate(size)
+
+
+class _RecordedWriter(HDF5Writer):
+    log: list = []
+
+    def _create_file(self, path) -> h5py.File:
+        return h5py.File(_Recording(path, self.log), "w")
+
+
+def _image(log, path) -> bytes:
+    """The bytes under the name ``path`` after the events in ``log``: a file's writes and
+    truncations (by the file, whatever its name is), creations and renames (of names)."""
+    names, files = {}, {}
+    for what, offset, data in log:
+        if what == "create":
+            names[offset] = data
+            files[data] = bytearray()
+        elif what == "rename":
+            names[data] = names.pop(offset)
+        elif data is None:
+            del files[what][offset:]
+            files[what].extend(bytes(offset - len(files[what])))
+        else:
+            image = files[what]
+            image.extend(bytes(max(0, offset + len(data) - len(image))))
+            image[offset : offset + len(data)] = data
+    return bytes(files[names[str(path)]])
+
+
+def _columns(ds) -> dict[str, np.ndarray]:
+    return {p: ds.file[p][: len(ds)] for p in [*ds.keymap, EPISODE]} if ds.keymap else {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compression", [None, "gzip", "lzf"])
+def test_a_kill_after_any_write_leaves_exactly_the_committed_rows(
+    tmp_path, monkeypatch, compression
+):
+    log = []
+    monkeypatch.setattr(_RecordedWriter, "log", log)
+    replace = os.replace
+    monkeypatch.setattr(
+        os, "replace", lambda a, b: (log.append(("rename", str(a), str(b))), replace(a, b))
+    )
+    collector = SyncDataCollector("CartPole-v1", None, frames_per_batch=40, total_frames=480)
+    collector.set_seed(0)
+    path = tmp_path / "run.h5"
+    # small chunks: several fill up (and, compressed, are written whole) during the run
+    with _RecordedWriter(path, env="CartPole-v1", compression=compression, chunk_bytes=1024) as w:
+        opened = len(log)
+        for batch in collector:
+            w.extend(batch)
+    collector.shutdown()
+    with open_dataset(path) as ds:
+        final, total = _columns(ds), len(ds)
+    assert total == 480
+
+    closing = log.index(("rename", str(w.partial), str(path)))  # close()'s: the file is done
+    crash, seen = tmp_path / "crash.h5.partial", 0
+    for k in range(opened, closing + 1):
+        crash.write_bytes(_image(log[:k], w.partial))
+        try:
+            ds = open_dataset(crash)
+        except Exception as err:
+            raise AssertionError(f"a kill after write {k} of {closing}: {err}") from err
+        with ds:
+            rows, columns = len(ds), _columns(ds)
+            assert ds.check() == [], f"after write {k}"
+        assert rows >= seen, f"after write {k}: {rows} committed rows, {seen} before"
+        for name, column in columns.items():
+            assert np.array_equal(column, final[name][:rows]), f"after write {k}: {name}"
+        seen = rows
+    assert seen == total
+
+
+class _CutShort(HDF5Writer):
+    """Raises KeyboardInterrupt (a second Ctrl-C) in its third commit, before or after that
+    commit has moved the file's counters."""
+
+    after_counters = False
+
+    def _move_counters(self) -> None:
+        self.moves = getattr(self, "moves", 0) + 1
+        if self.after_counters:
+            super()._move_counters()
+        if self.moves == 3:
+            raise KeyboardInterrupt
+        if not self.after_counters:
+            super()._move_counters()
+
+
+@pytest.mark.parametrize("after_counters", [False, True], ids=["before-counters", "after"])
+def test_a_commit_cut_short_by_ctrl_c_is_written_once_by_close(tmp_path, after_counters):
+    collector = SyncDataCollector("CartPole-v1", None, frames_per_batch=40, total_frames=200)
+    collector.set_seed(0)
+    batches = [b.clone() for b in collector]
+    collector.shutdown()
+    with HDF5Writer(tmp_path / "clean.h5") as clean:
+        for batch in batches[:3]:
+            clean.extend(batch)
+    cut = _CutShort(tmp_path / "cut.h5")
+    cut.after_counters = after_counters
+    with pytest.raises(KeyboardInterrupt):
+        for batch in batches:
+            cut.extend(batch)
+    assert cut.moves == 3
+    assert cut.close() == tmp_path / "cut.h5"
+    with open_dataset(tmp_path / "clean.h5") as want, open_dataset(tmp_path / "cut.h5") as got:
+        assert got.check() == [] and got.complete
+        assert (len(got), got.committed_episodes) == (len(want), want.committed_episodes)
+        for name, column in _columns(want).items():
+            assert np.array_equal(_columns(got)[name], column), name
+    assert cut.committed_steps == len(want) and len(cut.returns) == want.committed_episodes
