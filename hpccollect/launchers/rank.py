@@ -198,8 +198,9 @@ def start_ranks(
             for i, payload in enumerate(payloads)
         ]
         processes = launcher.start(ranks)
+        named = getattr(launcher, "world_ranks", None)  # a gathered MPI job's ranks, as MPI's
         if store is not None:
-            _await_ranks(store, processes, start_timeout, f"{address}:{store.port}")
+            _await_ranks(store, processes, start_timeout, f"{address}:{store.port}", named)
         comm = getattr(launcher, "split_comm", None) if launcher.mpi_world else None
         groups = _open_groups(backend, store, processes, start_timeout, comm)
     except BaseException:
@@ -213,7 +214,6 @@ def start_ranks(
         groups.channel(i + 1, process=process, device=device, send_timeout=send_timeout)
         for i, process in enumerate(processes)
     ]
-    named = getattr(launcher, "world_ranks", None)  # a gathered MPI job's ranks, as MPI's
     for channel in channels if named else ():
         channel.rank = named[channel.peer]
     for channel in channels:
@@ -221,8 +221,15 @@ def start_ranks(
     return groups, channels
 
 
-def _await_ranks(store: Any, processes: Sequence[Any], timeout: float, address: str) -> None:
-    """Return once every rank is about to join."""
+def _await_ranks(
+    store: Any,
+    processes: Sequence[Any],
+    timeout: float,
+    address: str,
+    named: Sequence[int] | None = None,
+) -> None:
+    """Return once every rank is about to join. ``named``: each rank's number in the job's
+    own numbering (by its number here), where the two differ (a gathered MPI job)."""
     deadline = time.monotonic() + timeout
     waiting = set(range(len(processes)))
     while waiting:
@@ -231,8 +238,9 @@ def _await_ranks(store: Any, processes: Sequence[Any], timeout: float, address: 
                 waiting.discard(i)
         _check_started(processes, waiting)
         if waiting and time.monotonic() > deadline:
+            late = sorted(named[r + 1] if named else r + 1 for r in waiting)
             raise CollectorTimeoutError(
-                f"collector ranks {sorted(r + 1 for r in waiting)} did not join within "
+                f"collector ranks {late} did not join within "
                 f"start_timeout={timeout:g} s; pass a larger start_timeout if they start "
                 f"slowly, or check that they can reach {address}."
             )
