@@ -23,6 +23,7 @@ __all__ = [
     "NotProvidedError",
     "PolicyError",
     "StorageError",
+    "WaitAbandoned",
     "WorkerError",
     "as_worker_error",
     "with_builtin",
@@ -89,6 +90,12 @@ class StorageError(HpcCollectError, OSError):
 
 class CollectorTimeoutError(HpcCollectError, TimeoutError):
     """A blocking wait ran past its timeout."""
+
+
+class WaitAbandoned(HpcCollectError, RuntimeError):
+    """A wait for workers given up because the collector shuts down: the background thread
+    (``start()``) that was waiting for a batch ends with it, quietly (see
+    ``WorkerPool.abandon_waits_of``). Only that thread's waits raise it."""
 
 
 class JobError(HpcCollectError, RuntimeError):

@@ -89,6 +89,18 @@ class WideCounter(CounterEnv):
         return np.full(4096, self.total, np.float32), float(self.length), done, False, info
 
 
+class SlowCounter(CounterEnv):
+    """A ``CounterEnv`` whose every step takes ``delay`` seconds: a batch that takes long."""
+
+    def __init__(self, length: int = 5, delay: float = 1.0) -> None:
+        super().__init__(length)
+        self.delay = delay
+
+    def step(self, action):
+        time.sleep(self.delay)
+        return super().step(action)
+
+
 def assert_each_holds_its_own(batches: list, frames: int) -> None:
     """``batches`` of ``WideCounter`` ranks, kept as yielded (no ``clone()``), each still hold
     their own ``frames`` frames, laid out and valued as collected: each rank's batches start

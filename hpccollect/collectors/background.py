@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from hpccollect.errors import CollectorTimeoutError
+from hpccollect.errors import CollectorTimeoutError, WaitAbandoned
 
 __all__ = ["BackgroundThread"]
 
@@ -41,8 +41,15 @@ class BackgroundThread:
             for _ in self._factory():
                 if self._stop.is_set():
                     break
+        except WaitAbandoned:  # stop() gave up the wait for a batch: that is a stop too
+            pass
         except BaseException as err:  # re-raised in the caller's thread by stop()
             self._error = err
+
+    @property
+    def ident(self) -> int | None:
+        """The thread's ident (None before ``start()``)."""
+        return self._thread.ident
 
     @property
     def alive(self) -> bool:

@@ -106,13 +106,23 @@ class ThreadFilling:
 
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop the background thread (within ``timeout`` s); shut down if ``close_env``."""
-        bg, self._background = self._background, None
         try:
-            if bg is not None:
-                bg.stop(timeout if timeout is not None else 60.0)
+            self._stop_background(timeout, abandon=close_env)
         finally:
             if close_env:
                 self.shutdown()
+
+    def _stop_background(self, timeout: float | None, abandon: bool) -> None:
+        """Stop the background thread (within ``timeout`` s, None: 60). ``abandon`` (the
+        collector shuts down): with workers (``_pool``), its wait for their batch is given up
+        rather than waited out."""
+        bg, self._background = self._background, None
+        if bg is None:
+            return
+        pool = getattr(self, "_pool", None)
+        if abandon and pool is not None and bg.ident is not None:
+            pool.abandon_waits_of(bg.ident)
+        bg.stop(timeout if timeout is not None else 60.0)
 
 
 class WorkerFilling:

@@ -385,10 +385,8 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
                 ended (None: 60 and 10).
             close_env: the ranks close their envs as they stop.
         """
-        bg, self._background = self._background, None
         try:
-            if bg is not None:
-                bg.stop(timeout if timeout is not None else 60.0)
+            self._stop_background(timeout, abandon=True)
         finally:
             super().shutdown(timeout, close_env)
             pool = getattr(self, "_pool", None)

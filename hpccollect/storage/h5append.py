@@ -87,17 +87,24 @@ class RowAppender:
         self._chunking: dict[str, tuple[int, int]] = {}
         self._counters: tuple[h5py.h5a.AttrID, ...] | None = None
         self._whole = compression is not None  # write whole chunks only (see the module doc)
-        self._rows_per_chunk = 0  # with _whole: the same for every dataset
         self._held: dict[str, np.ndarray] = {}  # with _whole: each dataset's unwritten chunk
-        self._held_rows = 0
-        #: rows in the file (the rest wait in the buffer until their chunk is whole)
+        self._fill: dict[str, int] = {}  # with _whole: rows held in it
+        self._written: dict[str, int] = {}  # with _whole: each dataset's rows in the file
+        #: rows of every dataset in the file (the rest wait in the buffer until their chunk is
+        #: whole)
         self.durable_rows = 0
 
     def lay_out(self, data: dict[str, np.ndarray]) -> None:
-        """Create the datasets for rows like ``data``'s (path -> rows), with no rows yet."""
+        """Create the datasets for rows like ``data``'s (path -> rows), with no rows yet.
+
+        Compressed, a narrow dataset's chunk holds at most 4 KiB or as many rows as the widest
+        dataset's chunk: how many rows a ``kill -9`` may lose stays small."""
         if self._whole:
-            widest = max(_row_bytes(a) for a in data.values())
-            self._rows_per_chunk = chunk_rows(widest, self.expected_rows, self.chunk_bytes)
+            widest = min(self._chunk_shape(a)[0] for a in data.values())  # the widest's rows
+            for path, array in data.items():
+                rows, row_bytes = self._chunk_shape(array)
+                self._chunking[path] = min(rows, max(widest, 4096 // row_bytes, 1)), row_bytes
+                self._written[path] = self._fill[path] = 0
         for path, array in data.items():
             self._dataset(path, array)
 
@@ -115,42 +122,50 @@ class RowAppender:
                 self._write(self._dataset(path, array), array, start)
             self.durable_rows = start + n
             return
-        if start < self.durable_rows:  # a retry: rows before durable_rows are in the file
-            data = {p: a[self.durable_rows - start :] for p, a in data.items()}
-            n, start = n - (self.durable_rows - start), self.durable_rows
-        rows = self._rows_per_chunk
-        fill, done = start - self.durable_rows, 0
+        for path, array in data.items():
+            self._append_whole(path, array, start)
+        self.durable_rows = min(self._written.values())
+
+    def _append_whole(self, path: str, array: np.ndarray, start: int) -> None:
+        """Rows of one compressed dataset: whole chunks to the file, the rest to its buffer."""
+        written = self._written[path]
+        if start < written:  # a retry: the rows before ``written`` are in the file
+            array, start = array[written - start :], written
+        rows = self._chunking[path][0]
+        held = self._held.get(path)
+        if held is None:
+            ds = self._dataset(path, array)
+            held = self._held[path] = np.empty((rows, *array.shape[1:]), ds.dtype)
+        fill, done, n = start - written, 0, len(array)
         while done < n:
             take = min(rows - fill, n - done)
             if fill == 0 and take == rows:  # a whole chunk in the input: no copy
-                self._write_chunk({p: a[done : done + rows] for p, a in data.items()})
+                self._write_chunk(path, array[done : done + rows])
             else:
-                for path, array in data.items():
-                    held = self._held.get(path)
-                    if held is None:
-                        held = self._held[path] = np.empty((rows, *array.shape[1:]), array.dtype)
-                    held[fill : fill + take] = array[done : done + take]
+                held[fill : fill + take] = array[done : done + take]
                 if fill + take == rows:
-                    self._write_chunk(self._held)
+                    self._write_chunk(path, held)
             fill = (fill + take) % rows
             done += take
-        self._held_rows = fill
+        self._fill[path] = fill
 
-    def _write_chunk(self, data: dict[str, np.ndarray]) -> None:
-        """Write one whole chunk's rows of every dataset at ``durable_rows``."""
+    def _write_chunk(self, path: str, rows: np.ndarray) -> None:
+        """Write rows of ``path`` (a whole chunk, or the last one) after those in the file."""
+        at = self._written[path]
         self.space.ensure(
-            self.file.id.get_filesize()
-            + self._bytes_needed(data, self.durable_rows, len(next(iter(data.values()))))
+            self.file.id.get_filesize() + self._bytes_needed({path: rows}, at, len(rows))
         )
-        for path, array in data.items():
-            self._write(self._dataset(path, array), array, self.durable_rows)
-        self.durable_rows += len(next(iter(data.values())))
+        self._write(self._datasets[path], rows, at)
+        self._written[path] = at + len(rows)
 
     def finish(self) -> None:
-        """Write the rows still held (the last chunk, partial, written once)."""
-        if self._held_rows:
-            self._write_chunk({p: a[: self._held_rows] for p, a in self._held.items()})
-            self._held_rows = 0
+        """Write the rows still held (each dataset's last chunk, partial, written once)."""
+        for path, fill in self._fill.items():
+            if fill:
+                self._write_chunk(path, self._held[path][:fill])
+                self._fill[path] = 0
+        if self._written:
+            self.durable_rows = min(self._written.values())
 
     @staticmethod
     def _write(ds: h5py.h5d.DatasetID, array: np.ndarray, start: int) -> None:
@@ -172,8 +187,6 @@ class RowAppender:
     def _chunk_shape(self, array: np.ndarray) -> tuple[int, int]:
         """(rows per chunk, bytes per row) of the dataset for ``array``."""
         row_bytes = _row_bytes(array)
-        if self._whole:
-            return self._rows_per_chunk, row_bytes
         return chunk_rows(row_bytes, self.expected_rows, self.chunk_bytes), row_bytes
 
     def _dataset(self, path: str, array: np.ndarray) -> h5py.h5d.DatasetID:
@@ -181,7 +194,9 @@ class RowAppender:
         if cached is not None:
             return cached
         trailing = array.shape[1:]
-        self._chunking[path] = rows, _ = self._chunk_shape(array)
+        if path not in self._chunking:
+            self._chunking[path] = self._chunk_shape(array)
+        rows = self._chunking[path][0]
         self._datasets[path] = self.file.create_dataset(
             path,
             shape=(0, *trailing),

@@ -174,14 +174,15 @@ class HDF5Writer(Sink):
             file.flush()
             rows.fsync()
             os.replace(staged, self.partial)
-            _sync_folder(self.partial)
+            empty, unused = self._file, self._rows
+            self._file, self._rows = file, rows
         except BaseException:
             file.close()
             staged.unlink(missing_ok=True)
             raise
-        self._rows.forget()
-        self._file.close()  # it was unlinked by the rename: its blocks go with it
-        self._file, self._rows = file, rows
+        _sync_folder(self.partial)
+        unused.forget()
+        empty.close()  # it was unlinked by the rename: its blocks go with it
 
     def _write_metadata(
         self,
@@ -244,16 +245,21 @@ class HDF5Writer(Sink):
     # ------------------------------------------------------------------ output
     @property
     def committed_steps(self) -> int:
-        """Steps of the episodes written (all in the file once it is closed)."""
+        """Steps of the episodes handed to the file: all in it once it is closed, and all but
+        the last chunk's with compression until then (the file's own counters say what a
+        crash keeps)."""
         return self._state[0]
 
     @property
     def committed_episodes(self) -> int:
-        """Episodes written (all in the file once it is closed)."""
+        """Episodes handed to the file (see ``committed_steps``)."""
         return self._state[1]
 
     def _commit(self, episodes: Episodes) -> None:
         """Append whole episodes, flush, then move the file's committed counters and flush again."""
+        cut_short = self._state[2]
+        if cut_short is not None and cut_short is not episodes:  # first, the one cut short
+            self._commit(cut_short)
         steps, count, _ = self._state
         self._state = (steps, count, episodes)
         data = {p: (a.reshape(len(a)) if p in SQUEEZED else a) for p, a in episodes.data.items()}
@@ -328,12 +334,11 @@ class HDF5Writer(Sink):
             return self.path if self.failed is None else self.partial
         try:
             if self.failed is None:
-                cut_short = self._state[2]
-                if cut_short is not None:
-                    self._commit(cut_short)
                 rest = self._episodes.finish()
                 if rest is not None:
-                    self._commit(rest)
+                    self._commit(rest)  # after any commit cut short (see _commit)
+                elif self._state[2] is not None:
+                    self._commit(self._state[2])
                 try:
                     self._rows.finish()
                     self._file.flush()  # the rows are written before any counter covers them

@@ -22,6 +22,7 @@ import torch
 from conftest import (
     BiasPolicy,
     CounterEnv,
+    SlowCounter,
     WideCounter,
     alive,
     assert_each_holds_its_own,
@@ -586,14 +587,6 @@ def test_with_rank_reports_rank_0_gets_reports_and_the_ranks_keep_every_batch(tm
         assert (returns[~returns.isnan()] == length * (length + 1) / 2).all()
 
 
-class SlowCounter(CounterEnv):
-    """A CounterEnv whose steps take 60 ms: a 20-step batch outlasts a 1 s report interval."""
-
-    def step(self, action):
-        time.sleep(0.06)
-        return super().step(action)
-
-
 @pytest.mark.timeout(120)
 def test_with_rank_reports_a_sync_round_with_nothing_left_for_a_rank_lets_it_rest(tmp_path):
     """200 frames, 20 per rank batch; rank 1 collects all it is asked within the interval,
@@ -601,7 +594,7 @@ def test_with_rank_reports_a_sync_round_with_nothing_left_for_a_rank_lets_it_res
     rank 2 is not asked for a batch nobody wants (its shard would keep it), and its report in
     that round says so, with its committed counts."""
     sink = partial(CountingSink, str(tmp_path))
-    fns = [partial(CounterEnv, 4), partial(SlowCounter, 4)]
+    fns = [partial(CounterEnv, 4), partial(SlowCounter, 4, 0.06)]  # 20 steps outlast 1 s
     with make(
         fns, sync=True, total_frames=200, rank_sink=sink, rank_reports=True, report_interval=1.0
     ) as collector:  # fmt: skip
@@ -750,6 +743,25 @@ def test_replay_buffer_is_extended_here_and_start_fills_it_in_the_background():
     finally:
         collector.async_shutdown(timeout=30)
     assert len(buffer) >= 200
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["shutdown", "async_shutdown"])
+def test_a_shutdown_while_the_background_waits_for_a_long_batch_ends_at_once(how):
+    """The background thread waits for a batch that takes 40 s: the shutdown gives that wait
+    up (it raised CollectorTimeoutError after its timeout before, and left the thread waiting
+    on the closed groups) and ends every rank and thread: the rank, mid-batch, within the
+    shutdown's 10 s (5 s with ``shutdown(timeout=5)``)."""
+    collector = make([partial(SlowCounter, 5, 1.0)], replay_buffer=ReplayBuffer(1000))
+    pids = rank_pids(collector)
+    before = {t.ident for t in threading.enumerate()}
+    collector.start()
+    time.sleep(1.5)  # the background thread now waits in the rank's first batch
+    begun = time.monotonic()
+    getattr(collector, how)(timeout=5)
+    assert time.monotonic() - begun < 15
+    assert_all_gone(pids)
+    assert not [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
 
 
 @pytest.mark.timeout(180)

@@ -131,21 +131,29 @@ class _CutShort(HDF5Writer):
             super()._move_counters()
 
 
+@pytest.mark.parametrize("compression", [None, "gzip"])
+@pytest.mark.parametrize("then", ["close", "extend"])
 @pytest.mark.parametrize("after_counters", [False, True], ids=["before-counters", "after"])
-def test_a_commit_cut_short_by_ctrl_c_is_written_once_by_close(tmp_path, after_counters):
+def test_a_commit_cut_short_by_ctrl_c_is_written_once(tmp_path, after_counters, then, compression):
+    """Whether the writer is closed next (a second Ctrl-C) or given more batches (an
+    interrupt caught in a notebook), the commit cut short is written once, before the rest."""
     collector = SyncDataCollector("CartPole-v1", None, frames_per_batch=40, total_frames=200)
     collector.set_seed(0)
     batches = [b.clone() for b in collector]
     collector.shutdown()
-    with HDF5Writer(tmp_path / "clean.h5") as clean:
-        for batch in batches[:3]:
+    kw = {"compression": compression, "chunk_bytes": 1024}
+    kept = batches if then == "extend" else batches[:3]
+    with HDF5Writer(tmp_path / "clean.h5", **kw) as clean:
+        for batch in kept:
             clean.extend(batch)
-    cut = _CutShort(tmp_path / "cut.h5")
+    cut = _CutShort(tmp_path / "cut.h5", **kw)
     cut.after_counters = after_counters
     with pytest.raises(KeyboardInterrupt):
         for batch in batches:
             cut.extend(batch)
     assert cut.moves == 3
+    for batch in batches[3:] if then == "extend" else ():
+        cut.extend(batch)
     assert cut.close() == tmp_path / "cut.h5"
     with open_dataset(tmp_path / "clean.h5") as want, open_dataset(tmp_path / "cut.h5") as got:
         assert got.check() == [] and got.complete

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing.util
+import threading
 import time
 import weakref
 from collections import Counter, deque
@@ -21,6 +22,7 @@ from typing import Any
 from hpccollect.errors import (
     ArgumentTypeError,
     CollectorTimeoutError,
+    WaitAbandoned,
     WorkerError,
     as_worker_error,
 )
@@ -52,11 +54,23 @@ class WorkerPool:
         #: when waits next ask channel i whether its peer went silent
         self._next_look = [0.0] * len(self.channels)
         self._closed = False
+        self._abandoned: set[int] = set()  # threads whose waits end (abandon_waits_of)
         self.left_running: list[int] = []
         _LIVE_POOLS.add(self)
 
     def __len__(self) -> int:
         return len(self.channels)
+
+    def abandon_waits_of(self, thread: int) -> None:
+        """From now on, waits for the workers in thread ``thread`` (an ident) raise
+        ``WaitAbandoned`` within ``_LOOK`` s: a background thread waiting for a batch that may
+        take minutes ends, and the shutdown that follows has the channels to itself. Waits in
+        other threads go on as before."""
+        self._abandoned.add(thread)
+
+    def _check_abandoned(self) -> None:
+        if self._abandoned and threading.get_ident() in self._abandoned:
+            raise WaitAbandoned("the collector shuts down: this wait for its workers ends")
 
     # ------------------------------------------------------------------ messages
     def send(self, index: int, command: Command, payload: Any = None) -> None:
@@ -85,6 +99,7 @@ class WorkerPool:
         deadline = time.monotonic() + timeout
         while True:
             self._check_silence([index])
+            self._check_abandoned()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self._timeout([index], expected, timeout)
@@ -111,6 +126,7 @@ class WorkerPool:
         watched = {id(self.channels[i]): i for i in indices}
         while True:
             self._check_silence(indices)
+            self._check_abandoned()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self._timeout(list(indices), expected, timeout)
