@@ -9,6 +9,7 @@
    frames/s with ``writer.extend(batch)`` on every batch against the same loop without it.
 
     python benchmarks/hdf5_throughput.py
+    python benchmarks/hdf5_throughput.py --compression gzip   # or lzf: both sides compress
 
 Targets (issue 4): writer >= 0.8x plain h5py; collection with the sink >= 0.9x without it.
 """
@@ -43,17 +44,19 @@ def collector(total: int, fpb: int) -> SyncDataCollector:
     return c
 
 
-def write_ours(batches, path: Path) -> float:
+def write_ours(batches, path: Path, compression: str | None = None) -> float:
     start = time.perf_counter()
     frames = sum(b.numel() for b in batches)
-    with HDF5Writer(path, fsync_every=1 << 30, expected_rows=frames) as writer:
+    kw = {"fsync_every": 1 << 30, "expected_rows": frames, "compression": compression}
+    with HDF5Writer(path, **kw) as writer:
         for batch in batches:
             writer.extend(batch)
     return time.perf_counter() - start
 
 
-def write_plain(batches, path: Path) -> float:
-    """The same arrays appended batch by batch with h5py, same dtypes and chunk sizes."""
+def write_plain(batches, path: Path, compression: str | None = None) -> float:
+    """The same arrays appended batch by batch with h5py, same dtypes, chunk sizes and
+    compression."""
     keys = [k if isinstance(k, tuple) else (k,) for k in batches[0].keys(True, True)]
     keymap = keymap_for(keys)
     frames = sum(b.numel() for b in batches)
@@ -75,6 +78,7 @@ def write_plain(batches, path: Path) -> float:
                         maxshape=(None, *array.shape[1:]),
                         chunks=(chunk, *array.shape[1:]),
                         dtype=array.dtype,
+                        compression=compression,
                     )
                 ds = datasets[name]
                 ds.resize(n + len(array), axis=0)
@@ -108,6 +112,7 @@ def main() -> None:
     )
     parser.add_argument("--frames-per-batch", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compression", choices=["gzip", "lzf"], default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     fpb = args.frames_per_batch
@@ -116,8 +121,9 @@ def main() -> None:
     ours, plain, sink, bare = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            plain.append(frames / write_plain(batches, Path(tmp) / f"plain{i}.h5"))
-            ours.append(frames / write_ours(batches, Path(tmp) / f"ours{i}.h5"))
+            z = args.compression
+            plain.append(frames / write_plain(batches, Path(tmp) / f"plain{i}.h5", z))
+            ours.append(frames / write_ours(batches, Path(tmp) / f"ours{i}.h5", z))
             total = min(args.frames, 100_000) // fpb * fpb
             bare.append(collect(total, fpb, None))
             sink.append(collect(total, fpb, Path(tmp) / f"sink{i}.h5"))
