@@ -124,7 +124,8 @@ class HDF5Writer(Sink):
             raise StorageError(f"cannot create {self.partial}: {describe_os_error(err)}") from err
         self._episodes = EpisodeAssembler()
         # (steps, episodes, episodes being written): one attribute, set in one step, so that a
-        # commit cut short (a second Ctrl-C) is written again by close(), neither lost nor twice
+        # commit cut short (a second Ctrl-C) is written again before anything else (by the next
+        # commit or by close()), neither lost nor twice
         self._state: tuple[int, int, Episodes | None] = (0, 0, None)
         # per commit, its episodes' ends (steps, episodes) not yet in the file's counters
         self._ends: deque[tuple[np.ndarray, np.ndarray]] = deque()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import socket
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,8 @@ from hpccollect.transport.receiver import Receiver
 from hpccollect.transport.threaded import ThreadedRankChannel
 
 __all__ = ["RankGroups", "open_store"]
+
+_DROP_WAIT = 2.0  # s: how long close() waits for an aborted broadcast group to be released
 
 
 def open_store(
@@ -75,6 +78,7 @@ class RankGroups:
     _closed: bool = field(default=False, repr=False)
     _receiver: Receiver | None = field(default=None, repr=False)
     _links: list[RankChannel] = field(default_factory=list, repr=False)
+    _dropper: threading.Thread | None = field(default=None, repr=False)  # see stop_sent()
 
     @property
     def receiver(self) -> Receiver:
@@ -125,9 +129,16 @@ class RankGroups:
         if self.rank != 0 or self.broadcast is None or self.polled:
             return  # polled groups (mpi4py): a rank ends its own waits, and rank 0 sees it end
         if all(link.told_to_stop_or_lost() for link in self._links):
-            group, self.broadcast = self.broadcast, None
+            aborted, self.broadcast = [self.broadcast], None
             with contextlib.suppress(Exception):
-                group.abort()
+                aborted[0].abort()
+            # released in a thread: releasing it joins gloo's threads, and one may be held in
+            # a broadcast cut short by a lost rank until that rank has ended (close() waits a
+            # moment for it)
+            self._dropper = threading.Thread(
+                target=aborted.clear, name="hpccollect-drop", daemon=True
+            )
+            self._dropper.start()
 
     def close(self) -> None:
         """Abort both groups (ends receives still pending on them) and release the store."""
@@ -143,3 +154,5 @@ class RankGroups:
                     group.abort()
         if self._receiver is not None:
             self._receiver.close()
+        if self._dropper is not None:  # a rank left running may hold it longer: not waited
+            self._dropper.join(_DROP_WAIT)
