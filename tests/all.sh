@@ -2,7 +2,8 @@
 # README command 2: set up both test environments and run the whole suite in each, printing
 # each phase's wall time (install 1, suite 1, install 2, suite 2).
 #   install 1: .venv, hpccollect with its test extra (pytest-xdist, mpich, mpi4py, submitit, ...)
-#   suite 1:   the whole suite there, on 3 workers
+#   suite 1:   the whole suite there, on 3 workers: first the tests marked timed (those of one
+#              machine-wide resource aside), side by side, then the rest (tests/scheduling.py)
 #   install 2: .venv-torchrl, torchrl 0.14.1 beside hpccollect, every dependency at pyproject's
 #              lowest version (constraints-lowest.txt)
 #   suite 2:   the torchrl tests and the fast ones there, on 2 workers
@@ -51,18 +52,32 @@ install_1() {
 precompile() {
   .venv/bin/python -m compileall -q hpccollect tests examples jobs > /dev/null
 }
+# The timed tests mostly wait, and may run only beside each other: in a run of their own they
+# all do, where in the whole suite's run the workers' other tests keep most of them apart.
 suite_1() {
-  .venv/bin/python -m pytest "${parallel[@]}"
+  local status=0 timed="timed and not (slurm or nodes)"
+  if [ "$workers" = 0 ]; then
+    .venv/bin/python -m pytest
+    return
+  fi
+  .venv/bin/python -m pytest "${parallel[@]}" -m "$timed" || status=$?
+  .venv/bin/python -m pytest "${parallel[@]}" -m "not ($timed)" || status=$((status ? status : $?))
+  return "$status"
 }
 install_2() {
   python3 -m venv .venv-torchrl && .venv-torchrl/bin/pip install -q -c constraints.txt \
     -c constraints-lowest.txt -e '.[test]' torchrl==0.14.1
 }
+# Only the files that hold anympi tests are collected: each of the run's processes imports
+# every file it collects.
 suite_3() {
-  local status=0 mpi
+  local status=0 mpi files
+  files=$(grep -rl --include='test_*.py' 'mark\.anympi' tests | sort)
   for mpi in openmpi impi; do
     echo "--- under $mpi"
-    HPCCOLLECT_TEST_MPI=$mpi .venv/bin/python -m pytest "${parallel[@]}" -m anympi || status=1
+    # shellcheck disable=SC2086  # one word a file
+    HPCCOLLECT_TEST_MPI=$mpi .venv/bin/python -m pytest "${parallel[@]}" -m anympi $files ||
+      status=1
   done
   return "$status"
 }

@@ -2,20 +2,29 @@
 pytest-xdist, as the README's test command does).
 
 Most tests wait on processes they started (jobs, ranks, workers) more than they compute, so
-several run side by side. Two kinds of test may not:
+several run side by side. Three kinds of test may not run beside just any other:
 
-- ``alone``: a test that asserts how long something took (a liveness timeout, a wait's pace, a
-  job's CPU share), or that loads every core by itself (65 ranks). It runs with no other test
-  beside it: each worker holds a shared lock while it runs a test, an ``alone`` test the
-  exclusive one. A turnstile in front of the lock lets a waiting ``alone`` test in before new
-  shared holders, so it is never starved. A worker keeps the exclusive lock from one ``alone``
-  test to the next, so a run of them is not interleaved with the others' tests.
+- ``alone``: a test that loads every core by itself (32 or 64 ranks). It runs with no other
+  test beside it.
+- ``timed``: a test that asserts how long something took (a liveness timeout, a wait's pace)
+  or how little CPU an idle wait took.
+  It runs beside other ``timed`` tests only: each of them mostly waits (a rank stopped, a
+  timeout running out), so a few side by side leave the CPU idle enough for their timings,
+  while a test of the ordinary kind (a job starting ranks) could take a core from them.
+  ``tests/all.sh`` runs them first, all of them side by side, as a run of their own.
 - tests of one machine-wide resource (the SLURM cluster, the simulated nodes' bridge and
   namespaces): each such resource is an ``xdist_group`` (``--dist loadgroup``), so its tests run
   one after the other on one worker, which starts the resource once.
 
-The groups and the ``alone`` tests are handed out first: they are the suite's longest chains,
-and a long chain started last would keep one worker busy after the others ran out of work.
+The kinds take turns in a lock shared by the workers (``Turnstile``): ordinary tests share one
+room, ``timed`` tests another, and an ``alone`` test holds both. A gate in front of the rooms
+lets a waiting test in before new holders of the other kind, so no kind is starved. A worker
+keeps the ``alone`` turn from one ``alone`` test to the next, so a run of them is not
+interleaved with the others' tests.
+
+The groups and the ``alone`` and ``timed`` tests are handed out first: they are the suite's
+longest chains, and a long chain started last would keep one worker busy after the others ran
+out of work.
 
 Run without ``-n``, nothing here changes anything: the tests run one at a time.
 """
@@ -41,19 +50,29 @@ _POLL = 0.05
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "alone: asserts how long something takes, or loads every core: no other test runs "
-        "beside it under pytest -n (tests/scheduling.py)",
+        "alone: loads every core: no other test runs beside it under pytest -n "
+        "(tests/scheduling.py)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "timed: asserts how long something takes, or an idle wait's CPU: only other timed tests "
+        "run beside it under pytest -n (tests/scheduling.py)",
     )
 
 
 class Turnstile:
-    """A readers-writer lock between the processes of one test run, on two ``flock``ed files
-    (``flock`` alone lets new readers in ahead of a waiting writer). Every wait is bounded by
+    """The turns of the three kinds of test between the processes of one test run, on three
+    ``flock``ed files: the gate, and the rooms of the ordinary and of the ``timed`` tests
+    (``flock`` alone lets new holders in ahead of a waiting one). Every wait is bounded by
     ``TURN_LIMIT``."""
 
     def __init__(self, prefix: Path) -> None:
         self._gate = open(f"{prefix}.gate", "a")  # noqa: SIM115 - held for the whole run
-        self._room = open(f"{prefix}.room", "a")  # noqa: SIM115
+        self._rooms = {
+            kind: open(f"{prefix}.{kind}", "a")  # noqa: SIM115
+            for kind in ("ordinary", "timed")
+        }
+        self._held: list[str] = []  # the rooms this worker holds
         self.exclusive = False
 
     def _take(self, file: object, how: int, what: str) -> None:
@@ -67,28 +86,41 @@ class Turnstile:
                     pytest.fail(f"waited {TURN_LIMIT:g} s for {what} (tests/scheduling.py)")
                 time.sleep(_POLL)
 
-    def enter(self, alone: bool) -> None:
-        """Wait for this test's turn: alone (exclusive) or beside others (shared)."""
-        if alone and self.exclusive:
+    def enter(self, kind: str) -> None:
+        """Wait for this test's turn: ``kind`` is ``"alone"``, ``"timed"`` or ``"ordinary"``."""
+        if kind == "alone" and self.exclusive:
             return
-        if self.exclusive:
-            self.leave()
+        self.leave()
         self._take(self._gate, fcntl.LOCK_EX, "the turnstile")
-        if alone:
-            try:
-                self._take(self._room, fcntl.LOCK_EX, "the other workers' tests to end")
-            except BaseException:
-                fcntl.flock(self._gate, fcntl.LOCK_UN)
-                raise
-            self.exclusive = True
-            return  # the gate stays closed behind it until it leaves
         try:
-            self._take(self._room, fcntl.LOCK_SH, "an alone test to end")
-        finally:
+            for room, file in self._rooms.items():
+                if room == kind:
+                    continue
+                # an exclusive hold waits out every holder of that room; behind the closed
+                # gate no one enters it again before this test holds its own room
+                self._take(file, fcntl.LOCK_EX, f"the {room} tests to end")
+                if kind == "alone":
+                    self._held.append(room)
+                else:
+                    fcntl.flock(file, fcntl.LOCK_UN)
+            if kind == "alone":
+                self.exclusive = True
+                return  # the gate stays closed behind it until it leaves
+            self._take(self._rooms[kind], fcntl.LOCK_SH, f"the {kind} room")
+            self._held = [kind]
+        except BaseException:
+            self._release()
             fcntl.flock(self._gate, fcntl.LOCK_UN)
+            raise
+        fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+    def _release(self) -> None:
+        for room in self._held:
+            fcntl.flock(self._rooms[room], fcntl.LOCK_UN)
+        self._held = []
 
     def leave(self) -> None:
-        fcntl.flock(self._room, fcntl.LOCK_UN)
+        self._release()
         if self.exclusive:
             self.exclusive = False
             fcntl.flock(self._gate, fcntl.LOCK_UN)
@@ -129,6 +161,12 @@ def _alone(item: pytest.Item | None) -> bool:
     return item is not None and item.get_closest_marker("alone") is not None
 
 
+def _kind(item: pytest.Item) -> str:
+    if _alone(item):
+        return "alone"
+    return "timed" if item.get_closest_marker("timed") is not None else "ordinary"
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Run ``item`` in its turn; outside pytest-timeout's timer, which starts once it has it."""
@@ -136,7 +174,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if turnstile is None:
         yield
         return
-    turnstile.enter(_alone(item))
+    turnstile.enter(_kind(item))
     try:
         yield
     finally:
@@ -148,8 +186,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 @pytest.hookimpl(tryfirst=True)  # before xdist names each test's group
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group the tests of each machine-wide resource and the ``alone`` tests, and hand out the
-    long chains first: the ``alone`` tests, the resources' groups, the slow tests (the order is
-    the same in every worker: it depends only on the collected items)."""
+    long chains first: the ``alone`` tests, the resources' groups, the ``timed`` tests, the slow
+    tests (the order is the same in every worker: it depends only on the collected items)."""
     for item in items:
         group = next((g for mark, g in GROUPS.items() if item.get_closest_marker(mark)), None)
         if group is None and _alone(item):
@@ -162,7 +200,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return 0
         if item.get_closest_marker("xdist_group") is not None:
             return 1
-        return 2 if item.get_closest_marker("slow") is not None else 3
+        if _kind(item) == "timed":
+            return 2
+        return 3 if item.get_closest_marker("slow") is not None else 4
 
     items.sort(key=chain)
 

@@ -433,7 +433,7 @@ def rank_pid(job: Job, rank: int) -> int | None:
     return None
 
 
-@pytest.mark.alone
+@pytest.mark.timed
 @pytest.mark.timeout(240)
 def test_on_rank_failure_continue_finishes_the_run_without_a_silent_rank(tmp_path, capsys):
     """A collector rank stopped mid-run (as a lost node looks): the run says so once, finishes

@@ -20,7 +20,7 @@ import mpirun
 import pytest
 from conftest import alive
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]  # asserts how long detection takes
+pytestmark = [pytest.mark.slow, pytest.mark.timed]  # asserts how long detection takes
 
 JOB = Path(__file__).with_name("liveness_job.py")
 needs_mpiexec = pytest.mark.skipif(

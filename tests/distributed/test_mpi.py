@@ -161,7 +161,7 @@ def test_launcher_mpi_without_mpiexec_says_how_to_start_the_job():
     assert "mpiexec -n N" in proc.stderr
 
 
-@pytest.mark.alone
+@pytest.mark.timed
 @pytest.mark.timeout(120)
 def test_rank_0_does_not_burn_a_core_while_it_waits_on_mpi(tmp_path):
     out = tmp_path / "out.pt"

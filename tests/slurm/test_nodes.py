@@ -196,7 +196,7 @@ def test_rank_0_on_loopback_is_refused_when_ranks_run_on_another_node(nodes, tmp
     assert_nodes_idle(nodes)
 
 
-@pytest.mark.alone
+@pytest.mark.timed
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("backend", "failure"), [("gloo", "raise"), ("mpi", "continue")])
 def test_a_node_that_loses_its_link_is_noticed_within_the_timeout(
@@ -225,7 +225,7 @@ def test_a_node_that_loses_its_link_is_noticed_within_the_timeout(
     assert_rank_2_reported_and_job_ended(job, out, cut, failure, nodes)
 
 
-@pytest.mark.alone
+@pytest.mark.timed
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_rank_0_cut_off_ends_every_collector_rank(nodes, tmp_path, backend):
@@ -255,7 +255,7 @@ def test_rank_0_cut_off_ends_every_collector_rank(nodes, tmp_path, backend):
     assert_nodes_idle(nodes)
 
 
-@pytest.mark.alone
+@pytest.mark.timed
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("backend", "failure"), [("gloo", "continue"), ("mpi", "raise")])
 def test_a_rank_on_the_other_node_stopped_and_continued_later(nodes, tmp_path, backend, failure):

@@ -19,7 +19,7 @@ import pytest
 from hpccollect.protocol import Command, message
 from hpccollect.transport.groups import RankGroups, open_store
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]  # asserts how long detection takes
+pytestmark = [pytest.mark.slow, pytest.mark.timed]  # asserts how long detection takes
 
 LIVENESS = 3.0
 

@@ -41,7 +41,7 @@ def test_the_hot_path_moves_every_size_and_ends_on_goodbye(tmp_path):
     assert seconds < 60, f"the job took {seconds:.1f} s"
 
 
-@pytest.mark.alone
+@pytest.mark.timed
 @pytest.mark.timeout(30)
 def test_a_paced_wait_sleeps_up_to_its_limit_and_a_shorter_limit_applies_at_once():
     """A collector rank's weight thread waits paced by ``BUSY_SLEEP`` while the rank collects

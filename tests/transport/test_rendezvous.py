@@ -294,7 +294,7 @@ _DETECT_JOB = """
 """
 
 
-@pytest.mark.alone
+@pytest.mark.timed
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.timeout(60)
@@ -334,7 +334,7 @@ _TIMEOUT_JOB = """
 """
 
 
-@pytest.mark.alone
+@pytest.mark.timed
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.timeout(60)
