@@ -26,12 +26,16 @@ The groups and the ``alone`` and ``timed`` tests are handed out first: they are 
 longest chains, and a long chain started last would keep one worker busy after the others ran
 out of work.
 
+Test runs side by side on one machine share one turnstile where ``HPCCOLLECT_TEST_TURNSTILE``
+names its folder (``tests/all.sh`` runs suites 2 and 3 so).
+
 Run without ``-n``, nothing here changes anything: the tests run one at a time.
 """
 
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import tempfile
 import time
@@ -147,11 +151,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def _shared_turnstile(config: pytest.Config) -> Turnstile | None:
-    """This worker's turnstile (None when the run has no workers)."""
+    """This worker's turnstile (None when the run has no workers): the run's own, or the one
+    in the folder ``HPCCOLLECT_TEST_TURNSTILE`` names, which test runs side by side share
+    (``tests/all.sh``), so that each kind of test keeps its turn across them."""
     global _turnstile
     folder = getattr(config, "workerinput", {}).get(_KEY)
     if folder is None:
         return None
+    folder = os.environ.get("HPCCOLLECT_TEST_TURNSTILE") or folder
     if _turnstile is None:
         _turnstile = Turnstile(Path(folder) / "turn")
     return _turnstile
