@@ -65,10 +65,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 class Turnstile:
-    """The turns of the three kinds of test between the processes of one test run, on three
-    ``flock``ed files: the gate, and the rooms of the ordinary and of the ``timed`` tests
-    (``flock`` alone lets new holders in ahead of a waiting one). Every wait is bounded by
-    ``TURN_LIMIT``."""
+    """The turns of the three kinds of test between the processes of a test run (or of runs
+    side by side), on three ``flock``ed files: the gate, and the rooms of the ordinary and of the
+    ``timed`` tests (``flock`` alone lets new holders in ahead of a waiting one). Every wait is
+    bounded by ``TURN_LIMIT``."""
 
     def __init__(self, prefix: Path) -> None:
         self._gate = open(f"{prefix}.gate", "a")  # noqa: SIM115 - held for the whole run

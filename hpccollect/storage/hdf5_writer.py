@@ -275,18 +275,25 @@ class HDF5Writer(Sink):
             self._appends += 1
             if self._appends % self.fsync_every == 0:
                 self._rows.fsync()
-            while self._ends and self._ends[-1][0][0] > steps:  # a retried commit's own ends
-                self._ends.pop()
-            self._ends.append((steps + np.cumsum(lengths), count + np.arange(1, len(tids) + 1)))
-            self._move_counters()
+            self._move_counters((steps, count, lengths))
         except (OSError, RuntimeError) as err:
             raise self._fail(err) from err
         self._state = (steps + n, count + len(tids), None)
         self.returns += episodes.returns()
 
-    def _move_counters(self) -> None:
-        """Make the file's counters cover every episode whose rows are all in the file."""
+    def _move_counters(self, commit: tuple[int, int, np.ndarray] | None = None) -> None:
+        """Make the file's counters cover every episode whose rows are all in the file; after a
+        commit, ``commit`` is its first row, its first episode and its episodes' lengths."""
         durable, last = self._rows.durable_rows, None
+        if commit is not None:
+            steps, count, lengths = commit
+            end = steps + int(lengths.sum())
+            if not self._ends and durable == end:  # every row in the file (uncompressed)
+                self._set_counters(end, count + len(lengths))
+                return
+            while self._ends and self._ends[-1][0][0] > steps:  # a retried commit's own ends
+                self._ends.pop()
+            self._ends.append((steps + np.cumsum(lengths), count + np.arange(1, len(lengths) + 1)))
         while self._ends:
             steps, episodes = self._ends[0]
             k = int(np.searchsorted(steps, durable, side="right"))
@@ -297,9 +304,13 @@ class HDF5Writer(Sink):
                 break
             self._ends.popleft()
         if last is not None:
-            self._rows.write_counters(*last)
-            self._file.flush()
-            self._in_file = last
+            self._set_counters(*last)
+
+    def _set_counters(self, steps: int, episodes: int) -> None:
+        """Write the file's committed counters, and flush them."""
+        self._rows.write_counters(steps, episodes)
+        self._file.flush()
+        self._in_file = steps, episodes
 
     def _fail(self, err: BaseException) -> StorageError:
         """Remember the first write error; the file keeps its committed rows and stays partial."""

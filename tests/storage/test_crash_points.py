@@ -121,14 +121,14 @@ class _CutShort(HDF5Writer):
 
     after_counters = False
 
-    def _move_counters(self) -> None:
+    def _move_counters(self, *commit) -> None:
         self.moves = getattr(self, "moves", 0) + 1
         if self.after_counters:
-            super()._move_counters()
+            super()._move_counters(*commit)
         if self.moves == 3:
             raise KeyboardInterrupt
         if not self.after_counters:
-            super()._move_counters()
+            super()._move_counters(*commit)
 
 
 @pytest.mark.parametrize("compression", [None, "gzip"])
