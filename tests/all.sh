@@ -12,7 +12,7 @@
 # The two installs run side by side (install 2's output follows install 1's), then suite 1,
 # then suites 2 and 3 side by side (suite 3's output follows suite 2's). The suites are bound
 # by the CPU (their processes' start-up): suite 1 beside another took longer, and on 4 workers
-# no less time than on 3; suites 2 and 3 side by side take about 25 s less than one after the
+# no less time than on 3; suites 2 and 3 side by side took 8 to 24 s less than one after the
 # other. Each phase prints its wall time and its processes' CPU time.
 # HPCCOLLECT_TEST_WORKERS: suite 1's worker count (0: no workers).
 set -uo pipefail
