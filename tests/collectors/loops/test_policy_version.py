@@ -86,22 +86,31 @@ def test_off_by_default_and_bad_values_refused() -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("collector_class", [MultiSyncDataCollector, MultiaSyncDataCollector])
 def test_workers_count_the_updates_they_received(collector_class) -> None:
+    """Worker 1 got two updates, worker 0 one. A worker's first batch after the updates may
+    have started before them (a worker collects ahead); its second started after them. The
+    async collector serves whichever worker is ready, and a busy machine may keep one worker
+    waiting for many batches, so batches are taken until each worker has delivered two."""
     collector = collector_class(
         [counter, counter], policy(), frames_per_batch=8, track_policy_version=True
     )
+    seen: dict[int, int] = {}
+    delivered = {0: 0, 1: 0}
     try:
         it = iter(collector)
         next(it)
         collector.update_policy_weights_(worker_ids=[1])
         collector.update_policy_weights_()
-        seen: dict[int, int] = {}
-        for _ in range(6):
+        for _ in range(200):
             batch = next(it)
             ids = batch["collector", "traj_ids"] % 2
             now = batch["next", "policy_version"]
-            for worker in (0, 1):  # batches started before the updates may still come
+            for worker in (0, 1):
                 if (ids == worker).any():
+                    delivered[worker] += 1
                     seen[worker] = max(seen.get(worker, 0), int(now[ids == worker].max()))
+            if min(delivered.values()) >= 2:
+                break
     finally:
         collector.shutdown()
+    assert min(delivered.values()) >= 2, delivered
     assert seen == {0: 1, 1: 2}
