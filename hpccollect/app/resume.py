@@ -31,7 +31,7 @@ from typing import Any
 
 from hpccollect.app.config import MAX_SEED, RunConfig, current_spelling
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
-from hpccollect.storage import merge_datasets, read_dataset, repair_dataset
+from hpccollect.storage import drop_staging, merge_datasets, read_dataset, repair_dataset
 
 __all__ = [
     "RUN_OPTIONS",
@@ -77,7 +77,9 @@ RUN_OPTIONS = (
 )
 #: what the data is: given again, they must equal the record
 _FIXED = ("env", "env_kwargs", "imports", "policy", "max_steps", "seed")
-_PIECE = re.compile(r"^(?:attempt-(\d+)(?:\.rank-(\d+))?|rank-(\d+))\.h5(\.partial)?$")
+#: a file of an attempt: finished, unfinished (``.partial``) or being made (``.partial.new``,
+#: see ``staging_path``)
+_PIECE = re.compile(r"^(?:attempt-(\d+)(?:\.rank-(\d+))?|rank-(\d+))\.h5(\.partial(?:\.new)?)?$")
 
 
 class RunComplete(HpcCollectError):
@@ -205,6 +207,8 @@ def start_attempt(cfg: RunConfig) -> Attempt:
     run = cfg.output
     folder = cfg.shards_dir
     try:
+        for final in {run, *_final_names(folder)}:
+            drop_staging(final)  # a writer killed while it made its file: not one row in it
         for partial in [run.with_name(run.name + ".partial"), *folder.glob("*.h5.partial")]:
             if partial.exists():
                 repair_dataset(partial)
@@ -278,6 +282,18 @@ def _is_view(path: Path) -> bool:
 def _attempt_of(piece: Path) -> int:
     match = _PIECE.match(piece.name)
     return int(match.group(1)) if match and match.group(1) else 0
+
+
+def _final_names(folder: Path) -> set[Path]:
+    """The final name of each file of the run's attempts, whatever stage it is at."""
+    if not folder.is_dir():
+        return set()
+    found = set()
+    for path in folder.iterdir():
+        match = _PIECE.match(path.name)
+        if match:
+            found.add(path.with_name(path.name[: match.start(4)] if match.group(4) else path.name))
+    return found
 
 
 def _pieces(folder: Path) -> list[Path]:

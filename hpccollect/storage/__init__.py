@@ -3,9 +3,9 @@ through the ``Sink`` contract (``sink.py``); HDF5 is the registered format."""
 
 from hpccollect.storage.exports import export_d4rl, export_memmap, export_minari
 from hpccollect.storage.hdf5_reader import H5Dataset, TransitionDataset, open_dataset
-from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path
+from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path, staging_path
 from hpccollect.storage.merge import merge_shards
-from hpccollect.storage.repair import repair
+from hpccollect.storage.repair import drop_staging, repair
 from hpccollect.storage.replay_buffer import ReplayBuffer
 from hpccollect.storage.sink import (
     EpisodeReturns,
@@ -42,6 +42,7 @@ __all__ = [
     "StorageFormat",
     "TransitionDataset",
     "dataset_format",
+    "drop_staging",
     "export_d4rl",
     "export_memmap",
     "export_minari",
@@ -54,4 +55,5 @@ __all__ = [
     "register_format",
     "repair",
     "repair_dataset",
+    "staging_path",
 ]

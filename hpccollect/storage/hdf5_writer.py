@@ -8,11 +8,14 @@ flushed again (and fsync'ed every few appends). A reader trusts only the committ
 whole (``h5append``), at most one chunk's rows as well. Every attribute a later write changes
 exists from the start and is rewritten in place: nothing a crash can tear grows the file's
 headers after the first commit. The file is ``<path>.partial`` while open and renamed to
-``<path>`` when closed.
+``<path>`` when closed. It is made as ``<path>.partial.new`` and takes the ``.partial`` name
+once its metadata is on disk, so a ``.partial`` can always be opened; a ``.partial.new`` left by
+a kill holds no row (``repair`` and ``--resume`` delete it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -35,7 +38,14 @@ from hpccollect.storage.metadata import env_metadata
 from hpccollect.storage.sink import Sink
 from hpccollect.storage.spaces_json import describe
 
-__all__ = ["DEFAULT_EXPECTED_ROWS", "FORMAT_VERSION", "HDF5Writer", "chunk_rows", "partial_path"]
+__all__ = [
+    "DEFAULT_EXPECTED_ROWS",
+    "FORMAT_VERSION",
+    "HDF5Writer",
+    "chunk_rows",
+    "partial_path",
+    "staging_path",
+]
 
 FORMAT_VERSION = 1
 _COMPRESSIONS = (None, "gzip", "lzf")
@@ -45,6 +55,13 @@ def partial_path(path: str | os.PathLike) -> Path:
     """Where a file is written until it is closed."""
     path = Path(path)
     return path.with_name(path.name + ".partial")
+
+
+def staging_path(path: str | os.PathLike) -> Path:
+    """Where a file of ``path`` is made before it takes its ``partial_path`` name (when
+    created, and when laid out for its first rows): what a kill there leaves holds no row."""
+    partial = partial_path(path)
+    return partial.with_name(partial.name + ".new")
 
 
 class HDF5Writer(Sink):
@@ -116,9 +133,10 @@ class HDF5Writer(Sink):
         self.compression, self.chunk_bytes, self.fsync_every = compression, chunk_bytes, fsync_every
         self.expected_rows = expected_rows
         self.failed: StorageError | None = None
+        staged = staging_path(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self._create_file(self.partial)
+            self._file = self._create_file(staged)
             self._rows = self._appender(self._file)
         except (OSError, RuntimeError) as err:
             raise StorageError(f"cannot create {self.partial}: {describe_os_error(err)}") from err
@@ -133,14 +151,23 @@ class HDF5Writer(Sink):
         self.returns: list[float] = []
         self._appends = 0
         self._closed = False
-        self._write_metadata(env, env_kwargs, config, seed, run_id, shard)
-        try:  # a reader can open the file from now on
-            self._file.flush()
-        except (OSError, RuntimeError) as err:
-            self.failed = StorageError(f"cannot write {self.partial}: {describe_os_error(err)}")
+        try:
+            self._write_metadata(env, env_kwargs, config, seed, run_id, shard)
+            self._take_partial_name(self._file, self._rows, staged)  # readers can open it now
+        except BaseException as err:  # a bad argument or a failed write leaves no file behind
             self._closed = True
-            self._close_file()
-            raise self.failed from err
+            if isinstance(err, (OSError, RuntimeError)):
+                self.failed = StorageError(
+                    f"cannot create {self.partial}: {describe_os_error(err)}"
+                )
+                self._rows.freeze()  # a close that writes would fail again
+            self._rows.forget()
+            with contextlib.suppress(OSError, RuntimeError):
+                self._file.close()
+            staged.unlink(missing_ok=True)
+            if self.failed is not None:
+                raise self.failed from err
+            raise
 
     def _create_file(self, path: Path) -> h5py.File:
         """A new file, open for writing (its own method so that tests can watch its writes)."""
@@ -162,7 +189,7 @@ class HDF5Writer(Sink):
         leave an unreadable file. So the laid-out file is made beside the empty one, synced,
         and renamed over it: a reader sees one or the other.
         """
-        staged = self.partial.with_name(self.partial.name + ".new")
+        staged = staging_path(self.path)
         file = self._create_file(staged)
         try:
             for key, value in self._file.attrs.items():
@@ -172,18 +199,22 @@ class HDF5Writer(Sink):
             file.attrs["squeezed"] = sorted(SQUEEZED & set(keymap))
             rows = self._appender(file)
             rows.lay_out(data)
-            file.flush()
-            rows.fsync()
-            os.replace(staged, self.partial)
+            self._take_partial_name(file, rows, staged)
             empty, unused = self._file, self._rows
             self._file, self._rows = file, rows
         except BaseException:
             file.close()
             staged.unlink(missing_ok=True)
             raise
-        _sync_folder(self.partial)
         unused.forget()
         empty.close()  # it was unlinked by the rename: its blocks go with it
+
+    def _take_partial_name(self, file: h5py.File, rows: RowAppender, staged: Path) -> None:
+        """``staged``, whole on disk, becomes the ``.partial`` file in one rename."""
+        file.flush()
+        rows.fsync()
+        os.replace(staged, self.partial)
+        _sync_folder(self.partial)
 
     def _write_metadata(
         self,
@@ -194,14 +225,9 @@ class HDF5Writer(Sink):
         run_id: str | None,
         shard: int,
     ) -> None:
-        try:
-            env_attrs = env_metadata(env, env_kwargs)
-            if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
-                raise ArgumentValueError(f"shard must be an integer >= 0, got {shard!r}.")
-        except Exception:  # a bad argument leaves no file behind
-            self._file.close()
-            self.partial.unlink()
-            raise
+        env_attrs = env_metadata(env, env_kwargs)
+        if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
+            raise ArgumentValueError(f"shard must be an integer >= 0, got {shard!r}.")
         attrs = self._file.attrs
         attrs["format_version"] = FORMAT_VERSION
         attrs["hpccollect_version"] = __version__

@@ -6,6 +6,7 @@ gives the file its final name; what it cannot save, it says.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import time
@@ -16,9 +17,10 @@ import h5py
 from hpccollect.errors import ArgumentValueError, StorageError
 from hpccollect.storage.diskspace import SpaceReserver, describe_os_error, release_beyond_end
 from hpccollect.storage.hdf5_reader import H5Dataset
+from hpccollect.storage.hdf5_writer import staging_path
 from hpccollect.storage.layout import EPISODE, keymap_from_json
 
-__all__ = ["repair"]
+__all__ = ["drop_staging", "repair"]
 
 #: room for the attributes repair adds (reserved before anything is written)
 _REPAIR_BYTES = 64 << 10
@@ -31,6 +33,9 @@ LOCK_TIMEOUT_S = 10.0
 
 def repair(path: str | os.PathLike, *, lock_timeout: float = LOCK_TIMEOUT_S) -> Path:
     """Cut a file back to its committed rows, check it, and give a ``.partial`` its final name.
+
+    A file a writer was killed while making (``<name>.partial.new``, see ``staging_path``)
+    holds no row: it is deleted.
 
     Args:
         path: the file, with or without its ``.partial`` suffix.
@@ -50,8 +55,17 @@ def repair(path: str | os.PathLike, *, lock_timeout: float = LOCK_TIMEOUT_S) -> 
     partial = path if path.name.endswith(".partial") else path.with_name(path.name + ".partial")
     target = partial if partial.exists() else path
     final = target.with_name(target.name.removesuffix(".partial"))
+    dropped = drop_staging(final)
     if not target.exists():
-        raise ArgumentValueError(f"{path} does not exist (nor {partial.name}).")
+        raise ArgumentValueError(
+            f"{path} does not exist (nor {partial.name})"
+            + (
+                f"; {staging_path(final).name}, left by a writer killed before its file held "
+                "a row, was deleted: start the run again."
+                if dropped
+                else "."
+            )
+        )
     if not h5py.is_hdf5(target):
         raise ArgumentValueError(
             f"{target} is not an HDF5 file (no HDF5 signature in it): there is nothing of a "
@@ -72,6 +86,32 @@ def repair(path: str | os.PathLike, *, lock_timeout: float = LOCK_TIMEOUT_S) -> 
     if target != final:
         os.replace(target, final)
     return final
+
+
+def drop_staging(path: str | os.PathLike) -> bool:
+    """Delete the file that a writer of ``path`` left when it was killed while making it
+    (``staging_path(path)``: it never held a committed row). One that a running writer holds
+    (its HDF5 lock) is left alone.
+
+    Args:
+        path: the dataset's final file name.
+
+    Returns:
+        Whether a file was deleted.
+    """
+    staged = staging_path(path)
+    try:
+        fd = os.open(staged, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False  # a writer is making it now
+    finally:
+        os.close(fd)
+    staged.unlink(missing_ok=True)
+    return True
 
 
 def _cut_to_committed(target: Path, lock_timeout: float) -> int:

@@ -115,9 +115,11 @@ def test_a_killed_run_is_repaired_and_resumed(tmp_path):
     )  # fmt: skip
     assert proc.returncode == -signal.SIGKILL
     assert (tmp_path / "run" / "data.h5.partial").exists()
+    # as a writer killed while it made its file leaves it: a superblock and nothing more
+    (tmp_path / "run" / "data.h5.partial.new").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(88))
     done = resume(tmp_path, "run/data.h5")
     assert done.returncode == 0, done.stderr
-    assert not list((tmp_path / "run").rglob("*.partial"))
+    assert not list((tmp_path / "run").rglob("*.partial*"))
     with open_dataset(tmp_path / "run" / "data.h5") as ds:
         # the killed attempt lost its unfinished episodes: whole batches make up for them
         assert total <= len(ds) < total + batch and ds.check() == []

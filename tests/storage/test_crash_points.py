@@ -4,8 +4,9 @@ HDF5 changes a file with many ``write`` calls per append. A killed process leave
 made (the page cache keeps them) and none after. The writer here is the real ``HDF5Writer``,
 whose file goes through h5py's ``fileobj`` driver to a file object that records every write.
 The file as a kill after write k would leave it is rebuilt from the first k writes and read
-back with the real reader, for every k from the writer's first flush (the file is readable from
-there on) to its close.
+back with the real reader, for every k from the writer's first write to its close: the
+``.partial`` file is made under another name and renamed once readable, so at every k it is
+either absent (only that staging file exists, and holds no row) or readable.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import numpy as np
 import pytest
 
 from hpccollect import SyncDataCollector
-from hpccollect.storage import HDF5Writer, open_dataset
+from hpccollect.errors import ArgumentValueError
+from hpccollect.storage import HDF5Writer, drop_staging, open_dataset, repair, staging_path
 from hpccollect.storage.layout import EPISODE
 
 pytestmark = pytest.mark.timeout(300)
@@ -49,9 +51,10 @@ class _RecordedWriter(HDF5Writer):
         return h5py.File(_Recording(path, self.log), "w")
 
 
-def _image(log, path) -> bytes:
+def _image(log, path) -> bytes | None:
     """The bytes under the name ``path`` after the events in ``log``: a file's writes and
-    truncations (by the file, whatever its name is), creations and renames (of names)."""
+    truncations (by the file, whatever its name is), creations and renames (of names); None
+    while no file has that name."""
     names, files = {}, {}
     for what, offset, data in log:
         if what == "create":
@@ -66,7 +69,7 @@ def _image(log, path) -> bytes:
             image = files[what]
             image.extend(bytes(max(0, offset + len(data) - len(image))))
             image[offset : offset + len(data)] = data
-    return bytes(files[names[str(path)]])
+    return bytes(files[names[str(path)]]) if str(path) in names else None
 
 
 def _columns(ds) -> dict[str, np.ndarray]:
@@ -89,7 +92,6 @@ def test_a_kill_after_any_write_leaves_exactly_the_committed_rows(
     path = tmp_path / "run.h5"
     # small chunks: several fill up (and, compressed, are written whole) during the run
     with _RecordedWriter(path, env="CartPole-v1", compression=compression, chunk_bytes=1024) as w:
-        opened = len(log)
         for batch in collector:
             w.extend(batch)
     collector.shutdown()
@@ -98,9 +100,14 @@ def test_a_kill_after_any_write_leaves_exactly_the_committed_rows(
     assert total == 480
 
     closing = log.index(("rename", str(w.partial), str(path)))  # close()'s: the file is done
-    crash, seen = tmp_path / "crash.h5.partial", 0
-    for k in range(opened, closing + 1):
-        crash.write_bytes(_image(log[:k], w.partial))
+    crash, seen, unborn = tmp_path / "crash.h5.partial", 0, None
+    for k in range(closing + 1):
+        image = _image(log[:k], w.partial)
+        if image is None:  # killed before the file took its name: only the staging file
+            assert seen == 0, f"after write {k}: the .partial file is gone"
+            unborn = _image(log[:k], staging_path(path))
+            continue
+        crash.write_bytes(image)
         try:
             ds = open_dataset(crash)
         except Exception as err:
@@ -113,6 +120,24 @@ def test_a_kill_after_any_write_leaves_exactly_the_committed_rows(
             assert np.array_equal(column, final[name][:rows]), f"after write {k}: {name}"
         seen = rows
     assert seen == total
+    # what the last kill before the file took its name leaves: repair deletes it, and says so
+    assert unborn is not None
+    staging_path(tmp_path / "unborn.h5").write_bytes(unborn)
+    with pytest.raises(ArgumentValueError, match=r"unborn.h5.partial.new, left by a writer killed"):
+        repair(tmp_path / "unborn.h5")
+    assert not staging_path(tmp_path / "unborn.h5").exists()
+
+
+def test_a_staging_file_a_writer_holds_is_left_alone(tmp_path):
+    """``drop_staging`` deletes only a staging file no writer holds (HDF5's lock on it)."""
+    path = tmp_path / "run.h5"
+    held = h5py.File(staging_path(path), "w")
+    try:
+        assert not drop_staging(path) and staging_path(path).exists()
+    finally:
+        held.close()
+    assert drop_staging(path) and not staging_path(path).exists()
+    assert not drop_staging(path)
 
 
 class _CutShort(HDF5Writer):
