@@ -57,7 +57,7 @@ precompile() {
 # The timed tests mostly wait, and may run only beside each other: in a run of their own they
 # all do, where in the whole suite's run the workers' other tests keep most of them apart.
 suite_1() {
-  local status=0 timed="timed and not (slurm or nodes)"
+  local status=0 timed="timed and not resource"
   if [ "$workers" = 0 ]; then
     .venv/bin/python -m pytest
     return
@@ -80,7 +80,7 @@ suite_3() {
     echo "--- under $mpi"
     # shellcheck disable=SC2086  # one word a file
     HPCCOLLECT_TEST_MPI=$mpi .venv/bin/python -m pytest "${parallel[@]}" \
-      -m "anympi and not (slurm or nodes)" $files || status=1
+      -m "anympi and not resource" $files || status=1
   done
   return "$status"
 }

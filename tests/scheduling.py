@@ -14,7 +14,8 @@ several run side by side. Three kinds of test may not run beside just any other:
   ``tests/all.sh`` runs them first, all of them side by side, as a run of their own.
 - tests of one machine-wide resource (the SLURM cluster, the simulated nodes' bridge and
   namespaces): each such resource is an ``xdist_group`` (``--dist loadgroup``), so its tests run
-  one after the other on one worker, which starts the resource once.
+  one after the other on one worker, which starts the resource once. Each such test is also
+  marked ``resource`` here, so that a run can leave them all out (``-m "not resource"``).
 
 The kinds take turns in a lock shared by the workers (``Turnstile``): ordinary tests share one
 room, ``timed`` tests another, and an ``alone`` test holds both. A gate in front of the rooms
@@ -61,6 +62,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "timed: asserts how long something takes, or an idle wait's CPU: only other timed tests "
         "run beside it under pytest -n (tests/scheduling.py)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "resource: uses a machine-wide resource (GROUPS: the SLURM cluster, the simulated "
+        "nodes); added by tests/scheduling.py",
     )
 
 
@@ -190,14 +196,17 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             turnstile.leave()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist names each test's group
+@pytest.hookimpl(tryfirst=True)  # before xdist names each test's group, and before -m selects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests of each machine-wide resource and the ``alone`` tests, and hand out the
-    long chains first: the ``alone`` tests, the resources' groups, the ``timed`` tests, the slow
-    tests (the order is the same in every worker: it depends only on the collected items)."""
+    """Group the tests of each machine-wide resource (and mark them ``resource``) and the
+    ``alone`` tests, and hand out the long chains first: the ``alone`` tests, the resources'
+    groups, the ``timed`` tests, the slow tests (the order is the same in every worker: it
+    depends only on the collected items)."""
     for item in items:
         group = next((g for mark, g in GROUPS.items() if item.get_closest_marker(mark)), None)
-        if group is None and _alone(item):
+        if group is not None:
+            item.add_marker(pytest.mark.resource)
+        elif _alone(item):
             group = "alone"
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
