@@ -84,18 +84,20 @@ def job(tmp_path):
         each.close()
 
 
+@pytest.mark.timed
 def test_a_launcher_left_with_no_rank_after_the_abort_is_ended(job) -> None:
     stuck = job("prterun")
     assert stuck.reaper is not None
     code, seconds = stuck.ended_after()
     assert code == -signal.SIGKILL
-    assert 0.8 < seconds < 3.0, f"ended {seconds:.1f} s after its last rank (1 s expected)"
+    assert 0.8 < seconds < 4.0, f"ended {seconds:.1f} s after its last rank (1 s expected)"
     deadline = time.monotonic() + 3
     while alive(stuck.reaper) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(stuck.reaper), "the reaper stayed after its work"
 
 
+@pytest.mark.timed
 def test_a_launcher_with_ranks_still_running_gets_the_grace_then_ends_with_them(job) -> None:
     stuck = job("prted", others=[["sleep", "60"]])
     time.sleep(1.8)  # past the 1 s a launcher with no rank left gets: this one has one

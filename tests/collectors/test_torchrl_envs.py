@@ -864,7 +864,7 @@ def test_distributed_sync_collector_as_torchrls_with_a_factory_and_update_interv
         assert mine.batch_size == their.batch_size == torch.Size([2, 20])
     for batches in (ours, theirs):
         acts = [batch["action"].argmax(-1) for batch in batches]
-        assert (acts[0] == 0).all() and (acts[-1] == 1).all()
+        assert (acts[0] == 0).all() and any((a == 1).all() for a in acts[1:])
     assert [int(batch["action"].argmax(-1).min()) for batch in ours] == [0, 1, 1, 1]
 
 

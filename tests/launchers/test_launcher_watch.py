@@ -40,6 +40,7 @@ def start(tmp_path: Path, name: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.timed
 @pytest.mark.timeout(60)
 def test_a_rank_whose_launcher_dies_gets_sigterm_within_a_second(tmp_path: Path) -> None:
     proc = start(tmp_path, "mpirun")

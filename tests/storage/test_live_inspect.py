@@ -66,8 +66,8 @@ def test_inspect_and_read_a_file_while_another_process_writes_it(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert int(proc.stdout.readline()) > 0  # it has committed, and goes on writing
-        seen = []
-        for _ in range(6):
+        seen, deadline = [], time.monotonic() + 60
+        while len(seen) < 6 or (seen[-1] == seen[0] and time.monotonic() < deadline):
             with open_dataset(partial) as ds:
                 assert not ds.complete and ds.check() == []
                 assert len(ds) == 7 * ds.committed_episodes
