@@ -20,9 +20,13 @@ from pathlib import Path
 
 __all__ = [
     "FLAVOUR",
+    "FLAVOURS",
     "MPIEXEC",
+    "SRUN_ENV",
+    "SRUN_ENVS",
     "assert_gone",
     "command",
+    "flavour_env",
     "job_pids",
     "own_lines",
     "run",
@@ -42,19 +46,28 @@ if FLAVOUR not in FLAVOURS:
     raise RuntimeError(f"HPCCOLLECT_TEST_MPI must be one of {list(FLAVOURS)}, got {FLAVOUR!r}")
 _LIB, _EXTRA = FLAVOURS[FLAVOUR]
 
-if FLAVOUR == "mpich":
-    BIN = os.path.dirname(sys.executable)
-else:
-    prefix = REPO / ".mpi" / FLAVOUR
-    BIN = str(prefix / "bin")
-    if not (prefix / "lib" / str(_LIB)).exists():
-        raise RuntimeError(f"{FLAVOUR} is not installed under {prefix}: run tests/all.sh")
-    os.environ["PATH"] = BIN + os.pathsep + os.environ.get("PATH", "")
-    os.environ["MPI4PY_LIBMPI"] = str(prefix / "lib" / str(_LIB))
-    # the tests run as root in CI; Open MPI refuses that unless told twice
-    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 
+def flavour_env(name: str) -> dict[str, str]:
+    """What a process's environment needs to run under MPI ``name`` (none for MPICH, the test
+    extra's): its ``bin`` first on PATH, mpi4py loading its library; RuntimeError where it is
+    not installed (``tests/all.sh`` installs it)."""
+    lib = FLAVOURS[name][0]
+    if lib is None:
+        return {}
+    prefix = REPO / ".mpi" / name
+    if not (prefix / "lib" / lib).exists():
+        raise RuntimeError(f"{name} is not installed under {prefix}: run tests/all.sh")
+    return {
+        "PATH": str(prefix / "bin") + os.pathsep + os.environ.get("PATH", ""),
+        "MPI4PY_LIBMPI": str(prefix / "lib" / lib),
+        # the tests run as root in CI; Open MPI refuses that unless told twice
+        "OMPI_ALLOW_RUN_AS_ROOT": os.environ.get("OMPI_ALLOW_RUN_AS_ROOT", "1"),
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": os.environ.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+    }
+
+
+os.environ.update(flavour_env(FLAVOUR))
+BIN = os.path.dirname(sys.executable) if _LIB is None else str(REPO / ".mpi" / FLAVOUR / "bin")
 MPIEXEC = shutil.which("mpiexec", path=BIN)
 
 
@@ -68,11 +81,12 @@ def command(ranks: int, *args: str, launcher: str = "mpiexec") -> list[str]:
 
 #: what a SLURM job needs for ``srun`` to start the ranks under each MPI (jobs/collect.sh):
 #: PMI-2 for MPICH and Intel MPI (which loads SLURM's libpmi2), PMIx for Open MPI 5
-SRUN_ENV = {
+SRUN_ENVS = {
     "mpich": {},
     "impi": {"I_MPI_PMI_LIBRARY": "libpmi2.so.0"},
     "openmpi": {"HPCCOLLECT_SRUN_MPI": "pmix"},
-}[FLAVOUR]
+}
+SRUN_ENV = SRUN_ENVS[FLAVOUR]
 
 #: how each MPI's launcher is told to stop a job (which launcher, which signal), so that it ends
 #: with exit 0 and finished files: MPICH's and Intel MPI's mpiexec pass SIGTERM on; Intel MPI's

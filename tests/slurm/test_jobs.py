@@ -42,14 +42,28 @@ def _inspect(path: Path) -> str:
     return done.stdout
 
 
+def under(flavour: str) -> dict[str, str]:
+    """The environment a job submitted from here needs to run its ranks under MPI
+    ``flavour`` (``--export=ALL``, sbatch's default, takes it into the job)."""
+    return {**mpirun.flavour_env(flavour), **mpirun.SRUN_ENVS[flavour]}
+
+
+#: the MPIs a SLURM job is run under here: suite 1 (MPICH) runs them all, each in its own env
+FLAVOURS = pytest.mark.parametrize("flavour", list(mpirun.FLAVOURS))
+
+
 @pytest.mark.timeout(300)
-def test_sbatch_collect_writes_every_rank(slurm_cluster: Cluster, tmp_path: Path) -> None:
-    """`sbatch --wait jobs/collect.sh ARGS` runs distributed: every collector rank writes its
-    shard, rank 0 the merged view in runs/<name>-<id>/, which `inspect` reads whole."""
+@FLAVOURS
+def test_sbatch_collect_writes_every_rank(
+    slurm_cluster: Cluster, tmp_path: Path, flavour: str
+) -> None:
+    """`sbatch --wait jobs/collect.sh ARGS` runs distributed, under each MPI: every collector
+    rank writes its shard, rank 0 the merged view in runs/<name>-<id>/, which `inspect` reads
+    whole."""
     args = [*SMALL, "--total-frames", "2000", "--shards", "--quiet"]
     # 25 s on a quiet 2-core machine; 3 ranks importing torch when it is busy
     job, code, text = slurm_cluster.sbatch_wait(
-        tmp_path, "t-collect", JOB, *args, timeout=280, **mpirun.SRUN_ENV
+        tmp_path, "t-collect", JOB, *args, timeout=280, **under(flavour)
     )
     assert code == 0, text
     run = tmp_path / "runs" / f"t-collect-{job}"
@@ -72,21 +86,22 @@ def test_sbatch_collect_writes_every_rank(slurm_cluster: Cluster, tmp_path: Path
 
 
 @pytest.mark.timeout(120)
-def test_srun_starts_the_ranks_under_the_tests_mpi(slurm_cluster: Cluster) -> None:
-    """What jobs/collect.sh's srun line starts, with the environment the tests' MPI needs: every
+@FLAVOURS
+def test_srun_starts_the_ranks_under_each_mpi(slurm_cluster: Cluster, flavour: str) -> None:
+    """What jobs/collect.sh's srun line starts, with the environment each MPI needs: every
     rank runs that MPI, and they form one world."""
     code = (
         "from mpi4py import MPI; "
         "print(MPI.COMM_WORLD.size, MPI.Get_library_version().splitlines()[0], flush=True)"
     )
-    plugin = mpirun.SRUN_ENV.get("HPCCOLLECT_SRUN_MPI", "pmi2")
+    env = under(flavour)
+    plugin = env.get("HPCCOLLECT_SRUN_MPI", "pmi2")
     out = slurm_cluster.run(
-        "srun", f"--mpi={plugin}", "-n", "2", sys.executable, "-c", code, timeout=90,
-        **mpirun.SRUN_ENV,
+        "srun", f"--mpi={plugin}", "-n", "2", sys.executable, "-c", code, timeout=90, **env
     )  # fmt: skip
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 2 and all(line.startswith("2 ") for line in lines), out
-    expected = {"mpich": "MPICH", "impi": "Intel(R) MPI", "openmpi": "Open MPI"}[mpirun.FLAVOUR]
+    expected = {"mpich": "MPICH", "impi": "Intel(R) MPI", "openmpi": "Open MPI"}[flavour]
     assert all(expected in line for line in lines), out
 
 
