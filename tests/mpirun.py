@@ -44,13 +44,13 @@ FLAVOURS = {
 FLAVOUR = os.environ.get("HPCCOLLECT_TEST_MPI", "mpich")
 if FLAVOUR not in FLAVOURS:
     raise RuntimeError(f"HPCCOLLECT_TEST_MPI must be one of {list(FLAVOURS)}, got {FLAVOUR!r}")
-_LIB, _EXTRA = FLAVOURS[FLAVOUR]
 
 
 def flavour_env(name: str) -> dict[str, str]:
-    """What a process's environment needs to run under MPI ``name`` (none for MPICH, the test
-    extra's): its ``bin`` first on PATH, mpi4py loading its library; RuntimeError where it is
-    not installed (``tests/all.sh`` installs it)."""
+    """What a process's environment needs to run under MPI ``name``: its ``bin`` first on PATH,
+    mpi4py loading its library; RuntimeError where it is not installed (``tests/all.sh``
+    installs it). Nothing for MPICH, the test extra's, which the tests' processes run under
+    unless ``HPCCOLLECT_TEST_MPI`` says otherwise."""
     lib = FLAVOURS[name][0]
     if lib is None:
         return {}
@@ -58,7 +58,7 @@ def flavour_env(name: str) -> dict[str, str]:
     if not (prefix / "lib" / lib).exists():
         raise RuntimeError(f"{name} is not installed under {prefix}: run tests/all.sh")
     return {
-        "PATH": str(prefix / "bin") + os.pathsep + os.environ.get("PATH", ""),
+        "PATH": _bin(name) + os.pathsep + os.environ.get("PATH", ""),
         "MPI4PY_LIBMPI": str(prefix / "lib" / lib),
         # the tests run as root in CI; Open MPI refuses that unless told twice
         "OMPI_ALLOW_RUN_AS_ROOT": os.environ.get("OMPI_ALLOW_RUN_AS_ROOT", "1"),
@@ -66,17 +66,39 @@ def flavour_env(name: str) -> dict[str, str]:
     }
 
 
+def _bin(name: str) -> str:
+    """Where MPI ``name``'s launchers are."""
+    if FLAVOURS[name][0] is None:
+        return os.path.dirname(sys.executable)
+    return str(REPO / ".mpi" / name / "bin")
+
+
+def skip_reason(flavour: str | None = None) -> str | None:
+    """Why tests under MPI ``flavour`` (default: the tests' own) skip here (None: they run).
+    In CI they never skip."""
+    name = flavour or FLAVOUR
+    if os.environ.get("CI") or shutil.which("mpiexec", path=_bin(name)) is not None:
+        return None
+    if FLAVOURS[name][0] is None:
+        return "no mpiexec next to this Python (pip install mpich)"
+    return f"{name} is not installed under .mpi/{name} (tests/all.sh installs it)"
+
+
 os.environ.update(flavour_env(FLAVOUR))
-BIN = os.path.dirname(sys.executable) if _LIB is None else str(REPO / ".mpi" / FLAVOUR / "bin")
+BIN = _bin(FLAVOUR)
 MPIEXEC = shutil.which("mpiexec", path=BIN)
 
 
-def command(ranks: int, *args: str, launcher: str = "mpiexec") -> list[str]:
-    """``mpiexec -n ranks args...`` under the tests' MPI (``launcher``: its ``mpirun``)."""
-    found = MPIEXEC if launcher == "mpiexec" else shutil.which(launcher, path=BIN)
+def command(
+    ranks: int, *args: str, launcher: str = "mpiexec", flavour: str | None = None
+) -> list[str]:
+    """``mpiexec -n ranks args...`` under the tests' MPI, or under ``flavour`` (its process
+    then needs ``flavour_env(flavour)``); ``launcher``: that MPI's ``mpirun``."""
+    name = flavour or FLAVOUR
+    found = shutil.which(launcher, path=_bin(name))
     if found is None:
-        raise RuntimeError(skip_reason() or f"no {launcher} in {BIN}")
-    return [found, "-n", str(ranks), *_EXTRA, *args]
+        raise RuntimeError(skip_reason(name) or f"no {launcher} in {_bin(name)}")
+    return [found, "-n", str(ranks), *FLAVOURS[name][1], *args]
 
 
 #: what a SLURM job needs for ``srun`` to start the ranks under each MPI (jobs/collect.sh):
@@ -97,13 +119,6 @@ STOPS = {
     "impi": [("mpiexec", "SIGTERM"), ("mpirun", "SIGTERM")],
     "openmpi": [("mpiexec", "SIGUSR1")],
 }[FLAVOUR]
-
-
-def skip_reason() -> str | None:
-    """Why MPI tests skip here (None: they run). In CI they never skip."""
-    if MPIEXEC is not None or os.environ.get("CI"):
-        return None
-    return "no mpiexec next to this Python (pip install mpich)"
 
 
 def own_lines(text: str) -> list[str]:

@@ -26,19 +26,37 @@ JOB = Path(__file__).with_name("liveness_job.py")
 needs_mpiexec = pytest.mark.skipif(
     mpirun.skip_reason() is not None, reason=str(mpirun.skip_reason())
 )
+
+
+def other_mpi(flavour: str) -> pytest.MarkDecorator:
+    """Under Open MPI or Intel MPI, from the tests' own (MPICH) processes: the job's end when
+    a rank is stopped is the MPI's launcher's."""
+    reason = mpirun.skip_reason(flavour)
+    return pytest.mark.skipif(reason is not None, reason=str(reason))
+
+
 LIVENESS = 3.0  # the job's liveness_timeout
 
 
 class Job:
-    """liveness_job.py running in a session of its own (under mpiexec with ``ranks``)."""
+    """liveness_job.py running in a session of its own (under mpiexec with ``ranks``, of the
+    tests' MPI or of ``flavour``)."""
 
-    def __init__(self, tmp_path: Path, *args: str, ranks: int = 0) -> None:
+    def __init__(
+        self, tmp_path: Path, *args: str, ranks: int = 0, flavour: str | None = None
+    ) -> None:
         self.out = tmp_path / "out"
         cmd = [sys.executable, str(JOB), str(self.out), *args]
         if ranks:
-            cmd = mpirun.command(ranks, *cmd, "--launcher", "mpi")
+            cmd = mpirun.command(ranks, *cmd, "--launcher", "mpi", flavour=flavour)
+        env = {**os.environ, **mpirun.flavour_env(flavour)} if flavour else None
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env=env,
         )
 
     def pids(self, timeout: float = 60.0) -> list[int]:
@@ -177,22 +195,24 @@ def test_ranks_that_are_only_slow_are_never_taken_for_lost(tmp_path, what):
 @pytest.mark.timeout(150)
 @pytest.mark.usefixtures("no_mpich_segments_left")
 @pytest.mark.parametrize(
-    ("backend", "sync", "failure", "comes_back"),
+    ("backend", "sync", "failure", "comes_back", "flavour"),
     [
-        ("mpi", 0, "raise", True),
-        ("mpi", 1, "continue", True),
-        ("gloo", 0, "continue", True),
-        ("mpi", 0, "continue", False),
-        ("gloo", 1, "raise", False),
+        ("mpi", 0, "raise", True, None),
+        ("mpi", 1, "continue", True, None),
+        ("gloo", 0, "continue", True, None),
+        ("mpi", 0, "continue", False, None),
+        ("gloo", 1, "raise", False, None),
+        pytest.param("mpi", 0, "continue", False, "openmpi", marks=other_mpi("openmpi")),
+        pytest.param("gloo", 1, "raise", False, "impi", marks=other_mpi("impi")),
     ],
 )
 def test_under_mpiexec_a_stopped_rank_is_reported_and_the_job_still_exits_0(
-    tmp_path, backend, sync, failure, comes_back
+    tmp_path, backend, sync, failure, comes_back, flavour
 ):
     """Reported in time; then the rank comes back (it must find its way out), or never does
     (MPI cannot end one rank: the job is ended when rank 0 exits, with status 0)."""
     args = ["--backend", backend, "--sync", str(sync), "--failure", failure, "--hold"]
-    job = Job(tmp_path, *args, ranks=3)
+    job = Job(tmp_path, *args, ranks=3, flavour=flavour)
     pids = job.pids()
     stopped = stop(pids[2])
     detected = job.out.with_suffix(".detected")
@@ -220,9 +240,17 @@ def test_under_mpiexec_a_stopped_rank_is_reported_and_the_job_still_exits_0(
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("no_mpich_segments_left")
-@pytest.mark.parametrize("backend", ["gloo", "mpi"])
-def test_under_mpiexec_a_stopped_rank_0_ends_the_job(tmp_path, backend):
-    job = Job(tmp_path, "--backend", backend, "--limit", "100", ranks=3)
+@pytest.mark.parametrize(
+    ("backend", "flavour"),
+    [
+        ("gloo", None),
+        ("mpi", None),
+        pytest.param("mpi", "openmpi", marks=other_mpi("openmpi")),
+        pytest.param("gloo", "impi", marks=other_mpi("impi")),
+    ],
+)
+def test_under_mpiexec_a_stopped_rank_0_ends_the_job(tmp_path, backend, flavour):
+    job = Job(tmp_path, "--backend", backend, "--limit", "100", ranks=3, flavour=flavour)
     pids = job.pids()
     stopped = time.monotonic()
     os.kill(pids[0], signal.SIGSTOP)

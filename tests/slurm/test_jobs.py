@@ -45,6 +45,9 @@ def _inspect(path: Path) -> str:
 def under(flavour: str) -> dict[str, str]:
     """The environment a job submitted from here needs to run its ranks under MPI
     ``flavour`` (``--export=ALL``, sbatch's default, takes it into the job)."""
+    reason = mpirun.skip_reason(flavour)
+    if reason is not None:
+        pytest.skip(reason)
     return {**mpirun.flavour_env(flavour), **mpirun.SRUN_ENVS[flavour]}
 
 
