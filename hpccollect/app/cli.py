@@ -203,11 +203,7 @@ def _inspect(ns: argparse.Namespace) -> int:
 def _repair(ns: argparse.Namespace) -> int:
     from hpccollect.storage import read_dataset, repair_dataset
 
-    path = Path(ns.file)
-    partial = path if path.name.endswith(".partial") else path.with_name(path.name + ".partial")
-    if not path.exists() and not partial.exists():
-        raise ArgumentValueError(f"{ns.file} does not exist (nor {partial.name}).")
-    out = repair_dataset(path)
+    out = repair_dataset(Path(ns.file))  # a missing file: ArgumentValueError, named
     with read_dataset(out) as ds:
         problems = ds.check()
         print(f"repaired {out}: {len(ds)} committed frames, {ds.committed_episodes} episodes kept")

@@ -32,6 +32,7 @@ from hpccollect._version import __version__
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, StorageError
 from hpccollect.storage.diskspace import describe_os_error
 from hpccollect.storage.episodes import EpisodeAssembler, Episodes
+from hpccollect.storage.file_lock import held_by_a_writer
 from hpccollect.storage.h5append import DEFAULT_EXPECTED_ROWS, RowAppender, chunk_rows
 from hpccollect.storage.layout import EPISODE, SQUEEZED, keymap_to_json
 from hpccollect.storage.metadata import env_metadata
@@ -130,6 +131,7 @@ class HDF5Writer(Sink):
                     )
                     + "."
                 )
+        _refuse_a_live_writers(self.partial)
         self.compression, self.chunk_bytes, self.fsync_every = compression, chunk_bytes, fsync_every
         self.expected_rows = expected_rows
         self.failed: StorageError | None = None
@@ -415,6 +417,22 @@ class HDF5Writer(Sink):
             f"HDF5Writer({str(self.path)!r}, committed_steps={self.committed_steps}, "
             f"committed_episodes={self.committed_episodes}, open_episodes={self.open_episodes})"
         )
+
+
+def _refuse_a_live_writers(partial: Path) -> None:
+    """``overwrite`` replaces a file a crash left, never one another process still writes."""
+    try:
+        fd = os.open(partial, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        if held_by_a_writer(fd):
+            raise StorageError(
+                f"cannot create {partial}: another process is writing it (it holds the file's "
+                "lock); end that job first, or write to another path."
+            )
+    finally:
+        os.close(fd)
 
 
 def _sync_folder(path: Path) -> None:

@@ -6,7 +6,6 @@ gives the file its final name; what it cannot save, it says.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import time
@@ -16,6 +15,7 @@ import h5py
 
 from hpccollect.errors import ArgumentValueError, StorageError
 from hpccollect.storage.diskspace import SpaceReserver, describe_os_error, release_beyond_end
+from hpccollect.storage.file_lock import held_by_a_writer
 from hpccollect.storage.hdf5_reader import H5Dataset
 from hpccollect.storage.hdf5_writer import staging_path
 from hpccollect.storage.layout import EPISODE, keymap_from_json
@@ -105,13 +105,17 @@ def drop_staging(path: str | os.PathLike) -> bool:
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False  # a writer is making it now
+        if held_by_a_writer(fd):
+            return False  # a writer is making it now
+        try:  # the file locked here, not one made since under that name
+            if not os.path.samestat(os.fstat(fd), os.stat(staged)):
+                return False
+        except FileNotFoundError:
+            return False
+        staged.unlink(missing_ok=True)
+        return True
     finally:
         os.close(fd)
-    staged.unlink(missing_ok=True)
-    return True
 
 
 def _cut_to_committed(target: Path, lock_timeout: float) -> int:

@@ -170,6 +170,7 @@ def test_default_run_then_inspect_merge_export(tmp_path):
         (["--config", "table.toml"], "'collect' must be a table ([collect]) of options, got 3"),
         (["inspect", ""], "argument file: must be a path, got an empty string"),
         (["repair", "junk.h5"], "junk.h5 is not an HDF5 file (no HDF5 signature in it)"),
+        (["repair", "unborn.h5"], "unborn.h5.partial.new, left by a writer killed before"),
         (["merge", "junk.h5", "--out", "adir", "--overwrite"], "--out adir is a directory"),
         (["merge", "junk.h5", "--out", "/proc/m.h5"], "--out /proc/m.h5: cannot write in /proc"),
         (["export", "junk.h5", "--format", "d4rl", "--out", "/proc/e.hdf5"], "cannot write in"),
@@ -182,6 +183,7 @@ def test_default_run_then_inspect_merge_export(tmp_path):
 )
 def test_user_mistakes_get_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys, args, message):
     (tmp_path / "junk.h5").write_text("not an hdf5 file")
+    (tmp_path / "unborn.h5.partial.new").write_bytes(b"\x89HDF\r\n\x1a\n")  # a kill's leftover
     (tmp_path / "afile").write_text("a regular file")
     (tmp_path / "adir").mkdir()
     for name, text in TOML_MISTAKES.items():

@@ -202,7 +202,6 @@ def test_ranks_that_are_only_slow_are_never_taken_for_lost(tmp_path, what):
         ("gloo", 0, "continue", True, None),
         ("mpi", 0, "continue", False, None),
         ("gloo", 1, "raise", False, None),
-        pytest.param("mpi", 0, "continue", False, "openmpi", marks=other_mpi("openmpi")),
         pytest.param("gloo", 1, "raise", False, "impi", marks=other_mpi("impi")),
     ],
 )
@@ -246,7 +245,6 @@ def test_under_mpiexec_a_stopped_rank_is_reported_and_the_job_still_exits_0(
         ("gloo", None),
         ("mpi", None),
         pytest.param("mpi", "openmpi", marks=other_mpi("openmpi")),
-        pytest.param("gloo", "impi", marks=other_mpi("impi")),
     ],
 )
 def test_under_mpiexec_a_stopped_rank_0_ends_the_job(tmp_path, backend, flavour):

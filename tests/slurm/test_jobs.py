@@ -46,6 +46,8 @@ def under(flavour: str) -> dict[str, str]:
     """The environment a job submitted from here needs to run its ranks under MPI
     ``flavour`` (``--export=ALL``, sbatch's default, takes it into the job)."""
     reason = mpirun.skip_reason(flavour)
+    if flavour == "mpich" != mpirun.FLAVOUR:  # this process's environment names another MPI
+        reason = f"MPICH's case runs from MPICH's processes, not {mpirun.FLAVOUR}'s (suite 1)"
     if reason is not None:
         pytest.skip(reason)
     return {**mpirun.flavour_env(flavour), **mpirun.SRUN_ENVS[flavour]}

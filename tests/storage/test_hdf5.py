@@ -198,6 +198,22 @@ def test_writer_errors(tmp_path):
         open_dataset(tmp_path / "junk.h5")
 
 
+def test_overwrite_never_replaces_a_file_another_writer_writes(tmp_path):
+    """The file's HDF5 lock says a writer has it (one of this process here: the lock is the
+    open file's, whoever opened it)."""
+    path = tmp_path / "live.h5"
+    batches = collect("CartPole-v1", 20, 20)
+    live = HDF5Writer(path)
+    live.extend(batches[0])
+    with pytest.raises(StorageError, match="another process is writing it"):
+        HDF5Writer(path, overwrite=True)
+    assert live.close() == path
+    with open_dataset(path) as ds:
+        assert ds.complete and ds.check() == []
+    with HDF5Writer(path, overwrite=True) as again:  # no writer now: replaced
+        again.extend(batches[0])
+
+
 def test_reader_indexing_and_torch_dataset(tmp_path):
     path = write(tmp_path / "r.h5", collect("CartPole-v1", 100, 300), env="CartPole-v1")
     with open_dataset(path) as ds:
