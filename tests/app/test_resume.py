@@ -65,9 +65,10 @@ def attempt_attrs(path: Path) -> tuple[int, dict | None, int]:
 @pytest.mark.timeout(420)
 def test_a_run_stopped_by_sigterm_resumes_to_exactly_its_total(tmp_path):
     total = 12_000
-    proc = stop_midway(
-        tmp_path, signal.SIGTERM, "--total-frames", total, "--frames-per-batch", 500, "--seed", 7
-    )
+    proc = stop_midway(  # one process a run: the attempts' files are what is tested
+        tmp_path, signal.SIGTERM, "--collector", "single", "--total-frames", total,
+        "--frames-per-batch", 500, "--seed", 7,
+    )  # fmt: skip
     assert proc.returncode == 0
     with open_dataset(tmp_path / "run" / "data.h5") as ds:
         before = len(ds)
