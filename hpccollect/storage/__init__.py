@@ -3,9 +3,9 @@ through the ``Sink`` contract (``sink.py``); HDF5 is the registered format."""
 
 from hpccollect.storage.exports import export_d4rl, export_memmap, export_minari
 from hpccollect.storage.hdf5_reader import H5Dataset, TransitionDataset, open_dataset
-from hpccollect.storage.hdf5_writer import HDF5Writer, partial_path, staging_path
+from hpccollect.storage.hdf5_writer import HDF5Writer
 from hpccollect.storage.merge import merge_shards
-from hpccollect.storage.repair import drop_staging, repair
+from hpccollect.storage.repair import repair
 from hpccollect.storage.replay_buffer import ReplayBuffer
 from hpccollect.storage.sink import (
     EpisodeReturns,
@@ -19,6 +19,7 @@ from hpccollect.storage.sink import (
     register_format,
     repair_dataset,
 )
+from hpccollect.storage.unfinished import drop_staging, partial_path, staging_path
 
 register_format(
     StorageFormat(

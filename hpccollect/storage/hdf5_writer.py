@@ -32,37 +32,22 @@ from hpccollect._version import __version__
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, StorageError
 from hpccollect.storage.diskspace import describe_os_error
 from hpccollect.storage.episodes import EpisodeAssembler, Episodes
-from hpccollect.storage.file_lock import held_by_a_writer
 from hpccollect.storage.h5append import DEFAULT_EXPECTED_ROWS, RowAppender, chunk_rows
 from hpccollect.storage.layout import EPISODE, SQUEEZED, keymap_to_json
 from hpccollect.storage.metadata import env_metadata
 from hpccollect.storage.sink import Sink
 from hpccollect.storage.spaces_json import describe
+from hpccollect.storage.unfinished import (
+    partial_path,
+    refuse_a_live_writer,
+    staging_path,
+    sync_folder,
+)
 
-__all__ = [
-    "DEFAULT_EXPECTED_ROWS",
-    "FORMAT_VERSION",
-    "HDF5Writer",
-    "chunk_rows",
-    "partial_path",
-    "staging_path",
-]
+__all__ = ["DEFAULT_EXPECTED_ROWS", "FORMAT_VERSION", "HDF5Writer", "chunk_rows", "partial_path"]
 
 FORMAT_VERSION = 1
 _COMPRESSIONS = (None, "gzip", "lzf")
-
-
-def partial_path(path: str | os.PathLike) -> Path:
-    """Where a file is written until it is closed."""
-    path = Path(path)
-    return path.with_name(path.name + ".partial")
-
-
-def staging_path(path: str | os.PathLike) -> Path:
-    """Where a file of ``path`` is made before it takes its ``partial_path`` name (when
-    created, and when laid out for its first rows): what a kill there leaves holds no row."""
-    partial = partial_path(path)
-    return partial.with_name(partial.name + ".new")
 
 
 class HDF5Writer(Sink):
@@ -131,7 +116,7 @@ class HDF5Writer(Sink):
                     )
                     + "."
                 )
-        _refuse_a_live_writers(self.partial)
+        refuse_a_live_writer(self.partial)
         self.compression, self.chunk_bytes, self.fsync_every = compression, chunk_bytes, fsync_every
         self.expected_rows = expected_rows
         self.failed: StorageError | None = None
@@ -216,7 +201,7 @@ class HDF5Writer(Sink):
         file.flush()
         rows.fsync()
         os.replace(staged, self.partial)
-        _sync_folder(self.partial)
+        sync_folder(self.partial)
 
     def _write_metadata(
         self,
@@ -394,7 +379,7 @@ class HDF5Writer(Sink):
         if self.failed is not None:
             return self.partial
         os.replace(self.partial, self.path)
-        _sync_folder(self.path)
+        sync_folder(self.path)
         return self.path
 
     def _close_file(self) -> None:
@@ -417,33 +402,3 @@ class HDF5Writer(Sink):
             f"HDF5Writer({str(self.path)!r}, committed_steps={self.committed_steps}, "
             f"committed_episodes={self.committed_episodes}, open_episodes={self.open_episodes})"
         )
-
-
-def _refuse_a_live_writers(partial: Path) -> None:
-    """``overwrite`` replaces a file a crash left, never one another process still writes."""
-    try:
-        fd = os.open(partial, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        if held_by_a_writer(fd):
-            raise StorageError(
-                f"cannot create {partial}: another process is writing it (it holds the file's "
-                "lock); end that job first, or write to another path."
-            )
-    finally:
-        os.close(fd)
-
-
-def _sync_folder(path: Path) -> None:
-    """Make a rename into ``path``'s folder survive a power cut (where the system allows)."""
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

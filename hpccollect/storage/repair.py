@@ -15,12 +15,11 @@ import h5py
 
 from hpccollect.errors import ArgumentValueError, StorageError
 from hpccollect.storage.diskspace import SpaceReserver, describe_os_error, release_beyond_end
-from hpccollect.storage.file_lock import held_by_a_writer
 from hpccollect.storage.hdf5_reader import H5Dataset
-from hpccollect.storage.hdf5_writer import staging_path
 from hpccollect.storage.layout import EPISODE, keymap_from_json
+from hpccollect.storage.unfinished import drop_staging, staging_path
 
-__all__ = ["drop_staging", "repair"]
+__all__ = ["repair"]
 
 #: room for the attributes repair adds (reserved before anything is written)
 _REPAIR_BYTES = 64 << 10
@@ -86,36 +85,6 @@ def repair(path: str | os.PathLike, *, lock_timeout: float = LOCK_TIMEOUT_S) -> 
     if target != final:
         os.replace(target, final)
     return final
-
-
-def drop_staging(path: str | os.PathLike) -> bool:
-    """Delete the file that a writer of ``path`` left when it was killed while making it
-    (``staging_path(path)``: it never held a committed row). One that a running writer holds
-    (its HDF5 lock) is left alone.
-
-    Args:
-        path: the dataset's final file name.
-
-    Returns:
-        Whether a file was deleted.
-    """
-    staged = staging_path(path)
-    try:
-        fd = os.open(staged, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        if held_by_a_writer(fd):
-            return False  # a writer is making it now
-        try:  # the file locked here, not one made since under that name
-            if not os.path.samestat(os.fstat(fd), os.stat(staged)):
-                return False
-        except FileNotFoundError:
-            return False
-        staged.unlink(missing_ok=True)
-        return True
-    finally:
-        os.close(fd)
 
 
 def _cut_to_committed(target: Path, lock_timeout: float) -> int:
