@@ -31,7 +31,14 @@ from typing import Any
 
 from hpccollect.app.config import MAX_SEED, RunConfig, current_spelling
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
-from hpccollect.storage import drop_staging, merge_datasets, read_dataset, repair_dataset
+from hpccollect.storage import (
+    drop_staging,
+    final_path,
+    merge_datasets,
+    read_dataset,
+    repair_dataset,
+    staging_path,
+)
 
 __all__ = [
     "RUN_OPTIONS",
@@ -150,7 +157,7 @@ def find_run(path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.is_dir() and not path.name.endswith(".shards"):
         runs = sorted(
-            {_strip(p) for p in path.iterdir() if _strip(p).suffix == ".h5"}
+            {final_path(p) for p in path.iterdir() if _is_run_file(p)}
             | {p.with_suffix(".h5") for p in path.glob("*.shards") if p.is_dir()}
         )
         if len(runs) != 1:
@@ -160,7 +167,7 @@ def find_run(path: str | os.PathLike) -> Path:
                 f"{found}); pass the dataset file instead."
             )
         return runs[0]
-    run = _strip(path)
+    run = final_path(path)
     if run.name.endswith(".shards"):
         run = run.with_name(run.name.removesuffix(".shards") + ".h5")
     if not _files_of(run):
@@ -261,10 +268,6 @@ def remove_run_files(run: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _strip(path: Path) -> Path:
-    return path.with_name(path.name.removesuffix(".partial"))
-
-
 def _files_of(run: Path) -> bool:
     folder = run.with_name(run.stem + ".shards")
     return (
@@ -284,16 +287,17 @@ def _attempt_of(piece: Path) -> int:
     return int(match.group(1)) if match and match.group(1) else 0
 
 
+def _is_run_file(path: Path) -> bool:
+    """A dataset, finished or unfinished (not a staging file: it holds no row)."""
+    final = final_path(path)
+    return final.suffix == ".h5" and path != staging_path(final)
+
+
 def _final_names(folder: Path) -> set[Path]:
     """The final name of each file of the run's attempts, whatever stage it is at."""
     if not folder.is_dir():
         return set()
-    found = set()
-    for path in folder.iterdir():
-        match = _PIECE.match(path.name)
-        if match:
-            found.add(path.with_name(path.name[: match.start(4)] if match.group(4) else path.name))
-    return found
+    return {final_path(path) for path in folder.iterdir() if _PIECE.match(path.name)}
 
 
 def _pieces(folder: Path) -> list[Path]:

@@ -19,7 +19,7 @@ from hpccollect.storage.sink import (
     register_format,
     repair_dataset,
 )
-from hpccollect.storage.unfinished import drop_staging, partial_path, staging_path
+from hpccollect.storage.unfinished import drop_staging, final_path, partial_path, staging_path
 
 register_format(
     StorageFormat(
@@ -47,6 +47,7 @@ __all__ = [
     "export_d4rl",
     "export_memmap",
     "export_minari",
+    "final_path",
     "merge_datasets",
     "merge_shards",
     "open_dataset",

@@ -17,7 +17,7 @@ from hpccollect.errors import ArgumentValueError, StorageError
 from hpccollect.storage.diskspace import SpaceReserver, describe_os_error, release_beyond_end
 from hpccollect.storage.hdf5_reader import H5Dataset
 from hpccollect.storage.layout import EPISODE, keymap_from_json
-from hpccollect.storage.unfinished import drop_staging, staging_path
+from hpccollect.storage.unfinished import drop_staging, final_path, partial_path, staging_path
 
 __all__ = ["repair"]
 
@@ -37,7 +37,7 @@ def repair(path: str | os.PathLike, *, lock_timeout: float = LOCK_TIMEOUT_S) -> 
     holds no row: it is deleted.
 
     Args:
-        path: the file, with or without its ``.partial`` suffix.
+        path: the file, by its final name or its ``.partial`` (or ``.partial.new``) one.
         lock_timeout: seconds to wait while another process holds the file's HDF5 lock. A writer
             that was just killed holds it until its last thread has exited, which can take a
             moment after the process is reported gone; a writer still running holds it for good.
@@ -51,10 +51,12 @@ def repair(path: str | os.PathLike, *, lock_timeout: float = LOCK_TIMEOUT_S) -> 
             afterwards; the file then keeps its ``.partial`` name.
     """
     path = Path(path)
-    partial = path if path.name.endswith(".partial") else path.with_name(path.name + ".partial")
-    target = partial if partial.exists() else path
-    final = target.with_name(target.name.removesuffix(".partial"))
+    final = final_path(path)
     dropped = drop_staging(final)
+    if path == staging_path(final):
+        path = final
+    partial = partial_path(final)
+    target = partial if partial.exists() else path
     if not target.exists():
         raise ArgumentValueError(
             f"{path} does not exist (nor {partial.name})"

@@ -18,6 +18,7 @@ from hpccollect.errors import StorageError
 
 __all__ = [
     "drop_staging",
+    "final_path",
     "held_by_a_writer",
     "partial_path",
     "refuse_a_live_writer",
@@ -26,17 +27,30 @@ __all__ = [
 ]
 
 
+_PARTIAL = ".partial"
+_STAGING = ".partial.new"
+
+
 def partial_path(path: str | os.PathLike) -> Path:
     """Where a file is written until it is closed."""
     path = Path(path)
-    return path.with_name(path.name + ".partial")
+    return path.with_name(path.name + _PARTIAL)
 
 
 def staging_path(path: str | os.PathLike) -> Path:
     """Where a file of ``path`` is made before it takes its ``partial_path`` name (when
     created, and when laid out for its first rows): what a kill there leaves holds no row."""
-    partial = partial_path(path)
-    return partial.with_name(partial.name + ".new")
+    path = Path(path)
+    return path.with_name(path.name + _STAGING)
+
+
+def final_path(path: str | os.PathLike) -> Path:
+    """A dataset file's finished name, from any of its names (finished, partial, staging)."""
+    path = Path(path)
+    for suffix in (_STAGING, _PARTIAL):
+        if path.name.endswith(suffix):
+            return path.with_name(path.name.removesuffix(suffix))
+    return path
 
 
 def held_by_a_writer(fd: int) -> bool:
