@@ -340,6 +340,11 @@ def _recorded_options(run: Path) -> dict[str, Any]:
             return config
         if isinstance(config, str):
             return json.loads(config)
+    if not any(path.exists() for path in candidates):  # only files a kill left being made
+        raise ArgumentValueError(
+            f"--resume {run}: the run was stopped before any of its files held a row; start it "
+            "again (--out, with --overwrite)."
+        )
     raise ArgumentValueError(
         f"--resume {run}: its files record no collect options (not written by "
         "python -m hpccollect collect); start a new run instead."

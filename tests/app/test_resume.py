@@ -174,3 +174,16 @@ def test_a_fresh_run_does_not_take_in_an_earlier_runs_attempts(tmp_path, monkeyp
     assert not list(folder.iterdir())
     with open_dataset(tmp_path / "run" / "data.h5") as ds:
         assert len(ds) == 400 and "merged_from" not in ds.file.attrs
+
+
+def test_a_run_stopped_before_any_file_held_a_row_says_to_start_it_again(
+    tmp_path, monkeypatch, capsys
+):
+    """All a kill left is a collector rank's file being made: nothing to resume from."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "run" / "data.shards"
+    folder.mkdir(parents=True)
+    (folder / "rank-0001.h5.partial.new").write_bytes(b"\x89HDF\r\n\x1a\n")
+    assert main(["collect", "--quiet", "--resume", "run/data.h5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "stopped before any of its files held a row" in err
