@@ -140,20 +140,20 @@ class HDF5Writer(Sink):
         self._closed = False
         try:
             self._write_metadata(env, env_kwargs, config, seed, run_id, shard)
-            self._take_partial_name(self._file, self._rows, staged)  # readers can open it now
-        except BaseException as err:  # a bad argument or a failed write leaves no file behind
-            self._closed = True
-            if isinstance(err, (OSError, RuntimeError)):
+            try:
+                self._take_partial_name(self._file, self._rows, staged)  # readers can open it
+            except (OSError, RuntimeError) as err:
                 self.failed = StorageError(
                     f"cannot create {self.partial}: {describe_os_error(err)}"
                 )
                 self._rows.freeze()  # a close that writes would fail again
+                raise self.failed from err
+        except BaseException:  # a bad argument or a failed write leaves no file behind
+            self._closed = True
             self._rows.forget()
             with contextlib.suppress(OSError, RuntimeError):
                 self._file.close()
             staged.unlink(missing_ok=True)
-            if self.failed is not None:
-                raise self.failed from err
             raise
 
     def _create_file(self, path: Path) -> h5py.File:
