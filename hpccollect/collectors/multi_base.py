@@ -26,7 +26,7 @@ from hpccollect.collectors.torchrl_api.options import (
     env_fns,
     per_worker,
 )
-from hpccollect.collectors.torchrl_api.policy_options import factories
+from hpccollect.collectors.torchrl_api.policy_options import check_cudagraph_device, factories
 from hpccollect.collectors.torchrl_api.torchrl_keywords import check_weight_schemes
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase, built_updater
 from hpccollect.collectors.workers.batches import WorkerBatches
@@ -201,6 +201,8 @@ class MultiCollectorBase(
         self.traj_format = opts.traj_format
         self.trust_policy = opts.trust_policy
         devices = [opts.devices(i, n) for i in range(n)]
+        for d in devices:  # here, before any worker starts
+            check_cudagraph_device(opts.cudagraph_policy, d.policy)
         env_kwargs = [
             per_worker("create_env_kwargs", a["create_env_kwargs"], i, n) for i in range(n)
         ]

@@ -11,7 +11,7 @@ from tensordict.nn import CudaGraphModule, TensorDictModuleBase
 
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
-__all__ = ["check_compile", "factories", "wrap_for_speed"]
+__all__ = ["check_compile", "check_cudagraph_device", "factories", "wrap_for_speed"]
 
 
 def factories(
@@ -59,6 +59,39 @@ def check_compile(name: str, value: Any) -> dict[str, Any] | None:
     )
 
 
+def check_cudagraph_device(
+    cudagraph_options: dict[str, Any] | None,
+    device: torch.device | None,
+    cuda: bool | None = None,
+) -> None:
+    """Refuse ``cudagraph_policy`` for a policy that does not run on CUDA, on a machine with CUDA.
+
+    A CUDA graph records CUDA work only: tensordict's ``CudaGraphModule`` refuses CPU inputs at
+    the first step, deep in the rollout. Said here, at construction, with the keyword that fixes
+    it. Without CUDA (``cuda`` False; default: ``torch.cuda.is_available()``) the module calls
+    the policy as is, so any device goes.
+
+    Args:
+        cudagraph_options: the checked ``cudagraph_policy`` (None when off).
+        device: the device the policy's inputs are moved to (``policy_device`` resolved).
+        cuda: whether CUDA is usable here.
+
+    Raises:
+        ArgumentValueError: CUDA is usable and the policy runs elsewhere.
+    """
+    if cudagraph_options is None:
+        return
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    if cuda and (device is None or device.type != "cuda"):
+        where = "the env's device" if device is None else str(device)
+        raise ArgumentValueError(
+            f"cudagraph_policy records the policy in a CUDA graph, which holds CUDA work only, "
+            f"but the policy runs on {where}: pass policy_device='cuda' (or device='cuda'), or "
+            "leave cudagraph_policy off."
+        )
+
+
 def wrap_for_speed(
     module: TensorDictModuleBase,
     compile_options: dict[str, Any] | None,
@@ -68,6 +101,7 @@ def wrap_for_speed(
     """The policy as the step loop calls it: compiled with ``torch.compile`` after ``warmup``
     eager calls (default 1), then captured in a ``CudaGraphModule`` (on a machine without CUDA
     it calls the module as is), as TorchRL's collector wraps it."""
+    check_cudagraph_device(cudagraph_options, device)
     call: Callable = module
     if compile_options is not None:
         call = _Warmed(module, **compile_options)

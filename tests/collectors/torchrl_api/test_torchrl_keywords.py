@@ -18,6 +18,7 @@ from hpccollect import (
     MultiCollector,
     MultiSyncCollector,
 )
+from hpccollect.collectors.torchrl_api.policy_options import check_cudagraph_device
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 
@@ -136,7 +137,28 @@ def test_compile_policy_gives_the_same_batches() -> None:
         return out
 
     assert torch.equal(run(), run(compile_policy={"backend": "eager", "warmup": 2}))
-    assert torch.equal(run(), run(cudagraph_policy=True))  # no CUDA here: calls pass through
+    if not torch.cuda.is_available():  # calls pass through
+        assert torch.equal(run(), run(cudagraph_policy=True))
+        return
+    assert torch.equal(run(), run(cudagraph_policy=True, policy_device="cuda").cpu())
+    for make in (Collector, MultiSyncCollector):  # a CPU policy: refused before anything runs
+        with pytest.raises(ArgumentValueError, match="policy_device='cuda'"):
+            make([counter], bias_policy(), frames_per_batch=12, cudagraph_policy=True)
+
+
+@pytest.mark.parametrize(
+    ("device", "cuda", "refused"),
+    [(None, True, True), ("cpu", True, True), ("cuda", True, False), ("cpu", False, False)],
+)
+def test_cudagraph_policy_needs_the_policy_on_cuda_where_there_is_cuda(device, cuda, refused):
+    """The rule the GPU run of the test above checks end to end, decided here without a GPU."""
+    dev = None if device is None else torch.device(device)
+    if not refused:
+        check_cudagraph_device({}, dev, cuda=cuda)
+        return
+    with pytest.raises(ArgumentValueError, match="cudagraph_policy .* policy_device='cuda'"):
+        check_cudagraph_device({}, dev, cuda=cuda)
+    check_cudagraph_device(None, dev, cuda=cuda)  # off: nothing to check
 
 
 def test_collect_hooks_are_called_around_each_batch() -> None:
