@@ -29,7 +29,7 @@ from torch import nn
 # imported them would get a cluster of its own); they live in tests/slurm/slurm_cluster.py,
 # since a conftest.py there would shadow this one, which test modules import as ``conftest``.
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
-pytest_plugins = ["scheduling", "slurm_cluster", "mpi_topology"]
+pytest_plugins = ["scheduling", "slurm_cluster", "leftovers"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
