@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 __all__ = [
     "FLAVOUR",
     "FLAVOURS",
@@ -28,6 +30,7 @@ __all__ = [
     "command",
     "flavour_env",
     "job_pids",
+    "needs",
     "own_lines",
     "run",
     "skip_reason",
@@ -82,6 +85,13 @@ def skip_reason(flavour: str | None = None) -> str | None:
     if FLAVOURS[name][0] is None:
         return "no mpiexec next to this Python (pip install mpich)"
     return f"{name} is not installed under .mpi/{name} (tests/all.sh installs it)"
+
+
+def needs(flavour: str | None = None) -> pytest.MarkDecorator:
+    """The mark of a test that starts jobs under MPI ``flavour`` (default: the tests' own): it
+    skips where that MPI is not installed, except in CI (``skip_reason``)."""
+    reason = skip_reason(flavour)
+    return pytest.mark.skipif(reason is not None, reason=str(reason))
 
 
 os.environ.update(flavour_env(FLAVOUR))

@@ -21,10 +21,13 @@ from conftest import alive, descendants
 from hpccollect.app.cli import main
 from hpccollect.storage import open_dataset
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.usefixtures("no_mpich_segments_left")]
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("no_mpich_segments_left"),
+    mpirun.needs(),
+]
 
-if mpirun.skip_reason():
-    pytestmark.append(pytest.mark.skip(reason=mpirun.skip_reason()))
 ENV = {**os.environ, "PATH": mpirun.BIN + os.pathsep + os.environ.get("PATH", "")}
 TOTAL, BATCH = 2000, 200
 SMALL = ["--env", "CartPole-v1", "--frames-per-batch", str(BATCH), "--total-frames", str(TOTAL)]

@@ -21,9 +21,12 @@ from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.launchers.mpi_gather import check_gather, gather_groups
 
 JOB = Path(__file__).with_name("gather_job.py")
-MPI_JOB = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.usefixtures("no_mpich_segments_left")]
-if mpirun.skip_reason():
-    MPI_JOB.append(pytest.mark.skip(reason=mpirun.skip_reason()))
+MPI_JOB = [
+    pytest.mark.mpi,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("no_mpich_segments_left"),
+    mpirun.needs(),
+]
 
 
 def mpi_job(test):

@@ -23,16 +23,6 @@ from conftest import alive
 pytestmark = [pytest.mark.slow, pytest.mark.timed]  # asserts how long detection takes
 
 JOB = Path(__file__).with_name("liveness_job.py")
-needs_mpiexec = pytest.mark.skipif(
-    mpirun.skip_reason() is not None, reason=str(mpirun.skip_reason())
-)
-
-
-def other_mpi(flavour: str) -> pytest.MarkDecorator:
-    """Under Open MPI or Intel MPI, from the tests' own (MPICH) processes: the job's end when
-    a rank is stopped is the MPI's launcher's."""
-    reason = mpirun.skip_reason(flavour)
-    return pytest.mark.skipif(reason is not None, reason=str(reason))
 
 
 LIVENESS = 3.0  # the job's liveness_timeout
@@ -190,7 +180,7 @@ def test_ranks_that_are_only_slow_are_never_taken_for_lost(tmp_path, what):
 
 
 # ---------------------------------------------------------------------- under mpiexec
-@needs_mpiexec
+@mpirun.needs()
 @pytest.mark.mpi
 @pytest.mark.timeout(150)
 @pytest.mark.usefixtures("no_mpich_segments_left")
@@ -202,7 +192,7 @@ def test_ranks_that_are_only_slow_are_never_taken_for_lost(tmp_path, what):
         ("gloo", 0, "continue", True, None),
         ("mpi", 0, "continue", False, None),
         ("gloo", 1, "raise", False, None),
-        pytest.param("gloo", 1, "raise", False, "impi", marks=other_mpi("impi")),
+        pytest.param("gloo", 1, "raise", False, "impi", marks=mpirun.needs("impi")),
     ],
 )
 def test_under_mpiexec_a_stopped_rank_is_reported_and_the_job_still_exits_0(
@@ -235,7 +225,7 @@ def test_under_mpiexec_a_stopped_rank_is_reported_and_the_job_still_exits_0(
     assert_gone(pids)
 
 
-@needs_mpiexec
+@mpirun.needs()
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("no_mpich_segments_left")
@@ -244,7 +234,7 @@ def test_under_mpiexec_a_stopped_rank_is_reported_and_the_job_still_exits_0(
     [
         ("gloo", None),
         ("mpi", None),
-        pytest.param("mpi", "openmpi", marks=other_mpi("openmpi")),
+        pytest.param("mpi", "openmpi", marks=mpirun.needs("openmpi")),
     ],
 )
 def test_under_mpiexec_a_stopped_rank_0_ends_the_job(tmp_path, backend, flavour):

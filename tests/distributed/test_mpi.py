@@ -19,11 +19,14 @@ from conftest import assert_each_holds_its_own
 from mpirun import assert_gone, job_pids
 from tensordict import TensorDict
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.usefixtures("no_mpich_segments_left")]
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("no_mpich_segments_left"),
+    mpirun.needs(),
+]
 
 JOB = Path(__file__).with_name("mpi_job.py")
-if mpirun.skip_reason():
-    pytestmark.append(pytest.mark.skip(reason=mpirun.skip_reason()))
 
 
 def run_job(out: Path, *args: str, ranks: int = 3, timeout: float = 90, job: Path = JOB) -> tuple:

@@ -46,7 +46,7 @@ def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.usefixtures("no_mpich_segments_left")
-@pytest.mark.skipif(mpirun.skip_reason() is not None, reason=str(mpirun.skip_reason()))
+@mpirun.needs()
 def test_ppo_learns_under_mpiexec(tmp_path: Path) -> None:
     """40k frames, seed 0 (about 30 s on a quiet 2-core machine): the mean return of the last 20
     training episodes and the final line (the best policy, greedy) end well above 150, the curve

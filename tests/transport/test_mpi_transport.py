@@ -16,16 +16,12 @@ from mpirun import assert_gone, job_pids
 
 from hpccollect.transport.mpi_waits import Pace, wait_request
 
-needs_mpiexec = pytest.mark.skipif(  # in CI the test runs, and fails
-    mpirun.skip_reason() is not None, reason=str(mpirun.skip_reason())
-)
-
 JOB = Path(__file__).with_name("transport_job.py")
 
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@needs_mpiexec
+@mpirun.needs()
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("no_mpich_segments_left")
 def test_the_hot_path_moves_every_size_and_ends_on_goodbye(tmp_path):
