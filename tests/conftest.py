@@ -267,6 +267,22 @@ class BiasPolicy(nn.Module):
         return nn.functional.one_hot(scores.argmax(-1), 2)
 
 
+def until_each_gave(batches, sources, keys: tuple, n: int, cap: int = 200):
+    """``(sources, batch)`` from an async collector's ``batches`` until each of ``keys`` has
+    delivered ``n`` batches (``sources(batch)``: the keys a batch came from). Workers and ranks
+    deliver as they are ready, and on a busy machine one may deliver many in a row, so a test
+    that needs something of each takes batches until each gave it (at most ``cap``)."""
+    counts = dict.fromkeys(keys, 0)
+    for _, batch in zip(range(cap), batches, strict=False):
+        came = sources(batch)
+        for key in came:
+            counts[key] += 1
+        yield came, batch
+        if min(counts.values()) >= n:
+            return
+    raise AssertionError(f"{cap} batches and not {n} from each of {list(keys)}: {counts}")
+
+
 def assert_flips_with(collector: object, weights: TensorDict) -> None:
     """``collector`` (over ``BiasPolicy`` ranks, whose updater sends ``weights``) acts on
     ``weights``: action 0 first, action 1 once the bias in ``weights`` is flipped and sent."""

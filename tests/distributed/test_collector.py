@@ -30,6 +30,7 @@ from conftest import (
     descendants,
     descriptors,
     listening_addresses,
+    until_each_gave,
 )
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
@@ -94,18 +95,10 @@ def lengths_of(batch) -> int:
     return int(batch["next", "observation"].max())
 
 
-def until_each_rank_gave(batches, lengths: tuple[int, ...], n: int, cap: int = 200):
-    """``(rank's episode length, batch)`` from an async collector's ``batches`` until the rank
-    of each of ``lengths`` has delivered ``n``: ranks deliver as they are ready, and on a busy
-    machine one may deliver many in a row."""
-    counts = dict.fromkeys(lengths, 0)
-    for _, batch in zip(range(cap), batches, strict=False):
-        length = lengths_of(batch)
-        counts[length] += 1
+def until_each_rank_gave(batches, lengths: tuple[int, ...], n: int):
+    """``(rank's episode length, batch)`` until the rank of each of ``lengths`` gave ``n``."""
+    for (length,), batch in until_each_gave(batches, lambda b: (lengths_of(b),), lengths, n):
         yield length, batch
-        if min(counts.values()) >= n:
-            return
-    raise AssertionError(f"{cap} batches and not {n} from every rank: {counts}")
 
 
 @pytest.mark.timeout(240)
