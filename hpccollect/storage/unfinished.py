@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from hpccollect.errors import StorageError
@@ -78,24 +79,18 @@ def held_by_a_writer(fd: int) -> bool:
 def refuse_a_live_writer(partial: Path) -> None:
     """Raise ``StorageError`` where another process writes ``partial``: ``overwrite`` replaces
     a file a crash left, never one being written."""
-    try:
-        fd = os.open(partial, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        if held_by_a_writer(fd):
+    with _opened(partial) as fd:
+        if fd is not None and held_by_a_writer(fd):
             raise StorageError(
                 f"cannot create {partial}: another process is writing it (it holds the file's "
                 "lock); end that job first, or write to another path."
             )
-    finally:
-        os.close(fd)
 
 
 def drop_staging(path: str | os.PathLike) -> bool:
     """Delete the file that a writer of ``path`` left when it was killed while making it
     (``staging_path(path)``: it never held a committed row). One that a running writer holds
-    (its HDF5 lock) is left alone.
+    (its HDF5 lock), or that cannot be opened to tell, is left alone.
 
     Args:
         path: the dataset's final file name.
@@ -104,20 +99,29 @@ def drop_staging(path: str | os.PathLike) -> bool:
         Whether a file was deleted.
     """
     staged = staging_path(path)
-    try:
-        fd = os.open(staged, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        if held_by_a_writer(fd):
-            return False  # a writer is making it now
+    with _opened(staged) as fd:
+        if fd is None or held_by_a_writer(fd):
+            return False  # none there, or a writer is making it now
         try:  # the file locked here, not one made since under that name
             if not os.path.samestat(os.fstat(fd), os.stat(staged)):
                 return False
         except FileNotFoundError:
             return False
-        staged.unlink(missing_ok=True)
+        staged.unlink(missing_ok=True)  # with the lock still held
         return True
+
+
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[int | None]:
+    """A descriptor of ``path`` open for reading (None where it cannot be opened), closed on
+    leaving the block: a lock taken on it lasts that long."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        yield None
+        return
+    try:
+        yield fd
     finally:
         os.close(fd)
 
