@@ -26,7 +26,11 @@ from hpccollect.collectors.torchrl_api.options import (
     env_fns,
     per_worker,
 )
-from hpccollect.collectors.torchrl_api.policy_options import check_cudagraph_device, factories
+from hpccollect.collectors.torchrl_api.policy_options import (
+    check_cudagraph_device,
+    factories,
+    module_device,
+)
 from hpccollect.collectors.torchrl_api.torchrl_keywords import check_weight_schemes
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase, built_updater
 from hpccollect.collectors.workers.batches import WorkerBatches
@@ -202,7 +206,7 @@ class MultiCollectorBase(
         self.trust_policy = opts.trust_policy
         devices = [opts.devices(i, n) for i in range(n)]
         for d in devices:  # here, before any worker starts
-            check_cudagraph_device(opts.cudagraph_policy, d.policy)
+            check_cudagraph_device(opts.cudagraph_policy, d.policy or module_device(a["policy"]))
         env_kwargs = [
             per_worker("create_env_kwargs", a["create_env_kwargs"], i, n) for i in range(n)
         ]

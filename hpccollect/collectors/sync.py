@@ -27,7 +27,11 @@ from hpccollect.collectors.sync_state import SyncState
 from hpccollect.collectors.torchrl_api.execution import ByExecution
 from hpccollect.collectors.torchrl_api.keyword_docs import SINGLE, with_args
 from hpccollect.collectors.torchrl_api.options import CollectorArgs
-from hpccollect.collectors.torchrl_api.policy_options import factories, wrap_for_speed
+from hpccollect.collectors.torchrl_api.policy_options import (
+    factories,
+    module_device,
+    wrap_for_speed,
+)
 from hpccollect.collectors.torchrl_api.torchrl_keywords import check_weight_schemes
 from hpccollect.collectors.weights import (
     LocalWeightsUpdaterBase,
@@ -278,7 +282,7 @@ class SyncDataCollector(
         wrapped = self._wrap(policy)
         target = self.devices.policy
         module = wrapped.weights_module
-        current = _module_device(module) if module is not None else None
+        current = module_device(module)
         if target is None or current is None or current == target:
             return wrapped, None
         return self._wrap(copy.deepcopy(policy).to(target)), module
@@ -434,9 +438,3 @@ class SyncDataCollector(
             f"{type(self).__name__}(env={self.env!r}, frames_per_batch={self.frames_per_batch}, "
             f"total_frames={self.total_frames}, frames={getattr(self, '_frames', 0)})"
         )
-
-
-def _module_device(module: nn.Module) -> torch.device | None:
-    for tensor in [*module.parameters(), *module.buffers()]:
-        return tensor.device
-    return None

@@ -11,7 +11,13 @@ from tensordict.nn import CudaGraphModule, TensorDictModuleBase
 
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
-__all__ = ["check_compile", "check_cudagraph_device", "factories", "wrap_for_speed"]
+__all__ = [
+    "check_compile",
+    "check_cudagraph_device",
+    "factories",
+    "module_device",
+    "wrap_for_speed",
+]
 
 
 def factories(
@@ -73,7 +79,7 @@ def check_cudagraph_device(
 
     Args:
         cudagraph_options: the checked ``cudagraph_policy`` (None when off).
-        device: the device the policy's inputs are moved to (``policy_device`` resolved).
+        device: where the policy runs: ``policy_device`` resolved, else its parameters'.
         cuda: whether CUDA is usable here.
 
     Raises:
@@ -101,13 +107,23 @@ def wrap_for_speed(
     """The policy as the step loop calls it: compiled with ``torch.compile`` after ``warmup``
     eager calls (default 1), then captured in a ``CudaGraphModule`` (on a machine without CUDA
     it calls the module as is), as TorchRL's collector wraps it."""
-    check_cudagraph_device(cudagraph_options, device)
+    check_cudagraph_device(cudagraph_options, device or module_device(module))
     call: Callable = module
     if compile_options is not None:
         call = _Warmed(module, **compile_options)
     if cudagraph_options is not None:
         call = CudaGraphModule(call, in_keys=[], out_keys=[], device=device, **cudagraph_options)
     return call
+
+
+def module_device(module: Any) -> torch.device | None:
+    """The device of a module's first parameter or buffer (None: it has none, or is no
+    module)."""
+    if not isinstance(module, torch.nn.Module):
+        return None
+    for tensor in [*module.parameters(), *module.buffers()]:
+        return tensor.device
+    return None
 
 
 class _Warmed:

@@ -9,6 +9,7 @@ import torch
 from conftest import BiasPolicy, CounterEnv
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
+from torch import nn
 
 import hpccollect
 from hpccollect import (
@@ -18,7 +19,7 @@ from hpccollect import (
     MultiCollector,
     MultiSyncCollector,
 )
-from hpccollect.collectors.torchrl_api.policy_options import check_cudagraph_device
+from hpccollect.collectors.torchrl_api.policy_options import check_cudagraph_device, module_device
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 
@@ -159,6 +160,12 @@ def test_cudagraph_policy_needs_the_policy_on_cuda_where_there_is_cuda(device, c
     with pytest.raises(ArgumentValueError, match="cudagraph_policy .* policy_device='cuda'"):
         check_cudagraph_device({}, dev, cuda=cuda)
     check_cudagraph_device(None, dev, cuda=cuda)  # off: nothing to check
+
+
+def test_a_policy_whose_weights_are_where_it_runs_is_what_cudagraph_policy_checks():
+    """No ``policy_device``: the policy runs where its parameters are (here the CPU)."""
+    assert module_device(nn.Linear(2, 2)) == torch.device("cpu")
+    assert module_device(nn.ReLU()) is None and module_device(len) is None
 
 
 def test_collect_hooks_are_called_around_each_batch() -> None:
