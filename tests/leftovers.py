@@ -1,29 +1,34 @@
-"""What the suite's processes would leave in ``/tmp``: none of it stays after a run.
+"""What the run's processes write to the temporary folder goes into one folder of the run's own,
+removed when the run ends: nothing a run makes stays behind in ``/tmp``, and no run touches what
+another run (or anything else on the machine) keeps there.
 
 Many tests kill a job on purpose (a lost launcher, a lost node, a stopped rank 0, a hung job's
-cleanup), and a killed process cleans nothing up:
+cleanup), and a killed process cleans nothing up. What they would leave:
 
-* MPICH's and Intel MPI's launcher (hydra's proxy) writes the machine's topology to
-  ``/tmp/hydra_hwloc_xmlfile_XXXXXX`` when its ranks' ``MPI_Init`` asks for it, and deletes it
-  when it exits. A hydra that finds ``HWLOC_XMLFILE`` set writes none, so the run's first
-  process makes one copy of the file a hydra wrote (for two ranks under MPICH's ``mpiexec``), in
-  a folder of its own, points ``HWLOC_XMLFILE`` at it for every process the run starts, and
-  removes it at the end (19 files a CI run before).
 * A script whose collector started a fork server (``launcher="mp"``) has Python's
-  ``multiprocessing`` make ``/tmp/pymp-XXXXXXXX/listener-XXXXXXXX``, removed at the script's
-  exit. At the end of the run, each such folder made during it whose socket no longer has a
-  server (another run's live fork server answers) is removed.
+  ``multiprocessing`` make ``pymp-XXXXXXXX/listener-XXXXXXXX`` in the temporary folder,
+  removed only by the script's own exit. The run's first process points ``TMPDIR`` at
+  ``hpcc-XXXXXXXX`` in the machine's temporary folder, so every process the run starts (xdist's
+  workers, ranks, jobs, pytest's ``tmp_path``) makes its folders there, and removes that folder
+  at the end of the run. Looking through ``/tmp`` for such folders instead is unsafe: a live
+  process keeps its ``pymp-`` folder after its fork server ended, and runs side by side
+  (``tests/all.sh``) would remove each other's.
+* MPICH's and Intel MPI's launcher (hydra's proxy) writes the machine's topology to
+  ``/tmp/hydra_hwloc_xmlfile_XXXXXX`` (whatever ``TMPDIR`` says) when its ranks' ``MPI_Init``
+  asks for it, and deletes it when it exits. A hydra that finds ``HWLOC_XMLFILE`` set writes
+  none, so the run's first process copies the file a hydra wrote (for two ranks under MPICH's
+  ``mpiexec``) into the run's folder and points ``HWLOC_XMLFILE`` at it, with
+  ``HWLOC_THISSYSTEM=1`` (the file describes this machine: Open MPI still binds its ranks).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -41,63 +46,53 @@ if MPI.COMM_WORLD.rank == 0:
             shutil.copyfile(path, sys.argv[1])
 """
 
-
-_FOLDER = pytest.StashKey[Path]()
-_STARTED = pytest.StashKey[float]()
+#: what the run changes in its environment, restored at its end
+_SET = ("TMPDIR", "HWLOC_XMLFILE", "HWLOC_THISSYSTEM")
+_RUN = pytest.StashKey[tuple[Path, dict[str, str | None]]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
-        return  # an xdist worker: its parent, the run's first process, does this
-    config.stash[_STARTED] = time.time()
+        return  # an xdist worker: it inherits the environment of the run's first process
+    folder = Path(tempfile.mkdtemp(prefix="hpcc-"))
+    config.stash[_RUN] = (folder, {name: os.environ.get(name) for name in _SET})
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # tempfile caches the folder it found first
     if not os.environ.get("HWLOC_XMLFILE"):  # else set by the user
-        _share_a_topology(config)
+        _share_a_topology(folder / "topology.xml")
 
 
-def _share_a_topology(config: pytest.Config) -> None:
+def _share_a_topology(topology: Path) -> None:
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
     if mpiexec is None:
         return  # no MPI job can start
-    folder = Path(tempfile.mkdtemp(prefix="hpccollect-topology-"))
-    topology = folder / "topology.xml"
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        subprocess.run(
-            [mpiexec, "-n", "2", sys.executable, "-c", _COPY, str(topology)],
-            capture_output=True,
-            timeout=60,
-            # MPICH's own library, whatever MPI the run's jobs use (tests/mpirun.py)
-            env={k: v for k, v in os.environ.items() if k != "MPI4PY_LIBMPI"},
-            check=False,
-        )
-    if not topology.exists():  # jobs then write their own, as without this module
-        shutil.rmtree(folder, ignore_errors=True)
-        return
-    os.environ["HWLOC_XMLFILE"] = str(topology)
-    config.stash[_FOLDER] = folder
+    job = subprocess.Popen(
+        [mpiexec, "-n", "2", sys.executable, "-c", _COPY, str(topology)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        # MPICH's own library, whatever MPI the run's jobs use (tests/mpirun.py)
+        env={k: v for k, v in os.environ.items() if k != "MPI4PY_LIBMPI"},
+        start_new_session=True,  # a job past its time is killed with its proxy
+    )
+    try:
+        job.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=10)
+    if topology.exists():  # else jobs write their own, as without this module
+        os.environ["HWLOC_XMLFILE"] = str(topology)
+        os.environ["HWLOC_THISSYSTEM"] = "1"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    folder = config.stash.get(_FOLDER, None)
-    if folder is not None:
-        os.environ.pop("HWLOC_XMLFILE", None)
-        shutil.rmtree(folder, ignore_errors=True)
-    started = config.stash.get(_STARTED, None)
-    if started is not None:
-        for made in Path(tempfile.gettempdir()).glob("pymp-*"):
-            if _a_dead_fork_servers(made, started):
-                shutil.rmtree(made, ignore_errors=True)
-
-
-def _a_dead_fork_servers(folder: Path, since: float) -> bool:
-    """Whether ``folder`` was made after ``since`` and holds nothing but fork-server sockets
-    that no process has open (a live one is listed in ``/proc/net/unix``: connecting to it to
-    find out would end it, as a fork server takes any connection for a fork request)."""
-    try:
-        if folder.stat().st_mtime < since:
-            return False
-        entries = list(folder.iterdir())
-        bound = Path("/proc/net/unix").read_text()
-    except OSError:
-        return False
-    named = [e for e in entries if e.name.startswith("listener-")]
-    return bool(entries) and named == entries and not any(str(e) in bound for e in named)
+    run = config.stash.get(_RUN, None)
+    if run is None:
+        return
+    folder, before = run
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    tempfile.tempdir = None
+    shutil.rmtree(folder, ignore_errors=True)
