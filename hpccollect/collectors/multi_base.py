@@ -29,7 +29,6 @@ from hpccollect.collectors.torchrl_api.options import (
 from hpccollect.collectors.torchrl_api.policy_options import (
     check_cudagraph_device,
     factories,
-    module_device,
 )
 from hpccollect.collectors.torchrl_api.torchrl_keywords import check_weight_schemes
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase, built_updater
@@ -205,8 +204,9 @@ class MultiCollectorBase(
         self.traj_format = opts.traj_format
         self.trust_policy = opts.trust_policy
         devices = [opts.devices(i, n) for i in range(n)]
-        for d in devices:  # here, before any worker starts
-            check_cudagraph_device(opts.cudagraph_policy, d.policy or module_device(a["policy"]))
+        for d in devices:  # here, before any worker starts (without policy_device, each
+            # worker checks where its env gives the policy's input)
+            check_cudagraph_device(opts.cudagraph_policy, d.policy)
         env_kwargs = [
             per_worker("create_env_kwargs", a["create_env_kwargs"], i, n) for i in range(n)
         ]

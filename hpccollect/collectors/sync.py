@@ -28,8 +28,10 @@ from hpccollect.collectors.torchrl_api.execution import ByExecution
 from hpccollect.collectors.torchrl_api.keyword_docs import SINGLE, with_args
 from hpccollect.collectors.torchrl_api.options import CollectorArgs
 from hpccollect.collectors.torchrl_api.policy_options import (
+    check_cudagraph_device,
     factories,
     module_device,
+    policy_input_device,
     wrap_for_speed,
 )
 from hpccollect.collectors.torchrl_api.torchrl_keywords import check_weight_schemes
@@ -241,6 +243,8 @@ class SyncDataCollector(
         self._traj_view: TensorDictBase | None = None
         self._wrapped, self._source = self._place_policy(policy)
         self.policy = self._wrapped.module
+        where = policy_input_device(self.devices.policy, self.env_device, torchrl_env)
+        check_cudagraph_device(opts.cudagraph_policy, where)
         if opts.compile_policy is not None or opts.cudagraph_policy is not None:
             fast = wrap_for_speed(
                 self._wrapped.module,

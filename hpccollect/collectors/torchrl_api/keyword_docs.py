@@ -138,8 +138,8 @@ KEYWORDS: dict[str, str] = {
     "cudagraph_policy": (
         "wrap the policy in tensordict's ``CudaGraphModule`` (True, or a dict of its "
         "keywords); without CUDA the policy is called as it is, as tensordict does. Where "
-        "there is CUDA the policy must run on it (``policy_device='cuda'``): a CPU policy is "
-        "refused at construction, not at the first step."
+        "there is CUDA the policy's input must be on it (``policy_device='cuda'``, or a TorchRL "
+        "env on CUDA): other inputs are refused at construction, not at the first step."
     ),
     "no_cuda_sync": "accepted and kept; changes nothing on the CPU.",
     "auto_register_policy_transforms": (

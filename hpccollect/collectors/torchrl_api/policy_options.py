@@ -16,6 +16,7 @@ __all__ = [
     "check_cudagraph_device",
     "factories",
     "module_device",
+    "policy_input_device",
     "wrap_for_speed",
 ]
 
@@ -70,32 +71,55 @@ def check_cudagraph_device(
     device: torch.device | None,
     cuda: bool | None = None,
 ) -> None:
-    """Refuse ``cudagraph_policy`` for a policy that does not run on CUDA, on a machine with CUDA.
+    """Refuse ``cudagraph_policy`` for a policy whose input is not on CUDA, on a machine with CUDA.
 
-    A CUDA graph records CUDA work only: tensordict's ``CudaGraphModule`` refuses CPU inputs at
-    the first step, deep in the rollout. Said here, at construction, with the keyword that fixes
-    it. Without CUDA (``cuda`` False; default: ``torch.cuda.is_available()``) the module calls
-    the policy as is, so any device goes.
+    A CUDA graph records CUDA work only: tensordict's ``CudaGraphModule`` refuses a policy input
+    off CUDA at the first step, deep in the rollout. Said here, at construction, with the
+    keyword that fixes it. Without CUDA (``cuda`` False; default: ``torch.cuda.is_available()``)
+    the module calls the policy as is, so any device goes.
 
     Args:
         cudagraph_options: the checked ``cudagraph_policy`` (None when off).
-        device: where the policy runs: ``policy_device`` resolved, else its parameters'.
+        device: where the policy's input is (``policy_input_device``); None: not known yet (a
+            worker's env is built in the worker, which checks again), nothing is refused.
         cuda: whether CUDA is usable here.
 
     Raises:
-        ArgumentValueError: CUDA is usable and the policy runs elsewhere.
+        ArgumentValueError: CUDA is usable and the policy's input is elsewhere.
     """
-    if cudagraph_options is None:
+    if cudagraph_options is None or device is None:
         return
     if cuda is None:
         cuda = torch.cuda.is_available()
-    if cuda and (device is None or device.type != "cuda"):
-        where = "the env's device" if device is None else str(device)
+    if cuda and device.type != "cuda":
         raise ArgumentValueError(
             f"cudagraph_policy records the policy in a CUDA graph, which holds CUDA work only, "
-            f"but the policy runs on {where}: pass policy_device='cuda' (or device='cuda'), or "
-            "leave cudagraph_policy off."
+            f"but the policy's input is on {device}: pass policy_device='cuda' (or "
+            "device='cuda'), or leave cudagraph_policy off."
         )
+
+
+def policy_input_device(
+    policy_device: torch.device | None, env_device: torch.device | None, torchrl_env: bool
+) -> torch.device:
+    """Where the collector hands the policy its input: ``policy_device`` when given (the input is
+    moved there); else where a TorchRL env gives its data, as TorchRL's collector leaves it; a
+    gymnasium env's steps are built on the CPU. The policy's own parameters do not count (TorchRL
+    moves nothing to them either).
+
+    Args:
+        policy_device: the resolved ``policy_device`` (None: not given).
+        env_device: the env's device (a TorchRL env's; None: the CPU).
+        torchrl_env: whether the env is a TorchRL env.
+
+    Returns:
+        The input's device.
+    """
+    if policy_device is not None:
+        return policy_device
+    if torchrl_env and env_device is not None:
+        return torch.device(env_device)
+    return torch.device("cpu")
 
 
 def wrap_for_speed(
@@ -107,7 +131,6 @@ def wrap_for_speed(
     """The policy as the step loop calls it: compiled with ``torch.compile`` after ``warmup``
     eager calls (default 1), then captured in a ``CudaGraphModule`` (on a machine without CUDA
     it calls the module as is), as TorchRL's collector wraps it."""
-    check_cudagraph_device(cudagraph_options, device or module_device(module))
     call: Callable = module
     if compile_options is not None:
         call = _Warmed(module, **compile_options)

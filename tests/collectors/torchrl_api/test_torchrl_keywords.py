@@ -9,7 +9,6 @@ import torch
 from conftest import BiasPolicy, CounterEnv
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
-from torch import nn
 
 import hpccollect
 from hpccollect import (
@@ -19,7 +18,10 @@ from hpccollect import (
     MultiCollector,
     MultiSyncCollector,
 )
-from hpccollect.collectors.torchrl_api.policy_options import check_cudagraph_device, module_device
+from hpccollect.collectors.torchrl_api.policy_options import (
+    check_cudagraph_device,
+    policy_input_device,
+)
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
 
@@ -142,30 +144,87 @@ def test_compile_policy_gives_the_same_batches() -> None:
         assert torch.equal(run(), run(cudagraph_policy=True))
         return
     assert torch.equal(run(), run(cudagraph_policy=True, policy_device="cuda").cpu())
-    for make in (Collector, MultiSyncCollector):  # a CPU policy: refused before anything runs
-        with pytest.raises(ArgumentValueError, match="policy_device='cuda'"):
-            make([counter], bias_policy(), frames_per_batch=12, cudagraph_policy=True)
+    with pytest.raises(ArgumentValueError, match="policy_device='cuda'"):  # a CPU input
+        Collector(counter, bias_policy(), frames_per_batch=12, cudagraph_policy=True)
 
 
 @pytest.mark.parametrize(
     ("device", "cuda", "refused"),
-    [(None, True, True), ("cpu", True, True), ("cuda", True, False), ("cpu", False, False)],
+    [("cpu", True, True), ("cuda", True, False), ("cpu", False, False), (None, True, False)],
 )
-def test_cudagraph_policy_needs_the_policy_on_cuda_where_there_is_cuda(device, cuda, refused):
-    """The rule the GPU run of the test above checks end to end, decided here without a GPU."""
+def test_cudagraph_policy_needs_the_policys_input_on_cuda_where_there_is_cuda(
+    device, cuda, refused
+):
+    """The rule the GPU run of the test above checks end to end, decided here without a GPU
+    (None: a worker's input device, not known before its env is built, is checked there)."""
     dev = None if device is None else torch.device(device)
     if not refused:
         check_cudagraph_device({}, dev, cuda=cuda)
         return
-    with pytest.raises(ArgumentValueError, match="cudagraph_policy .* policy_device='cuda'"):
+    with pytest.raises(ArgumentValueError, match="input is on cpu: pass policy_device='cuda'"):
         check_cudagraph_device({}, dev, cuda=cuda)
     check_cudagraph_device(None, dev, cuda=cuda)  # off: nothing to check
 
 
-def test_a_policy_whose_weights_are_where_it_runs_is_what_cudagraph_policy_checks():
-    """No ``policy_device``: the policy runs where its parameters are (here the CPU)."""
-    assert module_device(nn.Linear(2, 2)) == torch.device("cpu")
-    assert module_device(nn.ReLU()) is None and module_device(len) is None
+@pytest.mark.parametrize(
+    ("policy_device", "env_device", "torchrl_env", "input_device"),
+    [
+        (None, None, False, "cpu"),  # a gymnasium env's steps are built on the CPU
+        ("cuda", None, False, "cuda"),  # moved to policy_device
+        (None, "cuda", True, "cuda"),  # a TorchRL env's data stays where the env gives it
+        ("cpu", "cuda", True, "cpu"),
+        (None, "cuda", False, "cpu"),
+    ],
+)
+def test_the_policys_input_is_where_policy_device_or_a_torchrl_env_puts_it(
+    policy_device, env_device, torchrl_env, input_device
+):
+    def dev(name):
+        return None if name is None else torch.device(name)
+
+    where = policy_input_device(dev(policy_device), dev(env_device), torchrl_env)
+    assert where == torch.device(input_device)
+
+
+@pytest.fixture
+def cuda_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process takes CUDA to be usable (worker processes still see the truth)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+def test_cudagraph_policy_with_a_cpu_input_is_refused_before_anything_runs(cuda_here) -> None:
+    """A gymnasium env's input is on the CPU, whatever the policy (with or without weights);
+    a Multi collector refuses a worker's ``policy_device`` off CUDA before any worker starts."""
+    for policy in (bias_policy(), None):
+        with pytest.raises(ArgumentValueError, match="input is on cpu: pass policy_device="):
+            Collector(counter, policy, frames_per_batch=12, cudagraph_policy=True)
+    with pytest.raises(ArgumentValueError, match="input is on cpu: pass policy_device="):
+        MultiSyncCollector(
+            [counter, counter],
+            policy_factory=bias_policy,
+            frames_per_batch=12,
+            cudagraph_policy=True,
+            policy_device="cpu",
+        )
+
+
+@pytest.mark.timeout(60)
+def test_a_multi_collectors_workers_decide_cudagraph_policy_without_policy_device(
+    cuda_here,
+) -> None:
+    """Without ``policy_device`` the Multi collector leaves the check to each worker, which
+    knows its env (here a CPU machine's worker: the policy is called as it is)."""
+    collector = MultiSyncCollector(
+        [counter],
+        policy_factory=bias_policy,
+        frames_per_batch=8,
+        total_frames=16,
+        cudagraph_policy=True,
+    )
+    try:
+        assert sum(batch.numel() for batch in collector) == 16
+    finally:
+        collector.shutdown()
 
 
 def test_collect_hooks_are_called_around_each_batch() -> None:
