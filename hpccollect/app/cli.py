@@ -126,7 +126,7 @@ def _collect(ns: argparse.Namespace, out: _Output) -> int:
     finally:
         if progress is not None:
             progress.close()
-    print("\n".join(summary.lines()))
+    print("\n".join(summary.lines()), flush=True)
     return 0
 
 
@@ -173,7 +173,7 @@ def _collect_distributed(
         if progress is not None:
             progress.close()
     if summary is not None:
-        print("\n".join(summary.lines()))
+        print("\n".join(summary.lines()), flush=True)  # before a launcher kills the rank
     return 0
 
 

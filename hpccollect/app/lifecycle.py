@@ -4,12 +4,13 @@ sum up. Where the collectors run and where the data goes is a ``Part``'s: ``loca
 (this process and its workers) or ``mpi_job.MPIPart`` (rank 0 of an MPI job).
 
 A stop during start-up keeps no dataset; a stop while collecting ends after the current batch
-and keeps every committed episode (``signals.py``); a worker or rank that stops answering is
+(at once where rank 0 takes only reports) and keeps every committed episode (``signals.py``); a worker or rank that stops answering is
 killed and the committed episodes are kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 
 from hpccollect.app.config import RunConfig
 from hpccollect.app.resume import Attempt
-from hpccollect.app.signals import Stopped, StopSignals
+from hpccollect.app.signals import Stopped, StopSignals, WaitCut
 from hpccollect.app.summary import Summary
 from hpccollect.collectors.workers.reports import frames_in
 from hpccollect.errors import CollectorTimeoutError
@@ -37,11 +38,14 @@ class Part(Protocol):
         cfg: the run's options (a resumed run's, once ``start`` has read them).
         attempt: the attempt of a resumed run, else None.
         who: what stops answering when a collector times out ("a worker", "a collector rank").
+        reports: whether the collector yields the ranks' reports, not batches (each rank keeps
+            its own data): a stop then ends the wait for the next one at once.
     """
 
     cfg: RunConfig
     attempt: Attempt | None
     who: str
+    reports: bool
 
     def build(self, stop: StopSignals) -> Any:
         """Check everything, then build the collector (``Job`` seeds it)."""
@@ -101,7 +105,14 @@ class Job:
         self.collect_start = self.last_batch = time.perf_counter()
         if on_progress is not None:
             on_progress(0, 0, None)
-        for batch in self.collector:
+        batches = iter(self.collector)
+        waiting = stop.cutting_waits if self.part.reports else contextlib.nullcontext
+        while True:
+            try:
+                with waiting():
+                    batch = next(batches)
+            except (StopIteration, WaitCut):
+                break
             sink.extend(batch)
             self.frames += frames_in(batch)
             self.last_batch = time.perf_counter()

@@ -30,6 +30,7 @@ class LocalPart:
     """A job whose collectors run in this process and its worker processes."""
 
     who = "a worker"
+    reports = False
 
     def __init__(self, cfg: RunConfig, on_resume: Callable[[Attempt], None] | None) -> None:
         self.cfg = self.run_cfg = cfg

@@ -15,8 +15,10 @@ counts), and rank 0 writes ``--out`` at the end as a merged virtual view over th
 ``run_id`` and trajectory ids are unique across ranks, so the merged view keeps every id.
 
 Signals: the collector ranks ignore SIGTERM and SIGINT (the launcher forwards them to every
-rank); rank 0 stops after its current batch as in a local run, shuts the collector down (each
-rank then closes its shard) and writes the merged view.
+rank); rank 0 stops after its current batch as in a local run (with --shards at once: it holds
+no batch), shuts the collector down (each rank then closes its shard) and writes the merged
+view. Under Open MPI, whose ``mpirun`` kills every rank half a second after SIGTERM, the shards
+and the merged view are written within that time.
 """
 
 from __future__ import annotations
@@ -112,6 +114,11 @@ class MPICollect:
         self.gathered: list[list[int]] | None = None
         self.announce: Callable[[MPICollect], None] | None = None
         self.run_id = uuid.uuid4().hex
+
+    @property
+    def reports(self) -> bool:
+        """With --shards rank 0 takes only the ranks' reports (see ``lifecycle.Part``)."""
+        return bool(self.cfg.shards)
 
     @property
     def ranks(self) -> int:

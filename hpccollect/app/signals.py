@@ -5,7 +5,8 @@
   ``Stopped`` is raised, the workers are stopped at once and no dataset is written;
 * while collecting, SIGTERM, SIGUSR1 (what to send Open MPI's ``mpirun``, see ``_signals.py``)
   and a first SIGINT stop the run after the current batch; a second SIGINT interrupts at once
-  (committed data is still kept).
+  (committed data is still kept). A job whose rank 0 takes reports, not batches, has no batch
+  of its own to finish: the signal also ends its wait for the next report (``cutting_waits``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,17 @@ from collections.abc import Iterator
 from typing import Any
 
 from hpccollect._signals import STOP_SIGNALS
+from hpccollect.transport import wait_cut
 
-__all__ = ["StopSignals", "Stopped"]
+__all__ = ["StopSignals", "Stopped", "WaitCut"]
 
 
 class Stopped(BaseException):
     """A stop signal during start-up (a BaseException, so ``except Exception`` lets it pass)."""
+
+
+class WaitCut(BaseException):
+    """A stop signal ended the wait for the collector's next report (``cutting_waits``)."""
 
 
 class StopSignals:
@@ -38,7 +44,10 @@ class StopSignals:
     def _handle(self, signum: int, frame: Any) -> None:
         first = self.signal is None
         self.signal = self.signal or signal.Signals(signum).name
-        if self._raised or self._deferred or (first and self.collecting):
+        if first and self.collecting:
+            wait_cut.cut()  # raises WaitCut in a wait that ``cutting_waits`` armed
+            return
+        if self._raised or self._deferred:
             return
         if not self.collecting:
             self._raised = True
@@ -58,6 +67,16 @@ class StopSignals:
         if self.signal is not None and not self.collecting and not self._raised:
             self._raised = True
             raise Stopped
+
+    @contextlib.contextmanager
+    def cutting_waits(self) -> Iterator[None]:
+        """A wait for the collector's next report, which a stop signal ends at once by raising
+        ``WaitCut`` where the wait has taken nothing (``transport/wait_cut.py``); a signal that
+        came before raises it at once."""
+        with wait_cut.cut_by(WaitCut):
+            if self.signal is not None:
+                raise WaitCut
+            yield
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
