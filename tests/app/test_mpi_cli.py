@@ -298,22 +298,28 @@ if mpirun.FLAVOUR == "openmpi":
     @pytest.mark.anympi
     @pytest.mark.timed  # the stop must fit in Open MPI's half second: no test beside it
     @pytest.mark.timeout(240)
-    def test_sigterm_to_open_mpis_mpirun_still_finishes_every_file(tmp_path, capsys):
+    @pytest.mark.parametrize("shards", [False, True], ids=["rank-0-writes", "shards"])
+    def test_sigterm_to_open_mpis_mpirun_still_finishes_every_file(tmp_path, capsys, shards):
         """Open MPI's mpirun passes SIGTERM on a quarter of a second late, kills every rank a
         quarter of a second after that and exits 1, whatever the ranks do (SIGUSR1 stops a job
         cleanly, above). Rank 0 of a --shards job holds no batch: it stops at once, and every
-        shard and the merged view are finished before the kill."""
+        shard and the merged view are finished before the kill; one that writes the file
+        stops after the batch under way, which CartPole's ranks send within milliseconds."""
         args = ["--env", "CartPole-v1", "--collector", "single", "--frames-per-batch", "100"]
-        args += ["--total-frames", "100000000", "--out", "run.h5", "--shards"]
-        job = Job(tmp_path, *args)
+        args += ["--total-frames", "100000000", "--out", "run.h5"]
+        job = Job(tmp_path, *args, *(["--shards"] if shards else []))
         collecting = re.compile(r"\] [1-9]\d*/100000000 frames")
         assert job.watch(150, lambda: bool(collecting.search(job.stderr()))), job.stderr()
         job.proc.send_signal(signal.SIGTERM)
         code, *_ = job.wait(30)
         assert code == 1
         job.assert_nothing_left()
-        shards = tmp_path / "run.shards"
-        assert sorted(p.name for p in shards.iterdir()) == ["rank-0001.h5", "rank-0002.h5"]
+        assert sorted(p.name for p in tmp_path.glob("run.*")) == (
+            ["run.h5", "run.shards"] if shards else ["run.h5"]
+        )
+        if shards:
+            names = sorted(p.name for p in (tmp_path / "run.shards").iterdir())
+            assert names == ["rank-0001.h5", "rank-0002.h5"]
         frames, order = episodes(tmp_path / "run.h5")
         assert frames > 0 and len(order)
         inspect_ok(tmp_path / "run.h5", capsys)
