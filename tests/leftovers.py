@@ -1,6 +1,7 @@
 """What the run's processes write to the temporary folder goes into one folder of the run's own,
-removed when the run ends: nothing a run makes stays behind in ``/tmp``, and no run touches what
-another run (or anything else on the machine) keeps there.
+removed when the run ends: nothing a run makes stays behind in ``/tmp`` but pytest's own
+``tmp_path`` folders, and no run touches what another run (or anything else on the machine)
+keeps there.
 
 Many tests kill a job on purpose (a lost launcher, a lost node, a stopped rank 0, a hung job's
 cleanup), and a killed process cleans nothing up. What they would leave:
@@ -9,10 +10,11 @@ cleanup), and a killed process cleans nothing up. What they would leave:
   ``multiprocessing`` make ``pymp-XXXXXXXX/listener-XXXXXXXX`` in the temporary folder,
   removed only by the script's own exit. The run's first process points ``TMPDIR`` at
   ``hpcc-XXXXXXXX`` in the machine's temporary folder, so every process the run starts (xdist's
-  workers, ranks, jobs, pytest's ``tmp_path``) makes its folders there, and removes that folder
-  at the end of the run. Looking through ``/tmp`` for such folders instead is unsafe: a live
-  process keeps its ``pymp-`` folder after its fork server ended, and runs side by side
-  (``tests/all.sh``) would remove each other's.
+  workers, ranks, jobs) makes its folders there, and removes that folder at the end of the run.
+  pytest's ``tmp_path`` stays in ``/tmp/pytest-of-USER`` (``PYTEST_DEBUG_TEMPROOT``), which
+  pytest keeps for the last three runs. Looking through ``/tmp`` for such folders instead is
+  unsafe: a live process keeps its ``pymp-`` folder after its fork server ended, and runs side
+  by side (``tests/all.sh``) would remove each other's.
 * MPICH's and Intel MPI's launcher (hydra's proxy) writes the machine's topology to
   ``/tmp/hydra_hwloc_xmlfile_XXXXXX`` (whatever ``TMPDIR`` says) when its ranks' ``MPI_Init``
   asks for it, and deletes it when it exits. A hydra that finds ``HWLOC_XMLFILE`` set writes
@@ -47,7 +49,7 @@ if MPI.COMM_WORLD.rank == 0:
 """
 
 #: what the run changes in its environment, restored at its end
-_SET = ("TMPDIR", "HWLOC_XMLFILE", "HWLOC_THISSYSTEM")
+_SET = ("TMPDIR", "PYTEST_DEBUG_TEMPROOT", "HWLOC_XMLFILE", "HWLOC_THISSYSTEM")
 _RUN = pytest.StashKey[tuple[Path, dict[str, str | None]]]()
 
 
@@ -56,6 +58,9 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # an xdist worker: it inherits the environment of the run's first process
     folder = Path(tempfile.mkdtemp(prefix="hpcc-"))
     config.stash[_RUN] = (folder, {name: os.environ.get(name) for name in _SET})
+    # pytest's own tmp_path stays where it was: kept after the run for a failed test's files,
+    # and short (the SLURM tests' sockets live there, within AF_UNIX's 108 bytes)
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
     os.environ["TMPDIR"] = str(folder)
     tempfile.tempdir = None  # tempfile caches the folder it found first
     if not os.environ.get("HWLOC_XMLFILE"):  # else set by the user

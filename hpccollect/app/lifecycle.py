@@ -124,11 +124,16 @@ class Job:
                 break
 
     def _close(self, discard: bool = False) -> None:
-        """Stop the collector and close the sink; ``discard`` removes a dataset that has
-        received no batch (a stop during start-up). A resumed run's attempt is published once."""
+        """Close the sink, then stop the collector (the file is finished first: a launcher may
+        kill the job soon after its stop signal, see ``mpi_job.py``); ``discard`` removes a
+        dataset that has received no batch (a stop during start-up). A resumed run's attempt is
+        published once."""
+        self._close_sink(discard)
         if self.collector is not None:
             collector, self.collector = self.collector, None
             self.part.shut_down(collector, discard)
+
+    def _close_sink(self, discard: bool) -> None:
         if self.sink is None or self.sink.path is None:
             return
         path = self.sink.close()

@@ -191,10 +191,7 @@ class MPICollect:
         first batch keeps no shard."""
         collector.shutdown()
         if discard and self.cfg.shards:
-            for path in self._await_shards():
-                path.unlink(missing_ok=True)
-            if not any(self.cfg.shards_dir.iterdir()):
-                self.cfg.shards_dir.rmdir()
+            self._drop_shards(self._await_shards())
 
     def where(self) -> Path:
         return self.cfg.shards_dir if self.cfg.shards else self.cfg.output
@@ -202,9 +199,9 @@ class MPICollect:
     def kept(self, sink: Sink, frames: int) -> tuple[int, int, list[float], Path] | None:
         if sink.path is not None:
             return sink.committed_episodes, sink.committed_steps, list(sink.returns), sink.path
-        if not frames:
-            return None
-        return (*self._merge(), self.cfg.output)
+        # the shards say: a stop cuts rank 0's wait, maybe before any report came
+        merged = self._merge()
+        return None if merged is None else (*merged, self.cfg.output)
 
     def _launcher(self) -> Any:
         if self.size == 1 and launched_ranks() > 1:
@@ -337,15 +334,26 @@ class MPICollect:
                 )
             time.sleep(_POLL)
 
-    def _merge(self) -> tuple[int, int, list[float]]:
+    def _drop_shards(self, paths: list[Path]) -> None:
+        """Remove this attempt's shards (and the folder, once empty)."""
+        for path in paths:
+            path.unlink(missing_ok=True)
+        if not any(self.cfg.shards_dir.iterdir()):
+            self.cfg.shards_dir.rmdir()
+
+    def _merge(self) -> tuple[int, int, list[float]] | None:
         """Write ``--out`` as the merged view over the ranks' shards; its episodes, steps and
-        returns."""
+        returns. None, and the shards removed, when no rank wrote a batch."""
         fmt = dataset_format(self.cfg.output)
         shards = []
-        for path in self._await_shards():
+        paths = self._await_shards()
+        for path in paths:
             with fmt.open(path) as ds:
                 if ds.keymap:  # a rank stopped before its first batch has no columns
                     shards.append(path)
+        if not shards:
+            self._drop_shards(paths)
+            return None
         if self.attempt is not None:
             self.attempt.publish(shards)
         else:

@@ -250,7 +250,7 @@ class SyncDataCollector(
                 self._wrapped.module,
                 opts.compile_policy,
                 opts.cudagraph_policy,
-                self.devices.policy,
+                where if where.type == "cuda" else self.devices.policy,
             )
             self._wrapped = WrappedPolicy(fast, self._wrapped.weights_module, None)
         loop = TensorDictLoop if torchrl_env else StepLoop

@@ -1,5 +1,6 @@
 """Waits that a stop signal ends at once: the main thread's wait for its peers (in
-``doorbell.ready``), cut short where it has taken nothing, so nothing a peer sent is lost.
+``doorbell.ready``), cut short where the wait itself has taken nothing. What was taken before it
+(a message in an inbox) stays where it is; a caller that held one puts it back (``WorkerPool``).
 
 A job whose rank 0 takes only the ranks' reports (``collect --shards``) has nothing to finish
 on rank 0 when SIGTERM comes: waiting for the next report (every ``--report-interval`` s) only
@@ -39,8 +40,8 @@ def cut_by(error: Callable[[], BaseException]) -> Iterator[None]:
         error: makes the exception the cut wait raises (a ``BaseException`` that no
             ``except Exception`` on the way takes for the peers' failure).
     """
-    _STATE.error, _STATE.pending = error, False
     try:
+        _STATE.error, _STATE.pending = error, False
         yield
     finally:
         _STATE.error, _STATE.pending = None, False

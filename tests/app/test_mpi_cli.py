@@ -293,10 +293,34 @@ def test_a_stop_sent_to_the_launcher_keeps_the_committed_episodes(
         assert not list((tmp_path / "run.shards").glob("*.partial"))
 
 
+@pytest.mark.timeout(180)
+def test_a_stop_before_the_first_report_ends_the_shards_job_at_once_with_its_data(tmp_path, capsys):
+    """With --shards rank 0 holds no batch: SIGTERM ends its wait for the next report at once
+    (here 60 s away, the first), and the merged view over what the ranks wrote is still made."""
+    args = ["--env", "CartPole-v1", "--collector", "single", "--frames-per-batch", "100"]
+    args += ["--total-frames", "100000000", "--out", "run.h5", "--shards"]
+    job = Job(tmp_path, *args, "--report-interval", "60")
+    shards = tmp_path / "run.shards"
+    opened = job.watch(150, lambda: len(list(shards.glob("*.partial"))) == 2)
+    assert opened and job.proc.poll() is None, job.stderr()
+    time.sleep(3)  # the ranks commit their first episodes
+    job.proc.send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
+    code, out, err, _ = job.wait(90)
+    assert code == 0, err
+    assert time.monotonic() - stopped < 40, "rank 0 waited for the report"
+    assert "stopped early by SIGTERM" in out
+    frames, order = episodes(tmp_path / "run.h5")
+    assert frames >= 100 and len(order)
+    assert sorted(p.name for p in shards.iterdir()) == ["rank-0001.h5", "rank-0002.h5"]
+    inspect_ok(tmp_path / "run.h5", capsys)
+    job.assert_nothing_left()
+
+
 if mpirun.FLAVOUR == "openmpi":
 
     @pytest.mark.anympi
-    @pytest.mark.timed  # the stop must fit in Open MPI's half second: no test beside it
+    @pytest.mark.alone  # the stop must fit in Open MPI's half second: no test beside it
     @pytest.mark.timeout(240)
     @pytest.mark.parametrize("shards", [False, True], ids=["rank-0-writes", "shards"])
     def test_sigterm_to_open_mpis_mpirun_still_finishes_every_file(tmp_path, capsys, shards):

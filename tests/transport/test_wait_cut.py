@@ -40,8 +40,8 @@ def signal_in(seconds: float) -> threading.Timer:
 @pytest.mark.timeout(60)
 def test_a_signal_ends_the_armed_wait_under_way(bell) -> None:
     start = time.monotonic()
-    timer = signal_in(0.2)
     with pytest.raises(Cut), wait_cut.cut_by(Cut):
+        timer = signal_in(0.2)  # armed first: a slow start cannot make the signal come early
         ready([bell], 30)
     timer.join()
     assert time.monotonic() - start < 20  # the wait would have lasted 30 s

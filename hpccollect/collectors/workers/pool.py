@@ -137,7 +137,7 @@ class WorkerPool:
                 index = watched[id(channel)]
                 try:
                     got = self._receive(index)
-                except WorkerError:
+                except BaseException:  # a WorkerError, or a stop that cut the wait
                     if found is not None:
                         self._inbox[found[0]].appendleft((expected, found[1]))
                     raise

@@ -24,6 +24,9 @@ from hpccollect.collectors.torchrl_api.policy_options import (
 )
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
+#: whether this machine really has CUDA (``cuda_here`` makes the main process say so)
+CUDA = torch.cuda.is_available()
+
 
 def bias_policy() -> TensorDictModule:
     """Takes action 0 until weights with a larger second bias arrive."""
@@ -146,6 +149,8 @@ def test_compile_policy_gives_the_same_batches() -> None:
     assert torch.equal(run(), run(cudagraph_policy=True, policy_device="cuda").cpu())
     with pytest.raises(ArgumentValueError, match="policy_device='cuda'"):  # a CPU input
         Collector(counter, bias_policy(), frames_per_batch=12, cudagraph_policy=True)
+    with pytest.raises(ArgumentValueError, match="policy_device='cuda'"):  # in the worker
+        MultiSyncCollector([counter], bias_policy(), frames_per_batch=12, cudagraph_policy=True)
 
 
 @pytest.mark.parametrize(
@@ -213,7 +218,14 @@ def test_a_multi_collectors_workers_decide_cudagraph_policy_without_policy_devic
     cuda_here,
 ) -> None:
     """Without ``policy_device`` the Multi collector leaves the check to each worker, which
-    knows its env (here a CPU machine's worker: the policy is called as it is)."""
+    knows its env: on a CPU machine the worker calls the policy as it is; on a CUDA machine it
+    refuses the gymnasium env's CPU input (the main process only thought it had CUDA here)."""
+    if CUDA:
+        with pytest.raises(ArgumentValueError, match="input is on cpu"):
+            MultiSyncCollector(
+                [counter], policy_factory=bias_policy, frames_per_batch=8, cudagraph_policy=True
+            )
+        return
     collector = MultiSyncCollector(
         [counter],
         policy_factory=bias_policy,
