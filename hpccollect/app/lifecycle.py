@@ -4,8 +4,8 @@ sum up. Where the collectors run and where the data goes is a ``Part``'s: ``loca
 (this process and its workers) or ``mpi_job.MPIPart`` (rank 0 of an MPI job).
 
 A stop during start-up keeps no dataset; a stop while collecting ends after the current batch
-(at once where rank 0 takes only reports) and keeps every committed episode (``signals.py``); a worker or rank that stops answering is
-killed and the committed episodes are kept.
+(at once where rank 0 takes only reports) and keeps every committed episode (``signals.py``);
+a worker or rank that stops answering is killed and the committed episodes are kept.
 """
 
 from __future__ import annotations

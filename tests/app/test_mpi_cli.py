@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import mpirun
@@ -35,7 +35,10 @@ SMALL = ["--env", "CartPole-v1", "--frames-per-batch", str(BATCH), "--total-fram
 
 class Job:
     """``mpiexec -n 3 python -m hpccollect collect ...`` in ``cwd``, watched: every process it
-    starts is remembered, so the test can check that none is left."""
+    starts is remembered, so the test can check that none is left. A job its test did not wait
+    for (an assertion failed first) is killed when the test ends (``_no_job_left``)."""
+
+    started: list[Job] = []
 
     def __init__(self, cwd: Path, *args: str, ranks: int = 3, launcher: str = "mpiexec") -> None:
         self.log = cwd / "job.log"
@@ -49,6 +52,7 @@ class Job:
             cmd, cwd=cwd, env=ENV, stdout=self.out, stderr=self.err, start_new_session=True
         )
         self.seen: set[int] = set()
+        Job.started.append(self)
 
     def watch(self, timeout: float, until: Callable[[], bool] = lambda: False) -> bool:
         """Follow the job until ``until()`` or its end; False if neither came in time."""
@@ -67,16 +71,21 @@ class Job:
                 pytest.fail(f"the job did not end within {timeout} s:\n{self.stderr()}")
             self.proc.wait(5)
         finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                for pid in self.seen:
-                    if alive(pid):
-                        os.kill(pid, signal.SIGKILL)
-                self.proc.wait()
-            self.out.close()
-            self.err.close()
+            self.kill()
         seconds = time.monotonic() - self.start
         return self.proc.returncode, (self.cwd / "job.stdout").read_text(), self.stderr(), seconds
+
+    def kill(self) -> None:
+        """End the job if it still runs (its launcher's group, and every process seen)."""
+        if self.proc.poll() is None:
+            self.seen |= set(descendants(self.proc.pid))
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            for pid in self.seen:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            self.proc.wait()
+        self.out.close()
+        self.err.close()
 
     def stderr(self) -> str:
         return self.log.read_text()
@@ -87,6 +96,14 @@ class Job:
         while any(alive(p) for p in self.seen) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [p for p in self.seen if alive(p)], "processes of the job are still running"
+
+
+@pytest.fixture(autouse=True)
+def _no_job_left() -> Iterator[None]:
+    """Kill the jobs a test started and did not wait for (see ``Job``)."""
+    yield
+    while Job.started:
+        Job.started.pop().kill()
 
 
 def inspect_ok(path: Path, capsys) -> str:
