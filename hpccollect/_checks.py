@@ -32,6 +32,15 @@ def check_float(name: str, value: Any, *, minimum: float | None = None) -> float
     return value
 
 
+def check_seconds(name: str, value: Any) -> float:
+    """Return ``value`` as a float, or raise naming ``name`` if it is not a number of seconds
+    > 0 (a timeout)."""
+    seconds = check_float(name, value)
+    if not seconds > 0:
+        raise ArgumentValueError(f"{name} must be > 0 seconds, got {value}.")
+    return seconds
+
+
 def check_bool(name: str, value: Any) -> bool:
     """Return ``value`` if it is a bool, or raise naming ``name``."""
     if not isinstance(value, bool):

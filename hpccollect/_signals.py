@@ -9,11 +9,31 @@ half a second after a SIGTERM, and passes SIGUSR1 on as it is.
 
 from __future__ import annotations
 
+import os
 import signal
+from collections.abc import Mapping
 
-__all__ = ["STOP_SIGNALS", "ignore_stop_signals"]
+__all__ = ["STOP_SIGNALS", "ignore_stop_signals", "killed_soon_after"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+def killed_soon_after(signum: int, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the launcher that started this process kills it too soon after sending it
+    ``signum`` for a batch under way to be waited for.
+
+    Open MPI 5's ``mpirun`` (PRRTE's ``prterun``, whose daemons set ``PRTE_LAUNCHED`` in every
+    rank they start, on this node or another) passes a SIGTERM on a quarter of a second late and
+    kills every rank a quarter of a second after that (measured; no setting lengthens it).
+    MPICH's and Intel MPI's ``mpiexec``, an ``srun`` step (SLURM's ``KillWait``, 30 s by default)
+    and a shell leave time for it.
+
+    Args:
+        signum: the stop signal this process received.
+        environ: the process's environment (``os.environ`` when None).
+    """
+    environ = os.environ if environ is None else environ
+    return signum == signal.SIGTERM and "PRTE_LAUNCHED" in environ
 
 
 def ignore_stop_signals() -> None:

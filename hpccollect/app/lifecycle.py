@@ -4,13 +4,13 @@ sum up. Where the collectors run and where the data goes is a ``Part``'s: ``loca
 (this process and its workers) or ``mpi_job.MPIPart`` (rank 0 of an MPI job).
 
 A stop during start-up keeps no dataset; a stop while collecting ends after the current batch
-(at once where rank 0 takes only reports) and keeps every committed episode (``signals.py``);
+(at once where rank 0 takes only reports, or where the launcher kills the ranks soon after its
+signal) and keeps every committed episode (``signals.py``);
 a worker or rank that stops answering is killed and the committed episodes are kept.
 """
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -78,7 +78,7 @@ class Job:
 
     def run(self, on_progress: Progress | None = None) -> Summary:
         """Collect until done or stopped; see the module docstring."""
-        stop = StopSignals()
+        stop = StopSignals(cut_always=self.part.reports)
         with stop.installed():
             try:
                 self.collector = self.part.build(stop)
@@ -106,10 +106,9 @@ class Job:
         if on_progress is not None:
             on_progress(0, 0, None)
         batches = iter(self.collector)
-        waiting = stop.cutting_waits if self.part.reports else contextlib.nullcontext
         while True:
             try:
-                with waiting():
+                with stop.cutting_waits():
                     batch = next(batches)
             except (StopIteration, WaitCut):
                 break

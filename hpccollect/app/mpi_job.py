@@ -17,8 +17,9 @@ counts), and rank 0 writes ``--out`` at the end as a merged virtual view over th
 Signals: the collector ranks ignore SIGTERM and SIGINT (the launcher forwards them to every
 rank); rank 0 stops after its current batch as in a local run (with --shards at once: it holds
 no batch), shuts the collector down (each rank then closes its shard) and writes the merged
-view. Under Open MPI, whose ``mpirun`` kills every rank half a second after SIGTERM, the shards
-and the merged view are written within that time.
+view. Under Open MPI, whose ``mpirun`` kills every rank a quarter of a second after it passes
+SIGTERM on, rank 0 does not wait for the batches under way either: it closes the file with what
+was committed, or has the ranks close their shards, within that time.
 """
 
 from __future__ import annotations

@@ -5,8 +5,11 @@
   ``Stopped`` is raised, the workers are stopped at once and no dataset is written;
 * while collecting, SIGTERM, SIGUSR1 (what to send Open MPI's ``mpirun``, see ``_signals.py``)
   and a first SIGINT stop the run after the current batch; a second SIGINT interrupts at once
-  (committed data is still kept). A job whose rank 0 takes reports, not batches, has no batch
-  of its own to finish: the signal also ends its wait for the next report (``cutting_waits``).
+  (committed data is still kept). Where the stop cannot wait for a batch, the signal also ends
+  the wait for the next one (``cutting_waits``): a job whose rank 0 takes reports, not batches,
+  has no batch of its own to finish, and Open MPI's ``mpirun`` kills the ranks a quarter of a
+  second after it passes SIGTERM on (``killed_soon_after``), so the file is closed at once with
+  what was committed (the batches under way are not written).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from hpccollect._signals import STOP_SIGNALS
+from hpccollect._signals import STOP_SIGNALS, killed_soon_after
 from hpccollect.transport import wait_cut
 
 __all__ = ["StopSignals", "Stopped", "WaitCut"]
@@ -34,18 +37,26 @@ class WaitCut(BaseException):
 class StopSignals:
     """SIGTERM/SIGINT: raise ``Stopped`` during start-up, set ``signal`` while collecting; a
     second SIGINT while collecting raises ``KeyboardInterrupt``. Each raises at most once, so
-    the shutdown that follows is not interrupted."""
+    the shutdown that follows is not interrupted.
 
-    def __init__(self) -> None:
+    Args:
+        cut_always: whether every stop signal ends the wait for the next batch at once (rank 0
+            takes only reports); otherwise only one the launcher kills soon after does.
+    """
+
+    def __init__(self, cut_always: bool = False) -> None:
         self.signal: str | None = None
         self.collecting = False
-        self._raised = self._deferred = False
+        self.cut_always = cut_always
+        self._cut = self._raised = self._deferred = False
 
     def _handle(self, signum: int, frame: Any) -> None:
         first = self.signal is None
         self.signal = self.signal or signal.Signals(signum).name
         if first and self.collecting:
-            wait_cut.cut()  # raises WaitCut in a wait that ``cutting_waits`` armed
+            self._cut = self.cut_always or killed_soon_after(signum)
+            if self._cut:
+                wait_cut.cut()  # raises WaitCut in a wait that ``cutting_waits`` armed
             return
         if self._raised or self._deferred:
             return
@@ -70,11 +81,11 @@ class StopSignals:
 
     @contextlib.contextmanager
     def cutting_waits(self) -> Iterator[None]:
-        """A wait for the collector's next report, which a stop signal ends at once by raising
-        ``WaitCut`` where the wait has taken nothing (``transport/wait_cut.py``); a signal that
-        came before raises it at once."""
+        """A wait for the collector's next batch or report, which a stop signal that cannot
+        wait for it (see the module) ends at once by raising ``WaitCut`` where the wait has taken
+        nothing (``transport/wait_cut.py``); such a signal that came before raises it at once."""
         with wait_cut.cut_by(WaitCut):
-            if self.signal is not None:
+            if self._cut:
                 raise WaitCut
             yield
 

@@ -15,7 +15,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 from torch import nn
 
-from hpccollect._checks import check_callable, check_int
+from hpccollect._checks import check_callable, check_int, check_seconds
 from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
 from hpccollect.collectors.filling import WorkerFilling, inherited_buffer
 from hpccollect.collectors.torchrl_api.options import (
@@ -47,7 +47,6 @@ from hpccollect.collectors.workers.setup import (
 from hpccollect.collectors.workers.state import WorkerState
 from hpccollect.collectors.workers.weights import WorkerWeights
 from hpccollect.collectors.workers.worker import WorkerSpec, worker_main
-from hpccollect.errors import ArgumentValueError
 from hpccollect.protocol import Command, RemoteError, Reply
 from hpccollect.transport.base import Channel
 
@@ -210,13 +209,8 @@ class MultiCollectorBase(
         env_kwargs = [
             per_worker("create_env_kwargs", a["create_env_kwargs"], i, n) for i in range(n)
         ]
-        for key in ("worker_timeout", "start_timeout"):
-            if not float(a[key]) > 0:
-                raise ArgumentValueError(f"{key} must be > 0 seconds, got {a[key]}.")
-        self.worker_timeout, self.start_timeout = (
-            float(a["worker_timeout"]),
-            float(a["start_timeout"]),
-        )
+        self.worker_timeout = check_seconds("worker_timeout", a["worker_timeout"])
+        self.start_timeout = check_seconds("start_timeout", a["start_timeout"])
         self.frames_per_batch = opts.frames_per_batch
         self.total_frames = opts.total_frames
         self.replay_buffer = a["replay_buffer"]

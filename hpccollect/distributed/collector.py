@@ -22,7 +22,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 from torch import nn
 
-from hpccollect._checks import check_bool, check_float, check_int
+from hpccollect._checks import check_bool, check_float, check_int, check_seconds
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
@@ -162,34 +162,15 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
         arguments = locals()
         self._closed = True
         self._groups: RankGroups | None = None
+        # every argument that needs no launcher is checked first: under mpiexec every rank
+        # then refuses it alike, before any rank starts serving rank 0 (``launcher.enter``)
         self.collector_class = check_collector_class(collector_class)
         self.sync = check_bool("sync", sync)
         self.gathering = SyncGathering if self.sync else AsyncGathering
-        inner_processes = issubclass(self.collector_class, MultiCollectorBase)
-        # launchers import this layer (their rank entry points); loaded here, either can come first
-        from hpccollect.launchers import get_launcher
-
-        self.launcher = get_launcher(
-            launcher, starts_processes=inner_processes, slurm_kwargs=slurm_kwargs
-        )
-        self.launcher.enter(float(start_timeout))  # under mpiexec: ranks 1..N serve, then end
-        gathered = getattr(self.launcher, "gathered", None)  # MPILauncher(gather=...)
-        ranks = self.launcher.num_ranks if gathered is None else sum(map(len, gathered))
-        fns = _rank_envs(create_env_fn, ranks)
         self.num_workers_per_collector = check_int(
             "num_workers_per_collector", num_workers_per_collector, minimum=1
         )
-        self._collector_kwargs = check_collector_kwargs(
-            collector_kwargs, len(fns), self.collector_class
-        )
-        if gathered is not None:
-            fns = self._gather_from(gathered, fns, arguments)
         self.backend = check_backend(backend)
-        if self.backend == "mpi" and not self.launcher.mpi_world:
-            raise ArgumentValueError(
-                "backend='mpi' moves data between the ranks of one MPI job: start the script "
-                "with mpiexec -n N and pass launcher='mpi', or use backend='gloo'."
-            )
         self.update_after_each_batch, self.max_weight_update_interval, self.update_interval = (
             weight_schedule(update_after_each_batch, max_weight_update_interval, update_interval)
         )
@@ -201,10 +182,33 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
         self.on_worker_failure = on_worker_failure
         self.liveness_timeout = check_liveness_timeout(liveness_timeout)
         self.tcp_port = check_port(tcp_port)
-        self.slurm_kwargs = check_slurm_kwargs(slurm_kwargs, self.launcher)
         self.rank_sink = check_rank_sink(rank_sink)
-        self._reports = check_rank_reports(rank_reports, arguments)
         self.report_interval = check_float("report_interval", report_interval, minimum=0.0)
+        start_timeout = check_seconds("start_timeout", start_timeout)
+        # launchers import this layer (their rank entry points); loaded here, either can come first
+        from hpccollect.launchers import get_launcher
+
+        inner_processes = issubclass(self.collector_class, MultiCollectorBase)
+        self.launcher = get_launcher(
+            launcher, starts_processes=inner_processes, slurm_kwargs=slurm_kwargs
+        )
+        self.slurm_kwargs = check_slurm_kwargs(slurm_kwargs, self.launcher)
+        if self.backend == "mpi" and not self.launcher.mpi_world:
+            raise ArgumentValueError(
+                "backend='mpi' moves data between the ranks of one MPI job: start the script "
+                "with mpiexec -n N and pass launcher='mpi', or use backend='gloo'."
+            )
+        self.launcher.enter(start_timeout)  # under mpiexec: ranks 1..N serve, then end
+        # rank 0's alone: a script may make the rank_sink on rank 0 only (``collect --shards``)
+        self._reports = check_rank_reports(rank_reports, arguments)
+        gathered = getattr(self.launcher, "gathered", None)  # MPILauncher(gather=...)
+        ranks = self.launcher.num_ranks if gathered is None else sum(map(len, gathered))
+        fns = _rank_envs(create_env_fn, ranks)
+        self._collector_kwargs = check_collector_kwargs(
+            collector_kwargs, len(fns), self.collector_class
+        )
+        if gathered is not None:
+            fns = self._gather_from(gathered, fns, arguments)
         self._transport_device = "cpu"
         self._lock = threading.RLock()  # the background thread of start() and the caller
         n = len(fns)

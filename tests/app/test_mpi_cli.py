@@ -334,26 +334,43 @@ def test_a_stop_before_the_first_report_ends_the_shards_job_at_once_with_its_dat
     job.assert_nothing_left()
 
 
+#: a CartPole whose steps take 20 ms: a rank takes a second or more for its part of a batch
+SLOW_ENV = (
+    "import time\n"
+    "import gymnasium as gym\n"
+    "from gymnasium.envs.classic_control.cartpole import CartPoleEnv\n"
+    "class Slow(CartPoleEnv):\n"
+    "    def step(self, action):\n"
+    "        time.sleep(0.02)\n"
+    "        return super().step(action)\n"
+    "gym.register('Slow-v0', entry_point=Slow, max_episode_steps=500)\n"
+)
+
 if mpirun.FLAVOUR == "openmpi":
 
     @pytest.mark.anympi
     @pytest.mark.alone  # the stop must fit in Open MPI's half second: no test beside it
     @pytest.mark.timeout(240)
-    @pytest.mark.parametrize("shards", [False, True], ids=["rank-0-writes", "shards"])
-    def test_sigterm_to_open_mpis_mpirun_still_finishes_every_file(tmp_path, capsys, shards):
+    @pytest.mark.parametrize(
+        ("shards", "env"),
+        [(False, "CartPole-v1"), (False, "slowenv:Slow-v0"), (True, "CartPole-v1")],
+        ids=["rank-0-writes", "rank-0-writes-batches-of-a-second", "shards"],
+    )
+    def test_sigterm_to_open_mpis_mpirun_still_finishes_every_file(tmp_path, capsys, shards, env):
         """Open MPI's mpirun passes SIGTERM on a quarter of a second late, kills every rank a
         quarter of a second after that and exits 1, whatever the ranks do (SIGUSR1 stops a job
-        cleanly, above). Rank 0 of a --shards job holds no batch: it stops at once, and every
-        shard and the merged view are finished before the kill; one that writes the file
-        stops after the batch under way, which CartPole's ranks send within milliseconds."""
-        args = ["--env", "CartPole-v1", "--collector", "single", "--frames-per-batch", "100"]
+        cleanly, above). Rank 0 waits for no batch under way, however long the ranks take
+        (batches of a second here): it finishes the file with what was committed, or has every
+        shard and the merged view finished, before the kill."""
+        (tmp_path / "slowenv.py").write_text(SLOW_ENV)  # each rank imports it from its cwd
+        args = ["--env", env, "--collector", "single", "--frames-per-batch", "100"]
         args += ["--total-frames", "100000000", "--out", "run.h5"]
         job = Job(tmp_path, *args, *(["--shards"] if shards else []))
         collecting = re.compile(r"\] [1-9]\d*/100000000 frames")
         assert job.watch(150, lambda: bool(collecting.search(job.stderr()))), job.stderr()
         job.proc.send_signal(signal.SIGTERM)
         code, *_ = job.wait(30)
-        assert code == 1
+        assert code == 1, job.stderr()[-3000:]
         job.assert_nothing_left()
         assert sorted(p.name for p in tmp_path.glob("run.*")) == (
             ["run.h5", "run.shards"] if shards else ["run.h5"]

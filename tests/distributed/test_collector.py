@@ -502,14 +502,14 @@ def test_bad_arguments_are_refused_before_any_rank_starts():
 
 def test_slurm_kwargs_for_a_launcher_without_slurm_warn_at_the_callers_line():
     warned = pytest.warns(UserWarning, match="slurm_kwargs are for the submitit")
-    refused = pytest.raises(ArgumentTypeError, match="rank_sink")  # ends it before any start
+    refused = pytest.raises(ArgumentValueError, match="backend='mpi'")  # before any start
     with warned as caught, refused:
         DistributedDataCollector(
             envs(3),
             None,
             frames_per_batch=40,
             slurm_kwargs={"mem_gb": 1},
-            rank_sink=3,
+            backend="mpi",
             launcher="mp",
         )
     assert caught[0].filename == __file__

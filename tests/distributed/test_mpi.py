@@ -241,3 +241,34 @@ def test_over_gloo_rank_0_runs_one_thread_a_rank_its_receive(tmp_path):
     assert added == ["hpccollect-rank3-recv", "hpccollect-rank4-recv"], more["threads"]
     assert len(more["threads"]) - len(few["threads"]) == 2, more["threads"]
     assert not [t for t in more["threads"] if "beat" in t], more["threads"]
+
+
+#: a script every rank of which builds the collector with an argument mistake
+MISTAKE = """
+import sys
+import gymnasium as gym
+from hpccollect.distributed import DistributedDataCollector
+
+try:
+    DistributedDataCollector(
+        [lambda: gym.make("CartPole-v1")], frames_per_batch=8, launcher="mpi",
+        on_worker_failure="later",
+    )
+except Exception as err:
+    print(f"REFUSED {type(err).__name__}: {err}", flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_argument_mistake_is_refused_by_every_rank_before_any_serves(tmp_path):
+    """Arguments that need no launcher are checked before the ranks start serving rank 0: every
+    rank refuses them alike, at once (a mistake found after would leave the collector ranks
+    serving a rank 0 that is gone)."""
+    script = tmp_path / "mistake.py"
+    script.write_text(MISTAKE)
+    code, output, seconds = mpirun.run(script, tmp_path / "out", ranks=3, timeout=60)
+    refused = [line for line in output.splitlines() if line.startswith("REFUSED")]
+    assert code != 0 and len(refused) == 3, output
+    assert all("ArgumentValueError: on_worker_failure must be 'raise'" in r for r in refused)
+    assert seconds < 30, seconds
