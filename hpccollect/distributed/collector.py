@@ -97,6 +97,9 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
     process with status 0. ``create_env_fn`` is then one constructor for every rank, or one per
     collector rank (MPI ranks 1..N-1). ``backend="mpi"`` moves the data with MPI (torch's MPI
     backend, or mpi4py where torch has none); an uncaught exception on any rank aborts the job.
+    Every rank refuses an argument mistake alike before any rank serves, but those that need
+    the ranks (per-rank lists, ``rank_reports`` without the ``rank_sink`` rank 0 holds): rank 0
+    finds those.
 
     Example:
         A trainer on rank 0 fed by two local collector ranks, pushing its weights after each
