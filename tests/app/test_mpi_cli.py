@@ -353,15 +353,16 @@ if mpirun.FLAVOUR == "openmpi":
     @pytest.mark.timeout(240)
     @pytest.mark.parametrize(
         ("shards", "env"),
-        [(False, "CartPole-v1"), (False, "slowenv:Slow-v0"), (True, "CartPole-v1")],
-        ids=["rank-0-writes", "rank-0-writes-batches-of-a-second", "shards"],
+        [(s, e) for s in (False, True) for e in ("CartPole-v1", "slowenv:Slow-v0")],
+        ids=[f"{w}{b}" for w in ("rank-0-writes", "shards") for b in ("", "-batches-of-a-second")],
     )
     def test_sigterm_to_open_mpis_mpirun_still_finishes_every_file(tmp_path, capsys, shards, env):
         """Open MPI's mpirun passes SIGTERM on a quarter of a second late, kills every rank a
         quarter of a second after that and exits 1, whatever the ranks do (SIGUSR1 stops a job
-        cleanly, above). Rank 0 waits for no batch under way, however long the ranks take
-        (batches of a second here): it finishes the file with what was committed, or has every
-        shard and the merged view finished, before the kill."""
+        cleanly, above). No rank waits for a batch under way, however long the ranks take
+        (batches of a second here): rank 0 finishes the file with what was committed, or each
+        rank its shard (the signal ends its batch) and rank 0 the merged view, before the
+        kill."""
         (tmp_path / "slowenv.py").write_text(SLOW_ENV)  # each rank imports it from its cwd
         args = ["--env", env, "--collector", "single", "--frames-per-batch", "100"]
         args += ["--total-frames", "100000000", "--out", "run.h5"]

@@ -6,7 +6,9 @@ buffers its batches are written into (shared memory, or the channel's own buffer
 ``Channel.batch_buffers``) and sends them once (``Reply.LAYOUT``);
 after that a batch is announced with ``Reply.BATCH`` and its number of frames, never sent. Each
 ``Command`` has exactly one handler here. A failure goes back as ``Reply.ERROR`` with the type,
-message, traceback and this host, then the worker exits.
+message, traceback and this host, then the worker exits. A worker with a sink whose launcher
+kills it soon after SIGTERM (Open MPI's ``mpirun``) closes the sink at the signal, before the
+batch under way is done (``kill_warning.py``).
 
 What the collector must offer: ``_shared_batch()`` (the batch buffers, made once),
 ``_use_batch_buffers()`` (write into the channel's buffers instead, see
@@ -34,6 +36,7 @@ from hpccollect._signals import ignore_stop_signals
 from hpccollect.collectors.loops.buffers import store
 from hpccollect.collectors.loops.whole_trajs import TrajectoryAssembler
 from hpccollect.collectors.sync import SyncDataCollector
+from hpccollect.collectors.workers.kill_warning import KillWarning, SinkGuard
 from hpccollect.collectors.workers.remote import Call
 from hpccollect.collectors.workers.reports import RankReporter, Reporting
 from hpccollect.errors import ArgumentValueError
@@ -159,21 +162,25 @@ def serve(
             weights = made = collector._weights_for_workers()
         layout = Layout(placed, socket.gethostname(), os.getpid(), by_value, made, frames)
         channel.send(message(Reply.LAYOUT, layout))
-        _Server(collector, channel, weights, sink, buffer, by_value, reporter, placed).serve()
+        server = _Server(collector, channel, weights, sink, buffer, by_value, reporter, placed)
+        with server.guard.installed() if sink is not None else contextlib.nullcontext():
+            server.serve()
     except _Shutdown as stop:
         close_env = stop.close_env
     except ConnectionError:
         pass  # the collector is gone: nothing to report to
+    except KillWarning:
+        pass  # the launcher kills this process next: the sink is closed first, below
     except BaseException as err:
         with contextlib.suppress(Exception):
             channel.send(message(Reply.ERROR, RemoteError.from_exception(err)))
     finally:
+        if sink is not None:  # first: nothing below writes to it, and a kill may come soon
+            with contextlib.suppress(Exception):
+                sink.close()
         if collector is not None:
             with contextlib.suppress(Exception):
                 collector.shutdown(close_env=close_env)
-        if sink is not None:
-            with contextlib.suppress(Exception):
-                sink.close()
         with contextlib.suppress(Exception):
             channel.close()
 
@@ -224,6 +231,7 @@ class _Server:
         self.collector, self.channel, self.weights, self.sink = collector, channel, weights, sink
         self.buffer, self.by_value = buffer, by_value
         self.reporter, self.placed = reporter, placed
+        self.guard = SinkGuard()  # holds a kill warning back while the sink writes
         self.handlers = {
             Command.COLLECT: self.collect,
             Command.UPDATE_WEIGHTS: self.update_weights,
@@ -279,7 +287,8 @@ class _Server:
     def _collect_one(self) -> TensorDictBase:
         batch = self.collector._collect_counted()
         if self.sink is not None:
-            self.sink.extend(batch)
+            with self.guard.writing():
+                self.sink.extend(batch)
         return batch
 
     def update_weights(self, _: None) -> None:
