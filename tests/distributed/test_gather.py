@@ -130,7 +130,7 @@ def test_ranks_not_in_blocks_get_their_own_envs_and_their_rows_come_back_in_rank
     assert blocks.order is None  # mpiexec's default placement: nothing to reorder
 
 
-def run(tmp_path: Path, *args: str, ranks: int = 9, timeout: float = 100) -> tuple:
+def run(tmp_path: Path, *args: str, ranks: int = 7, timeout: float = 100) -> tuple:
     out = tmp_path / "out.pt"
     code, output, _ = mpirun.run(JOB, out, *args, ranks=ranks, timeout=timeout)
     return out, code, output
@@ -162,10 +162,10 @@ def check_batches(out: Path, per_rank: int, batches: int) -> None:
 )
 @pytest.mark.timeout(150)
 def test_a_trainer_takes_one_batch_a_group_laid_out_as_every_ranks(tmp_path, backend):
-    """``mpiexec -n 9``, groups of 4: gatherers 1 and 5 each collect from three ranks, and rank
-    0 yields ``[6, T]`` batches, rows in rank order, the weights it sends reaching every rank
+    """``mpiexec -n 7``, groups of 3: gatherers 1 and 4 each collect from two ranks, and rank
+    0 yields ``[4, T]`` batches, rows in rank order, the weights it sends reaching every rank
     through the gatherers. The job exits 0 and leaves no process."""
-    out, code, output = run(tmp_path, "--gather", "4", "--backend", backend)
+    out, code, output = run(tmp_path, "--gather", "3", "--backend", backend)
     assert code == 0, output
     check_batches(out, 16, 3)
     assert len(torch.load(out, weights_only=False)["versions"]) == 2  # one a gatherer
@@ -175,12 +175,12 @@ def test_a_trainer_takes_one_batch_a_group_laid_out_as_every_ranks(tmp_path, bac
 @mpi_job
 @pytest.mark.timeout(150)
 def test_with_sync_false_each_groups_round_comes_as_it_is_ready(tmp_path):
-    out, code, output = run(tmp_path, "--gather", "4", "--sync", "0")
+    out, code, output = run(tmp_path, "--gather", "3", "--sync", "0")
     assert code == 0, output
     saved = torch.load(out, weights_only=False)
-    groups = [[2, 3, 4], [6, 7, 8]]
+    groups = [[2, 3], [5, 6]]
     for raw in saved["batches"]:
-        batch = TensorDict(raw, batch_size=[3, 32])  # frames_per_batch (96) over one group
+        batch = TensorDict(raw, batch_size=[2, 32])  # frames_per_batch (64) over one group
         assert [int(row.max()) for row in batch["next", "observation"]] in groups
     assert_gone(job_pids(out))
 
@@ -188,21 +188,21 @@ def test_with_sync_false_each_groups_round_comes_as_it_is_ready(tmp_path):
 @mpi_job
 @pytest.mark.timeout(150)
 def test_a_replay_buffer_gets_a_frame_an_item_as_without_gathering(tmp_path):
-    out, code, output = run(tmp_path, "--gather", "4", "--mode", "buffer", "--batches", "2")
+    out, code, output = run(tmp_path, "--gather", "3", "--mode", "buffer", "--batches", "2")
     assert code == 0, output
     extends = torch.load(out, weights_only=False)["buffer"]
     # a rank's row an extend, as each worker's part without gathering
-    assert [TensorDict(e)["next", "observation"].shape for e in extends] == [(16, 1)] * 12
+    assert [TensorDict(e)["next", "observation"].shape for e in extends] == [(16, 1)] * 8
     assert_gone(job_pids(out))
 
 
 @mpi_job
 @pytest.mark.timeout(150)
 def test_an_error_on_a_gathered_rank_names_it_and_ends_the_job(tmp_path):
-    out, code, output = run(tmp_path, "--gather", "4", "--mode", "raise")
+    out, code, output = run(tmp_path, "--gather", "3", "--mode", "raise")
     assert code != 0
-    # MPI's own numbers: rank 8, through its gatherer, rank 5
-    assert "Rank 5 (worker 1) on" in output and "Rank 8 (worker 2) on" in output, output
+    # MPI's own numbers: rank 6, through its gatherer, rank 4
+    assert "Rank 4 (worker 1) on" in output and "Rank 6 (worker 1) on" in output, output
     assert "the last collecting rank's env fails on purpose" in output
     assert "aborting the whole job" in output
     assert_gone(job_pids(out))
@@ -214,19 +214,19 @@ def test_an_error_on_a_gathered_rank_names_it_and_ends_the_job(tmp_path):
     ("stopped", "says"),
     [
         # what the output says: one of these, each line of it
-        (8, [["Rank 5 (worker 1) on", "Rank 8 (worker 2) on", "collector rank 8 (pid"]]),
-        (5, [["collector rank 5 (pid"], ["its gatherer, rank 5, has sent nothing"]]),
+        (6, [["Rank 4 (worker 1) on", "Rank 6 (worker 1) on", "collector rank 6 (pid"]]),
+        (4, [["collector rank 4 (pid"], ["its gatherer, rank 4, has sent nothing"]]),
     ],
     ids=["a-gathered-rank", "a-gatherer"],
 )
 def test_a_silent_rank_or_gatherer_ends_the_job_within_its_liveness_timeout(
     tmp_path, stopped, says
 ):
-    """SIGSTOP to rank 8 (its gatherer, 5, notices within ``liveness_timeout`` and rank 0 raises
-    naming both) or to gatherer 5 (rank 0 notices, and so do 5's ranks, whichever first)."""
+    """SIGSTOP to rank 6 (its gatherer, 4, notices within ``liveness_timeout`` and rank 0 raises
+    naming both) or to gatherer 4 (rank 0 notices, and so do 4's ranks, whichever first)."""
     out = tmp_path / "out.pt"
-    args = ("--mode", "wait", "--liveness", "3")
-    with mpirun.started(JOB, out, *args, ranks=9, output=True) as proc:
+    args = ("--gather", "3", "--mode", "wait", "--liveness", "3")
+    with mpirun.started(JOB, out, *args, ranks=7, output=True) as proc:
         pid = int((tmp_path / f"out.pt.pid{stopped}").read_text())
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
