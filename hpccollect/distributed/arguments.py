@@ -19,10 +19,12 @@ __all__ = [
     "check_collector_class",
     "check_collector_kwargs",
     "check_liveness_timeout",
+    "check_on_worker_failure",
     "check_port",
     "check_rank_reports",
     "check_rank_sink",
     "check_slurm_kwargs",
+    "rank_envs",
     "weight_schedule",
 ]
 
@@ -198,3 +200,25 @@ def check_liveness_timeout(value: Any) -> float | None:
             f"heartbeats; got {value!r}."
         )
     return float(value)
+
+
+def check_on_worker_failure(value: Any) -> str:
+    """``on_worker_failure``: ``"raise"`` (a lost rank ends the run) or ``"continue"``."""
+    if value not in ("raise", "continue"):
+        raise ArgumentValueError(f"on_worker_failure must be 'raise' or 'continue', got {value!r}.")
+    return value
+
+
+def rank_envs(create_env_fn: Any, num_ranks: int | None) -> list:
+    """One env constructor per collector rank: the list given, or, when the launcher fixes the
+    number of ranks (mpiexec -n N), a single constructor repeated for each."""
+    if not isinstance(create_env_fn, (list, tuple)):
+        return [create_env_fn] * (num_ranks or 1)
+    fns = list(create_env_fn)
+    if num_ranks is not None and len(fns) != num_ranks:
+        raise ArgumentValueError(
+            f"create_env_fn lists {len(fns)} env constructors but the job has {num_ranks} "
+            f"collector ranks (its MPI ranks but rank 0): pass {num_ranks} constructors, or a "
+            "single one for every rank."
+        )
+    return fns

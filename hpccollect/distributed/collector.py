@@ -37,10 +37,12 @@ from hpccollect.distributed.arguments import (
     check_collector_class,
     check_collector_kwargs,
     check_liveness_timeout,
+    check_on_worker_failure,
     check_port,
     check_rank_reports,
     check_rank_sink,
     check_slurm_kwargs,
+    rank_envs,
     weight_schedule,
 )
 from hpccollect.distributed.gathered import GatheredRows
@@ -178,11 +180,7 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
             weight_schedule(update_after_each_batch, max_weight_update_interval, update_interval)
         )
         self.track_policy_version = check_bool("track_policy_version", track_policy_version)
-        if on_worker_failure not in ("raise", "continue"):
-            raise ArgumentValueError(
-                f"on_worker_failure must be 'raise' or 'continue', got {on_worker_failure!r}."
-            )
-        self.on_worker_failure = on_worker_failure
+        self.on_worker_failure = check_on_worker_failure(on_worker_failure)
         self.liveness_timeout = check_liveness_timeout(liveness_timeout)
         self.tcp_port = check_port(tcp_port)
         self.rank_sink = check_rank_sink(rank_sink)
@@ -206,7 +204,7 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
         self._reports = check_rank_reports(rank_reports, arguments)
         gathered = getattr(self.launcher, "gathered", None)  # MPILauncher(gather=...)
         ranks = self.launcher.num_ranks if gathered is None else sum(map(len, gathered))
-        fns = _rank_envs(create_env_fn, ranks)
+        fns = rank_envs(create_env_fn, ranks)
         self._collector_kwargs = check_collector_kwargs(
             collector_kwargs, len(fns), self.collector_class
         )
@@ -432,21 +430,6 @@ _PASSED_ON = (
     "weight_recv_schemes",
     "trajs_per_batch",
 )
-
-
-def _rank_envs(create_env_fn: Any, num_ranks: int | None) -> list:
-    """One env constructor per collector rank: the list given, or, when the launcher fixes the
-    number of ranks (mpiexec -n N), a single constructor repeated for each."""
-    if not isinstance(create_env_fn, (list, tuple)):
-        return [create_env_fn] * (num_ranks or 1)
-    fns = list(create_env_fn)
-    if num_ranks is not None and len(fns) != num_ranks:
-        raise ArgumentValueError(
-            f"create_env_fn lists {len(fns)} env constructors but the job has {num_ranks} "
-            f"collector ranks (its MPI ranks but rank 0): pass {num_ranks} constructors, or a "
-            "single one for every rank."
-        )
-    return fns
 
 
 @with_args(
