@@ -9,11 +9,14 @@ half a second after a SIGTERM, and passes SIGUSR1 on as it is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
-__all__ = ["STOP_SIGNALS", "ignore_stop_signals", "killed_soon_after"]
+__all__ = ["STOP_SIGNALS", "handled_by", "ignore_stop_signals", "killed_soon_after"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
@@ -40,3 +43,22 @@ def ignore_stop_signals() -> None:
     """Ignore ``STOP_SIGNALS`` in this process (its stop comes from the job's own process)."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def handled_by(signums: Iterable[int], handler: Callable[[int, Any], Any]) -> Iterator[bool]:
+    """Within: ``handler`` handles each of ``signums``; their handlers before are put back
+    after. Python runs handlers in the main thread only: elsewhere nothing is installed.
+
+    Yields:
+        Whether the handler was installed (False off the main thread).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    old = {s: signal.signal(s, handler) for s in signums}
+    try:
+        yield True
+    finally:
+        for s, before in old.items():
+            signal.signal(s, before)

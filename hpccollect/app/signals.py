@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-from hpccollect._signals import STOP_SIGNALS, killed_soon_after
+from hpccollect._signals import STOP_SIGNALS, handled_by, killed_soon_after
 from hpccollect.transport import wait_cut
 
 __all__ = ["StopSignals", "Stopped", "WaitCut"]
@@ -100,12 +99,5 @@ class StopSignals:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopSignals]:
-        if threading.current_thread() is not threading.main_thread():
+        with handled_by(STOP_SIGNALS, self._handle):
             yield self
-            return
-        old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
-        try:
-            yield self
-        finally:
-            for s, handler in old.items():
-                signal.signal(s, handler)

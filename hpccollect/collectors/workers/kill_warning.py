@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-from hpccollect._signals import killed_soon_after
+from hpccollect._signals import handled_by, killed_soon_after
 
 __all__ = ["KillWarning", "SinkGuard"]
 
@@ -44,16 +43,9 @@ class SinkGuard:
     @contextlib.contextmanager
     def installed(self) -> Iterator[SinkGuard]:
         """Within: SIGTERM raises ``KillWarning`` where the launcher kills soon after it."""
-        if not killed_soon_after(signal.SIGTERM) or (
-            threading.current_thread() is not threading.main_thread()
-        ):
+        signums = [signal.SIGTERM] if killed_soon_after(signal.SIGTERM) else []
+        with handled_by(signums, self._handle):
             yield self
-            return
-        old = signal.signal(signal.SIGTERM, self._handle)
-        try:
-            yield self
-        finally:
-            signal.signal(signal.SIGTERM, old)
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
