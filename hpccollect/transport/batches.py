@@ -10,7 +10,7 @@ message.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -77,19 +77,26 @@ class FlatLayout:
         return flat, self.views(flat)
 
     def views(self, flat: torch.Tensor) -> TensorDictBase:
-        """The TensorDict whose leaves are views into ``flat`` (laid out as ``self``).
+        """The TensorDict whose leaves are views into ``flat`` (laid out as ``self``)."""
+        return self._recipe().assemble(self.leaf_views(flat), flat.device)
 
-        Built from a recipe made once per layout (one typed view of ``flat`` per dtype, then
-        one strided view per leaf, nested TensorDicts made without re-checking): rank 0 builds
-        one per batch it yields, so this is on its hot path."""
-        return self._recipe().views(flat)
+    def leaf_views(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each leaf's view into ``flat``, in this layout's order: what ``own`` and ``alias``
+        make a batch from. A receiver makes them once per buffer and keeps them (a batch
+        yielded per message then costs one tensor per leaf, made in one step each)."""
+        return self._recipe().leaf_views(flat)
 
-    def own(self, flat: torch.Tensor, copy: bool = True) -> TensorDictBase:
-        """A batch of its own from ``flat`` (laid out as ``self``), with one storage per dtype,
-        as ``TensorDict.clone`` would give (``torch.save`` refuses one storage seen as several
-        dtypes): each dtype's bytes copied at once, except, with ``copy=False``, the dtype with
-        the most bytes, whose leaves stay views into ``flat`` (a buffer no one writes again)."""
-        return self._recipe().own(flat, copy)
+    def own(self, leaves: Sequence[torch.Tensor], copy: bool = True) -> TensorDictBase:
+        """A batch of its own from a buffer's ``leaf_views``, as ``TensorDict.clone`` would
+        give: each leaf copied into a storage of its own, except, with ``copy=False``, the
+        leaves of the dtype with the most bytes, which stay in the buffer (one no one writes
+        again). No storage is seen as several dtypes, which ``torch.save`` refuses."""
+        return self._recipe().own(leaves, copy)
+
+    def alias(self, leaves: Sequence[torch.Tensor]) -> TensorDictBase:
+        """The batch over a buffer's ``leaf_views``, each leaf a new view: it holds the buffer
+        as long as it or any leaf of it is kept (a ``Spares`` slot counts on that)."""
+        return self._recipe().alias(leaves)
 
     def _recipe(self) -> _Recipe:
         recipe = self.__dict__.get("_made")
@@ -106,18 +113,22 @@ class FlatLayout:
 
 
 class _Recipe:
-    """How ``FlatLayout`` lays a TensorDict over a flat buffer (see ``views`` and ``own``)."""
+    """How ``FlatLayout`` lays a TensorDict over a flat buffer, worked out once per layout:
+    rank 0 builds a batch per message it yields, so this is on its hot path (a torch call
+    costs rank 0 several microseconds there, as the receiving threads and ranks share its
+    cores, so it makes as few as it can: one per leaf)."""
 
     def __init__(self, layout: FlatLayout) -> None:
         names = sorted(set(layout.dtypes), key=layout.dtypes.index)
         self.dtypes = [getattr(torch, d) for d in names]
         self.batch_size = torch.Size(layout.batch_size)
         self.names = None if layout.names is None else list(layout.names)
-        #: each dtype's bytes: (start, end) in the flat buffer (the layout groups them)
-        spans: list[list[int]] = [[layout.nbytes, 0] for _ in names]
+        #: per leaf: (its dtype's index in ``dtypes``, shape, strides, offset in elements)
         self.leaves = []
-        for key, shape, dtype, offset in zip(
-            layout.keys, layout.shapes, layout.dtypes, layout.offsets, strict=True
+        sizes = [0] * len(names)
+        self.tree: dict[str, Any] = {}  # the nesting, each leaf's index at its key
+        for i, (key, shape, dtype, offset) in enumerate(
+            zip(layout.keys, layout.shapes, layout.dtypes, layout.offsets, strict=True)
         ):
             which = names.index(dtype)
             size = self.dtypes[which].itemsize
@@ -125,41 +136,48 @@ class _Recipe:
             for s in reversed(shape):
                 strides.append(step)
                 step *= s
-            span = spans[which]
-            span[0], span[1] = min(span[0], offset), max(span[1], offset + _aligned(step * size))
-            self.leaves.append((key, which, shape, tuple(reversed(strides)), offset // size))
-        self.spans = [tuple(span) for span in spans]
-        #: the dtype with the most bytes: what ``own(copy=False)`` leaves in place
-        self.home = max(range(len(names)), key=lambda i: spans[i][1] - spans[i][0], default=0)
-
-    def views(self, flat: torch.Tensor) -> TensorDictBase:
-        bases = [flat.view(dt) for dt in self.dtypes]
-        return self._build(bases, [0] * len(self.dtypes), flat.device)
-
-    def own(self, flat: torch.Tensor, copy: bool) -> TensorDictBase:
-        bases, shifts = [], []
-        for i, (dt, (start, end)) in enumerate(zip(self.dtypes, self.spans, strict=True)):
-            if i == self.home and not copy:
-                bases.append(flat.view(dt))
-                shifts.append(0)
-            else:  # one storage of this dtype's own: offsets from its start
-                bases.append(flat[start:end].view(dt).clone())
-                shifts.append(start // dt.itemsize)
-        return self._build(bases, shifts, flat.device)
-
-    def _build(
-        self, bases: list[torch.Tensor], shifts: list[int], device: torch.device
-    ) -> TensorDictBase:
-        tree: dict[str, Any] = {}
-        for key, which, shape, strides, start in self.leaves:
-            node = tree
+            sizes[which] += step * size
+            self.leaves.append((which, shape, tuple(reversed(strides)), offset // size))
+            node = self.tree
             for part in key[:-1]:
                 node = node.setdefault(part, {})
-            node[key[-1]] = bases[which].as_strided(shape, strides, start - shifts[which])
-        return self._nest(tree, device)
+            node[key[-1]] = i
+        #: the dtype with the most bytes: what ``own(copy=False)`` leaves in place
+        self.home = max(range(len(names)), key=sizes.__getitem__, default=0)
+        self._home_leaves = [leaf[0] == self.home for leaf in self.leaves]
 
-    def _nest(self, tree: dict[str, Any], device: torch.device) -> TensorDictBase:
-        source = {k: self._nest(v, device) if isinstance(v, dict) else v for k, v in tree.items()}
+    def leaf_views(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        bases = [flat.view(dt) for dt in self.dtypes]
+        return tuple(
+            bases[which].as_strided(shape, strides, start)
+            for which, shape, strides, start in self.leaves
+        )
+
+    def own(self, leaves: Sequence[torch.Tensor], copy: bool) -> TensorDictBase:
+        if copy:
+            return self.assemble([leaf.clone() for leaf in leaves])
+        return self.assemble(
+            [
+                leaf.detach() if home else leaf.clone()
+                for leaf, home in zip(leaves, self._home_leaves, strict=True)
+            ]
+        )
+
+    def alias(self, leaves: Sequence[torch.Tensor]) -> TensorDictBase:
+        return self.assemble([leaf.detach() for leaf in leaves])
+
+    def assemble(self, tensors: Sequence[torch.Tensor], device: Any = None) -> TensorDictBase:
+        """The TensorDict whose leaves are ``tensors`` (in the layout's order), on ``device``
+        (by default the leaves')."""
+        if device is None and tensors:
+            device = tensors[0].device
+        return self._nest(self.tree, tensors, device)
+
+    def _nest(self, tree: dict[str, Any], tensors: Any, device: Any) -> TensorDictBase:
+        source = {
+            k: self._nest(v, tensors, device) if v.__class__ is dict else tensors[v]
+            for k, v in tree.items()
+        }
         # leaves of the agreed shapes: skip tensordict's checks (names too: each level's)
         return TensorDict._new_unsafe(
             source, batch_size=self.batch_size, device=device, names=self.names

@@ -58,7 +58,7 @@ class PolledRankChannel(RankChannel):
 
     def _use_recv_buf(self, slot: Slot) -> None:
         super()._use_recv_buf(slot)
-        self._in_wire = slot.made[1]
+        self._in_wire = slot.made[-1]
 
     def _send_batch(self, flat: torch.Tensor) -> None:
         """Send the batch buffer and see it through in one call, making no work object

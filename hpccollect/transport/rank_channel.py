@@ -90,6 +90,7 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         self.peer_weights_nbytes: int | None = None
         self._send_timeout = datetime.timedelta(seconds=send_timeout)
         self._send_seconds = send_timeout
+        self._in_layout: FlatLayout | None = None  # how the peer's batches are laid out
         self._spares = Spares(self._made_for)  # the buffers batches landed in
         self._use_recv_buf(
             self._spares.slot(torch.empty(HEADER + CONTROL, dtype=torch.uint8, device=self.device))
@@ -97,7 +98,7 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         self._batch_out: tuple[torch.Tensor, list, list] | None = None
         self._placed: tuple | None = None
         self._arrival: tuple[FlatLayout, TensorDictBase] | None = None  # (layout, views)
-        self._landed: torch.Tensor | None = None  # the buffer the last batch came into
+        self._landed: Slot | None = None  # the buffer the last large batch came into
         self._weights: torch.Tensor | None = None
         self._failure: str | None = None
         self.broadcasts = 0  # weight broadcasts this side sent to the peer
@@ -308,6 +309,7 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         """The peer's batches arrive in a buffer laid out as it announced; the views into that
         buffer are the batch the collector reads."""
         size = max(wire.batch.nbytes, HEADER + CONTROL)
+        self._in_layout = wire.batch
         slot = self._spares.slot(torch.zeros(size, dtype=torch.uint8, device=self.device))
         self.peer_weights_nbytes = wire.weights_nbytes
         self.life.host = wire.host
@@ -318,8 +320,20 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         return Layout(batch, wire.host, wire.pid, frames=wire.frames)
 
     def _made_for(self, flat: torch.Tensor) -> tuple:
-        """What receiving into ``flat`` needs, made once per buffer: its header."""
-        return (header(flat),)
+        """What receiving into ``flat`` needs, made once per buffer: its header, and, once the
+        peer announced its batches, the layout with each leaf's view (``_leaves``)."""
+        layout = self._in_layout
+        if layout is None or flat.numel() < layout.nbytes:
+            return (header(flat), None)
+        return (header(flat), (layout, layout.leaf_views(flat)))
+
+    def _leaves(self, slot: Slot) -> tuple[torch.Tensor, ...]:
+        """The leaf views of the batch in ``slot``'s buffer (made with the slot, unless the
+        peer announced another layout since)."""
+        layout, made = self._arrival[0], slot.made[1]
+        if made is not None and made[0] is layout:
+            return made[1]
+        return layout.leaf_views(slot.buffer)
 
     def _use_recv_buf(self, slot: Slot) -> None:
         """Receive the next message into ``slot``'s buffer."""
@@ -333,22 +347,22 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         is in flight per link. A small batch is copied instead (``own``): a new buffer, made
         on the receiving thread, costs more than copying a few kB."""
         if self._arrival is not None and self._recv_buf.numel() >= _KEEP_AT:
-            self._landed = self._recv_buf
+            self._landed = self._in_slot
             self._use_recv_buf(self._spares.next_after(self._in_slot))
 
     def latest(self, batch: TensorDictBase) -> TensorDictBase:
         """The batch that arrived last, laid out as ``batch`` (the announced layout)."""
         if self._landed is None or not self._arrived_as(batch):
             return batch  # where every batch arrives
-        return self._arrival[0].views(self._landed)
+        return self._arrival[0].alias(self._leaves(self._landed))
 
     def own(self, batch: TensorDictBase) -> TensorDictBase:
         """The batch that arrived last, the caller's to keep: no later message lands in it."""
         if not self._arrived_as(batch):
             return batch.clone()
         if self._landed is None:
-            return self._arrival[0].own(self._recv_buf)
-        return self._arrival[0].own(self._landed, copy=False)
+            return self._arrival[0].own(self._leaves(self._in_slot))
+        return self._arrival[0].own(self._leaves(self._landed), copy=False)
 
     def _arrived_as(self, batch: TensorDictBase) -> bool:
         """Whether ``batch`` is the layout this link's batches arrive in (the one announced
