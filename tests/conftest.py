@@ -169,6 +169,24 @@ def alive(pid: int) -> bool:
         return False
 
 
+def parent(pid: int) -> int | None:
+    """Process ``pid``'s parent, from /proc (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def cmdline(pid: int) -> bytes:
+    """Process ``pid``'s command line, NUL-separated (empty once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 gym.register("hpccollect-test/Counter-v0", entry_point=CounterEnv)
 gym.register("hpccollect-test/DictObs-v0", entry_point=DictObsEnv)
 
@@ -253,6 +271,21 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def started_here() -> set[int]:
+    """Every process below this one but Python's resource tracker, which lives as long as this
+    process does."""
+    return {pid for pid in descendants(os.getpid()) if b"resource_tracker" not in cmdline(pid)}
+
+
+def assert_none_started_left(before: set[int], timeout: float = 5.0) -> None:
+    """A few seconds on (``timeout``), no process is below this one that was not in ``before``
+    (``started_here``), not even unreaped: what a user sees after a ``shutdown()``."""
+    deadline = time.monotonic() + timeout
+    while started_here() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not started_here() - before
 
 
 class BiasPolicy(nn.Module):

@@ -34,6 +34,7 @@ from hpccollect.collectors.torchrl_api.torchrl_keywords import check_weight_sche
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase, built_updater
 from hpccollect.collectors.workers.batches import WorkerBatches
 from hpccollect.collectors.workers.calls import WorkerCalls
+from hpccollect.collectors.workers.fork_server import JobForkServer
 from hpccollect.collectors.workers.gathering import Gathering
 from hpccollect.collectors.workers.pool import WorkerPool, remote_exception
 from hpccollect.collectors.workers.processes import start_local_workers
@@ -331,12 +332,31 @@ class MultiCollectorBase(
         ) | {"worker_idx": index}
 
     def _start_workers(self, args: list[tuple], start_method: str) -> list[Channel]:
-        """Start the workers, ``worker_main(i, conn, *args[i])`` each; one channel per worker."""
-        # not daemonic, as in TorchRL: a worker's env may start processes of its own (a TorchRL
-        # ParallelEnv); the pool still ends the workers at shutdown and at exit
-        return start_local_workers(
-            worker_main, args, start_method, name=type(self).__name__, daemon=False
-        )
+        """Start the workers, ``worker_main(i, conn, *args[i])`` each; one channel per worker.
+
+        ``"forkserver"`` forks them from a server of this collector's own, which imported
+        torch and hpccollect once and ends at ``shutdown`` (Python's own fork server would
+        outlive the collector, with the environment of whichever collector started it)."""
+        server = None
+        if start_method == "forkserver":
+            server = JobForkServer()
+            server.start()
+            self._closers.append(server.close)
+        try:
+            # not daemonic, as in TorchRL: a worker's env may start processes of its own (a
+            # TorchRL ParallelEnv); the pool still ends the workers at shutdown and at exit
+            return start_local_workers(
+                worker_main,
+                args,
+                start_method,
+                name=type(self).__name__,
+                daemon=False,
+                fork_server=server,
+            )
+        except BaseException:
+            if server is not None:
+                server.close()
+            raise
 
     def _call_workers(self, calls: dict[int, Call]) -> list[Any]:
         with self.pause():

@@ -27,9 +27,10 @@ from conftest import (
     alive,
     assert_each_holds_its_own,
     assert_flips_with,
-    descendants,
+    assert_none_started_left,
     descriptors,
     listening_addresses,
+    started_here,
     until_each_gave,
 )
 from tensordict import TensorDict
@@ -650,10 +651,6 @@ def test_shutdown_lets_each_rank_end_on_its_own_and_no_process_is_left(sync):
     end on their own once told to stop, weights broadcast to them or not: a rank whose thread
     waited in the next broadcast could not end its groups, and was killed 10 s into the
     shutdown."""
-
-    def started_here() -> set[int]:  # but Python's resource tracker, which lives as we do
-        return {p for p in descendants(os.getpid()) if b"resource_tracker" not in cmdline(p)}
-
     before = started_here()
     collector = make(envs(3, 5), bias_policy(), sync=sync, total_frames=400)
     for i, _ in enumerate(collector):
@@ -662,18 +659,7 @@ def test_shutdown_lets_each_rank_end_on_its_own_and_no_process_is_left(sync):
     started = time.monotonic()
     collector.shutdown()
     assert time.monotonic() - started < 9  # no rank waited for its kill, 10 s in
-    deadline = time.monotonic() + 5
-    while started_here() - before and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not started_here() - before
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
+    assert_none_started_left(before)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import parent
 
 from hpccollect.launchers.launcher_watch import launcher_chain
 
@@ -74,17 +75,10 @@ def test_the_chain_is_the_launchers_above_a_process_nearest_first(tmp_path: Path
         child = next(
             int(p.name)
             for p in Path("/proc").iterdir()
-            if p.name.isdigit() and _parent(int(p.name)) == proc.pid
+            if p.name.isdigit() and parent(int(p.name)) == proc.pid
         )
         assert [pid for pid, _ in launcher_chain(child)] == [proc.pid]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(5)
         proc.stdout.close()
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None

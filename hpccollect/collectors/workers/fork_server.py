@@ -12,6 +12,8 @@ process-wide one:
   whatever another fork server of this process was started with;
 * it preloads only what the job's processes import anyway (the calling script's ``__main__`` is
   imported once, as spawn imports it in every child);
+* it ignores the stop signals, as the job's workers and ranks do (``server_signals.py``): a
+  scheduler signals every process of a job, and the job's own process stops it;
 * ``close()`` ends it with the job, so nothing of the job outlives it.
 
 Caveat, as for any fork server: a script whose top level runs torch operations (outside
@@ -40,6 +42,9 @@ RANK_MODULES = (
     "hpccollect.envs.gym",
 )
 
+#: imported by the server only, before anything else: it ignores the stop signals
+_IGNORE_STOP_SIGNALS = "hpccollect.collectors.workers.server_signals"
+
 # Python's fork-server processes take the server from a module attribute: while one job's
 # processes start, it points at that job's server (one job at a time)
 _STARTING = threading.Lock()
@@ -54,7 +59,8 @@ class JobForkServer:
 
     def __init__(self, preload: Sequence[str] = RANK_MODULES) -> None:
         self._server = forkserver.ForkServer()
-        self._server.set_forkserver_preload(["__main__", *preload])
+        # the stop signals first: a scheduler may signal the job while the server imports
+        self._server.set_forkserver_preload([_IGNORE_STOP_SIGNALS, "__main__", *preload])
         self.context = mp.get_context("forkserver")
 
     @property
