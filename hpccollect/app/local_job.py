@@ -101,4 +101,11 @@ def _collector(cfg: RunConfig, make: Callable, policy: Any) -> Any:
     cls = collector_kind(cfg.collector)
     if not issubclass(cls, MultiCollectorBase):
         return cls(make, policy, **common)
-    return cls([make] * cfg.num_workers, policy, worker_timeout=cfg.worker_timeout, **common)
+    # the workers fork from a server of the job's own: one import of torch, not one a worker
+    return cls(
+        [make] * cfg.num_workers,
+        policy,
+        worker_timeout=cfg.worker_timeout,
+        mp_start_method="forkserver",
+        **common,
+    )

@@ -285,7 +285,11 @@ class MPICollect:
             total_frames=cfg.total_frames,
             max_frames_per_traj=-1 if cfg.max_steps is None else cfg.max_steps,
             collector_class=cfg.collector,
-            collector_kwargs={"worker_timeout": cfg.worker_timeout} if multi else None,
+            collector_kwargs=(
+                {"worker_timeout": cfg.worker_timeout, "mp_start_method": "forkserver"}
+                if multi
+                else None
+            ),
             num_workers_per_collector=cfg.num_workers if multi else 1,
             sync=False,
             backend=cfg.backend or "gloo",

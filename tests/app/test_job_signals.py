@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import alive, descendants
+from conftest import alive, cmdline, descendants, parent
 
 from hpccollect.storage import open_dataset
 
@@ -103,15 +103,11 @@ def assert_none_survive(pids: list[int]) -> None:
 
 
 def workers_of(proc: subprocess.Popen) -> list[int]:
-    pids = []
-    for pid in descendants(proc.pid):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"spawn_main" in f.read():
-                    pids.append(pid)
-        except OSError:
-            pass
-    return pids
+    """The job's worker processes: forked from its fork server, the child of the job's process
+    that runs ``multiprocessing.forkserver``."""
+    tree = descendants(proc.pid)
+    servers = {p for p in tree if parent(p) == proc.pid and b"forkserver" in cmdline(p)}
+    return [p for p in tree if parent(p) in servers]
 
 
 @pytest.mark.timeout(240)
