@@ -4,7 +4,8 @@ processes. What travels, and how it is laid out, is ``wire.py``'s; how messages 
 is a subclass's: ``ThreadedRankChannel`` (``threaded.py``, torch groups) or
 ``PolledRankChannel`` (``polled.py``, the mpi4py transport). ``RankGroups.channel`` picks one.
 
-How weights cross the link is ``rank_weights.py``'s, the heartbeats ``rank_liveness.py``'s.
+How batches cross the link is ``rank_batches.py``'s, weights ``rank_weights.py``'s, the
+heartbeats ``rank_liveness.py``'s.
 Every message rank 0 sends after a weight broadcast carries the broadcast count, so the rank
 hands the update over first. After a rank has announced its batches, other payloads travel in
 a message of their own, so a reply never lands in a batch buffer.
@@ -20,11 +21,12 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from hpccollect.protocol import Command, Layout, Message, Reply
+from hpccollect.protocol import Command, Message, Reply
 from hpccollect.transport.base import Channel
 from hpccollect.transport.batches import HEADER, FlatLayout, Slot, Spares
 from hpccollect.transport.doorbell import Doorbell
 from hpccollect.transport.heartbeat import Heartbeat
+from hpccollect.transport.rank_batches import RankBatches
 from hpccollect.transport.rank_life import RankLife
 from hpccollect.transport.rank_liveness import RankLiveness
 from hpccollect.transport.rank_weights import BROADCAST_UPDATE, RankWeights
@@ -34,7 +36,6 @@ from hpccollect.transport.wire import (
     CONTROL,
     KINDS,
     MESSAGES,
-    WireLayout,
     decode,
     encode,
     first_line,
@@ -49,9 +50,6 @@ _SHUTDOWN_TIMEOUT = datetime.timedelta(seconds=5)  # SHUTDOWN is best effort: ki
 BATCH_REPLY = Reply.BATCH
 BATCH = CODE[BATCH_REPLY]
 
-#: bytes from which a batch keeps the buffer it arrived in rather than being copied out
-_KEEP_AT = 1 << 18
-
 
 class Closed:
     """What the inbox holds once the peer is gone: every later ``recv`` fails with ``why``."""
@@ -60,7 +58,7 @@ class Closed:
         self.why = why
 
 
-class RankChannel(RankLiveness, RankWeights, Channel):
+class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
     """One end of the link between rank 0 and collector rank ``peer`` (or rank 0 seen from a
     collector rank): the protocol, whatever waits for the messages (a subclass).
 
@@ -164,27 +162,6 @@ class RankChannel(RankLiveness, RankWeights, Channel):
     def wait_sent(self, work: Any) -> None:
         """Wait for a ``post_weights`` send, bounded like every send."""
         self._wait(work)
-
-    def batch_buffers(self, batch: TensorDictBase) -> TensorDictBase:
-        """Buffers laid out like ``batch`` in the memory batches leave from: the collector
-        writes there and a batch is sent as it lies."""
-        flat_layout = FlatLayout.of(batch)
-        flat, views = flat_layout.allocate(self.device)
-        self._placed = (flat_layout, flat, views)
-        return views
-
-    def _announce(self, layout: Layout) -> WireLayout:
-        """Set up the buffer batches leave from: the placed one, or a copy of ``layout.batch``."""
-        if self._placed is not None and layout.batch is self._placed[2]:
-            flat_layout, flat, _ = self._placed
-            self._batch_out = (flat, [], [])
-        else:
-            flat_layout = FlatLayout.of(layout.batch)
-            flat, views = flat_layout.allocate(self.device)
-            self._batch_out = (flat, flat_layout.leaves(views), flat_layout.leaves(layout.batch))
-        self._out_head = header(flat)
-        weights = 0 if self._weights is None else self._weights.numel()
-        return WireLayout(flat_layout, layout.host, layout.pid, weights, layout.frames)
 
     def _send_blob(self, kind: Command | Reply, value: int, blob: bytes) -> None:
         # once this side has announced its batches, the peer receives into the batch buffer: a
@@ -304,70 +281,6 @@ class RankChannel(RankLiveness, RankWeights, Channel):
         if kind is Reply.LAYOUT:
             payload = self._adopt(payload)
         return kind, payload
-
-    def _adopt(self, wire: WireLayout) -> Layout:
-        """The peer's batches arrive in a buffer laid out as it announced; the views into that
-        buffer are the batch the collector reads."""
-        size = max(wire.batch.nbytes, HEADER + CONTROL)
-        self._in_layout = wire.batch
-        slot = self._spares.slot(torch.zeros(size, dtype=torch.uint8, device=self.device))
-        self.peer_weights_nbytes = wire.weights_nbytes
-        self.life.host = wire.host
-        self.life.pid = wire.pid
-        batch = wire.batch.views(slot.buffer)  # holds the buffer for good: never a spare
-        self._use_recv_buf(slot)
-        self._arrival = (wire.batch, batch)
-        return Layout(batch, wire.host, wire.pid, frames=wire.frames)
-
-    def _made_for(self, flat: torch.Tensor) -> tuple:
-        """What receiving into ``flat`` needs, made once per buffer: its header, and, once the
-        peer announced its batches, the layout with each leaf's view (``_leaves``)."""
-        layout = self._in_layout
-        if layout is None or flat.numel() < layout.nbytes:
-            return (header(flat), None)
-        return (header(flat), (layout, layout.leaf_views(flat)))
-
-    def _leaves(self, slot: Slot) -> tuple[torch.Tensor, ...]:
-        """The leaf views of the batch in ``slot``'s buffer (made with the slot, unless the
-        peer announced another layout since)."""
-        layout, made = self._arrival[0], slot.made[1]
-        if made is not None and made[0] is layout:
-            return made[1]
-        return layout.leaf_views(slot.buffer)
-
-    def _use_recv_buf(self, slot: Slot) -> None:
-        """Receive the next message into ``slot``'s buffer."""
-        self._in_slot = slot
-        self._recv_buf, self._in_head = slot.buffer, slot.made[0]
-
-    def _batch_landed(self) -> None:
-        """A batch came into the receive buffer. A large one keeps that buffer (``latest``,
-        ``own``), and the next message comes into another: the caller keeps the batch
-        without a copy. The peer sends its next batch only when asked, so at most one batch
-        is in flight per link. A small batch is copied instead (``own``): a new buffer, made
-        on the receiving thread, costs more than copying a few kB."""
-        if self._arrival is not None and self._recv_buf.numel() >= _KEEP_AT:
-            self._landed = self._in_slot
-            self._use_recv_buf(self._spares.next_after(self._in_slot))
-
-    def latest(self, batch: TensorDictBase) -> TensorDictBase:
-        """The batch that arrived last, laid out as ``batch`` (the announced layout)."""
-        if self._landed is None or not self._arrived_as(batch):
-            return batch  # where every batch arrives
-        return self._arrival[0].alias(self._leaves(self._landed))
-
-    def own(self, batch: TensorDictBase) -> TensorDictBase:
-        """The batch that arrived last, the caller's to keep: no later message lands in it."""
-        if not self._arrived_as(batch):
-            return batch.clone()
-        if self._landed is None:
-            return self._arrival[0].own(self._leaves(self._in_slot))
-        return self._arrival[0].own(self._leaves(self._landed), copy=False)
-
-    def _arrived_as(self, batch: TensorDictBase) -> bool:
-        """Whether ``batch`` is the layout this link's batches arrive in (the one announced
-        over it, not buffers of the caller's own)."""
-        return self._arrival is not None and batch is self._arrival[1]
 
     def recv(self) -> Message:
         inbox = self._inbox
