@@ -57,6 +57,9 @@ DISTRIBUTED_OPTIONS = (
     "report_interval",
 )
 RANK_FAILURES = ("raise", "continue")
+#: how a job's multi-* collectors start their workers: forked from a server of the job's own
+#: (one import of torch, not one a worker; TorchRL's default is spawn)
+WORKER_START = "forkserver"
 
 
 #: the largest --seed: the job adds worker and rank offsets to it, and torch takes seeds below

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpccollect.app.config import RunConfig
+from hpccollect.app.config import WORKER_START, RunConfig
 from hpccollect.app.lifecycle import Job, Progress
 from hpccollect.app.preflight import check_output, env_maker, probe_policy, record, resolve_env
 from hpccollect.app.resume import Attempt, remove_run_files, start_attempt
@@ -101,11 +101,10 @@ def _collector(cfg: RunConfig, make: Callable, policy: Any) -> Any:
     cls = collector_kind(cfg.collector)
     if not issubclass(cls, MultiCollectorBase):
         return cls(make, policy, **common)
-    # the workers fork from a server of the job's own: one import of torch, not one a worker
     return cls(
         [make] * cfg.num_workers,
         policy,
         worker_timeout=cfg.worker_timeout,
-        mp_start_method="forkserver",
+        mp_start_method=WORKER_START,
         **common,
     )

@@ -37,7 +37,7 @@ from typing import Any
 
 from hpccollect._signals import ignore_stop_signals
 from hpccollect.app.agreement import Describe, agree
-from hpccollect.app.config import RunConfig
+from hpccollect.app.config import WORKER_START, RunConfig
 from hpccollect.app.lifecycle import Job, Progress
 from hpccollect.app.preflight import check_output, env_maker, probe_policy, record, resolve_env
 from hpccollect.app.resume import Attempt, remove_run_files, start_attempt
@@ -286,7 +286,7 @@ class MPICollect:
             max_frames_per_traj=-1 if cfg.max_steps is None else cfg.max_steps,
             collector_class=cfg.collector,
             collector_kwargs=(
-                {"worker_timeout": cfg.worker_timeout, "mp_start_method": "forkserver"}
+                {"worker_timeout": cfg.worker_timeout, "mp_start_method": WORKER_START}
                 if multi
                 else None
             ),

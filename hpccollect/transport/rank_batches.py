@@ -38,7 +38,7 @@ class RankBatches:
     _in_slot: Slot
     _recv_buf: torch.Tensor
     _in_head: torch.Tensor
-    _arrival: tuple[FlatLayout, TensorDictBase] | None
+    _in_views: TensorDictBase | None
     _landed: Slot | None
     _placed: tuple | None
     _batch_out: tuple[torch.Tensor, list, list] | None
@@ -76,7 +76,7 @@ class RankBatches:
         self.life.pid = wire.pid
         batch = wire.batch.views(slot.buffer)  # holds the buffer for good: never a spare
         self._use_recv_buf(slot)
-        self._arrival = (wire.batch, batch)
+        self._in_views = batch
         return Layout(batch, wire.host, wire.pid, frames=wire.frames)
 
     def _made_for(self, flat: torch.Tensor) -> tuple:
@@ -90,7 +90,7 @@ class RankBatches:
     def _leaves(self, slot: Slot) -> tuple[torch.Tensor, ...]:
         """The leaf views of the batch in ``slot``'s buffer (made with the slot, unless the
         peer announced another layout since)."""
-        layout, made = self._arrival[0], slot.made[1]
+        layout, made = self._in_layout, slot.made[1]
         if made is not None and made[0] is layout:
             return made[1]
         return layout.leaf_views(slot.buffer)
@@ -106,7 +106,7 @@ class RankBatches:
         without a copy. The peer sends its next batch only when asked, so at most one batch
         is in flight per link. A small batch is copied instead (``own``): a new buffer, made
         on the receiving thread, costs more than copying a few kB."""
-        if self._arrival is not None and self._recv_buf.numel() >= _KEEP_AT:
+        if self._in_views is not None and self._recv_buf.numel() >= _KEEP_AT:
             self._landed = self._in_slot
             self._use_recv_buf(self._spares.next_after(self._in_slot))
 
@@ -114,17 +114,17 @@ class RankBatches:
         """The batch that arrived last, laid out as ``batch`` (the announced layout)."""
         if self._landed is None or not self._arrived_as(batch):
             return batch  # where every batch arrives
-        return self._arrival[0].alias(self._leaves(self._landed))
+        return self._in_layout.alias(self._leaves(self._landed))
 
     def own(self, batch: TensorDictBase) -> TensorDictBase:
         """The batch that arrived last, the caller's to keep: no later message lands in it."""
         if not self._arrived_as(batch):
             return batch.clone()
         if self._landed is None:
-            return self._arrival[0].own(self._leaves(self._in_slot))
-        return self._arrival[0].own(self._leaves(self._landed), copy=False)
+            return self._in_layout.own(self._leaves(self._in_slot))
+        return self._in_layout.own(self._leaves(self._landed), copy=False)
 
     def _arrived_as(self, batch: TensorDictBase) -> bool:
         """Whether ``batch`` is the layout this link's batches arrive in (the one announced
         over it, not buffers of the caller's own)."""
-        return self._arrival is not None and batch is self._arrival[1]
+        return self._in_views is not None and batch is self._in_views

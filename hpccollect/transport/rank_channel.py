@@ -95,7 +95,7 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
         )
         self._batch_out: tuple[torch.Tensor, list, list] | None = None
         self._placed: tuple | None = None
-        self._arrival: tuple[FlatLayout, TensorDictBase] | None = None  # (layout, views)
+        self._in_views: TensorDictBase | None = None  # the views batches arrive in
         self._landed: Slot | None = None  # the buffer the last large batch came into
         self._weights: torch.Tensor | None = None
         self._failure: str | None = None
