@@ -251,6 +251,9 @@ class MPIGroup:
         #: each member's rank in the MPI job, for messages (a gathered job's group numbers its
         #: members from 0)
         self.world_ranks = _world_ranks(self.comm)
+        from mpi4py import MPI
+
+        self._any, self._status_kind = MPI.ANY_SOURCE, MPI.Status
         _GROUPS.add(self)
 
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
@@ -300,15 +303,17 @@ class MPIGroup:
         """Receive the next message from ``peer`` into a ``wire`` array if it is here or
         comes within ``spin`` s, seeing its transfer through (within ``timeout`` s once it has
         begun); whether one came. A channel that polls calls this on every look, so the usual
-        case makes no work object."""
+        case makes no work object. What a peer sent before its goodbye is still received."""
         calls = self.calls
         calls.append(None)
         try:
-            why = self._closed or self._gone.get(peer)
-            if why is not None:
-                raise RuntimeError(why)
+            if self._closed is not None:
+                raise RuntimeError(self._closed)
             found = self.comm.Improbe(peer, tag)
             if found is None:
+                gone = self._gone.get(peer)
+                if gone is not None:
+                    raise RuntimeError(gone)
                 if spin <= 0:
                     return False
                 improbe, end = self.comm.Improbe, time.monotonic() + spin
@@ -325,6 +330,36 @@ class MPIGroup:
         finally:
             calls.pop()
         return True
+
+    def pending_from(self, tag: int) -> int | None:
+        """The peer whose message on ``tag`` a receive from any peer would take next, if one
+        is here (matching nothing: the link's own ``try_recv`` takes it). One probe finds
+        which of many links has a message, as MPI's own receive from any source does."""
+        calls = self.calls
+        calls.append(None)
+        try:
+            if self._closed is not None:
+                raise RuntimeError(self._closed)
+            status = self._status_kind()
+            if not self.comm.Iprobe(self._any, tag, status):
+                return None
+            return status.Get_source()
+        finally:
+            calls.pop()
+
+    def goodbyes(self) -> dict[int, str]:
+        """Take every peer's goodbye that is here (one probe for any peer): the peers gone,
+        with why (``stopped`` tells the same of one)."""
+        if self._closed is None:
+            status = self._status_kind()
+            with self._lock, self.inside:
+                while self.comm.Iprobe(self._any, _BYE, status):
+                    peer = status.Get_source()
+                    self.comm.Recv(bytearray(1), peer, _BYE)
+                    self._gone[peer] = (
+                        f"rank {self.world_ranks[peer]} closed its end of the connection"
+                    )
+        return self._gone
 
     def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
         with self.inside:

@@ -17,6 +17,7 @@ from mpirun import assert_gone, job_pids
 from hpccollect.transport.mpi_waits import Pace, wait_request
 
 JOB = Path(__file__).with_name("transport_job.py")
+LOOK_JOB = Path(__file__).with_name("look_job.py")
 
 
 @pytest.mark.mpi
@@ -35,6 +36,22 @@ def test_the_hot_path_moves_every_size_and_ends_on_goodbye(tmp_path):
     assert len(job_pids(out)) == 2
     assert_gone(job_pids(out))
     assert seconds < 60, f"the job took {seconds:.1f} s"
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@mpirun.needs()
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("no_mpich_segments_left")
+def test_rank_0_looks_at_its_links_together_and_takes_what_came_before_a_goodbye(tmp_path):
+    code, output, _ = mpirun.run(LOOK_JOB, tmp_path / "out", ranks=4, timeout=90)
+    assert code == 0, output
+    for line in (
+        "ok a look polls only the links with something",
+        "ok a message before a goodbye still comes",
+        "ok the silent link's reply",
+    ):
+        assert line in output, output
 
 
 @pytest.mark.timed
