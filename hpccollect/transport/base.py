@@ -117,12 +117,6 @@ class Channel(abc.ABC):
     def poll(self, timeout: float) -> bool:
         """Whether ``recv()`` can return (a message, or the peer's end) within ``timeout`` s."""
 
-    @classmethod
-    def ready_among(cls, channels: Sequence[Channel]) -> list[Channel]:
-        """Those of ``channels`` (of this kind, polled) with something to receive now:
-        ``poll(0)`` of each, unless the kind can look at many at once."""
-        return [c for c in channels if c.poll(0)]
-
     @abc.abstractmethod
     def recv(self) -> Message:
         """The next message; ``ConnectionError`` when the peer is gone."""
@@ -201,12 +195,10 @@ def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
                 owners[id(handle)] = channel
                 handles.append(handle)
     polled = [c for c in channels if c.polled]
-    kinds = {type(c) for c in polled}
-    look = kinds.pop().ready_among if len(kinds) == 1 else Channel.ready_among
     deadline = time.monotonic() + timeout
     sleep = 20e-6
     while True:
-        seen = {id(c): c for c in look(polled)} if polled else {}
+        seen = {id(c): c for c in polled if c.poll(0)}
         remaining = 0.0 if seen else max(0.0, deadline - time.monotonic())
         rang = False
         for handle in ready(handles, min(remaining, sleep) if spin else remaining):
@@ -216,7 +208,7 @@ def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
             else:
                 seen[id(owners[id(handle)])] = owners[id(handle)]
         if rang:
-            seen.update({id(c): c for c in look(polled)})
+            seen.update({id(c): c for c in polled if c.poll(0)})
         if seen or time.monotonic() >= deadline:
             return [c for c in channels if id(c) in seen]
         if spin:

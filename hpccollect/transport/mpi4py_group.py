@@ -251,9 +251,6 @@ class MPIGroup:
         #: each member's rank in the MPI job, for messages (a gathered job's group numbers its
         #: members from 0)
         self.world_ranks = _world_ranks(self.comm)
-        from mpi4py import MPI
-
-        self._any, self._status_kind = MPI.ANY_SOURCE, MPI.Status
         _GROUPS.add(self)
 
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
@@ -330,36 +327,6 @@ class MPIGroup:
         finally:
             calls.pop()
         return True
-
-    def pending_from(self, tag: int) -> int | None:
-        """The peer whose message on ``tag`` a receive from any peer would take next, if one
-        is here (matching nothing: the link's own ``try_recv`` takes it). One probe finds
-        which of many links has a message, as MPI's own receive from any source does."""
-        calls = self.calls
-        calls.append(None)
-        try:
-            if self._closed is not None:
-                raise RuntimeError(self._closed)
-            status = self._status_kind()
-            if not self.comm.Iprobe(self._any, tag, status):
-                return None
-            return status.Get_source()
-        finally:
-            calls.pop()
-
-    def goodbyes(self) -> dict[int, str]:
-        """Take every peer's goodbye that is here (one probe for any peer): the peers gone,
-        with why (``stopped`` tells the same of one)."""
-        if self._closed is None:
-            status = self._status_kind()
-            with self._lock, self.inside:
-                while self.comm.Iprobe(self._any, _BYE, status):
-                    peer = status.Get_source()
-                    self.comm.Recv(bytearray(1), peer, _BYE)
-                    self._gone[peer] = (
-                        f"rank {self.world_ranks[peer]} closed its end of the connection"
-                    )
-        return self._gone
 
     def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
         with self.inside:

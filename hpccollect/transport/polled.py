@@ -13,14 +13,13 @@ from __future__ import annotations
 import contextlib
 import select
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from hpccollect.errors import CollectorTimeoutError
 from hpccollect.protocol import Layout
-from hpccollect.transport.base import Channel
 from hpccollect.transport.batches import Slot
 from hpccollect.transport.doorbell import Doorbell
 from hpccollect.transport.mpi_waits import BUSY_SLEEP, IDLE_SLEEP, SPIN, wait_request
@@ -45,8 +44,7 @@ class PolledRankChannel(RankChannel):
         self._idle = False
         self._beat_in = self._mpi.wire(torch.empty_like(self._beat_out))
         self._poller = select.poll()  # the bell (once there is one) and the rank's process
-        self._watching = self.life.sentinel is not None  # whether the poller watches any
-        if self._watching:
+        if self.life.sentinel is not None:
             self._poller.register(self.life.sentinel, select.POLLIN)
 
     # ------------------------------------------------------------------ buffers
@@ -75,63 +73,16 @@ class PolledRankChannel(RankChannel):
             raise ConnectionError(self._failure) from err
 
     # ------------------------------------------------------------------ receiving
-    @classmethod
-    def ready_among(cls, channels: Sequence[Channel]) -> list[Channel]:
-        """Those of ``channels`` with something to receive now (``poll(0)`` each, at most).
-
-        Rank 0's links to its collector ranks share one group, and rank 0 looks at all of
-        them each time it looks for a batch: one probe for a message from any peer finds
-        whose came, and one for a goodbye from any peer which ended; only those links, and
-        those with something of their own (their inbox, a bell or a process to watch), are
-        polled. A look then costs the same at 2 and at 32 ranks, where a poll of every link
-        cost rank 0 about 6 us a link."""
-        group = getattr(channels[0], "_mpi", None) if len(channels) > 1 else None
-        by_peer = {c.peer: c for c in channels if getattr(c, "_mpi", None) is group}
-        if group is None or len(by_peer) < len(channels):
-            return [c for c in channels if c.poll(0)]  # one link, or links of several groups
-        ready = {c.peer: c for c in channels if c._inbox or c._closed or c._watching}
-        ready = {peer: c for peer, c in ready.items() if c.poll(0)}
-        try:
-            gone = group.goodbyes()
-            # MPICH moves messages in only inside a call: what the goodbyes' probe brought
-            # in is here for this one
-            while (peer := group.pending_from(MESSAGES)) is not None:
-                link = by_peer.get(peer)
-                if link is None or peer in ready or not link.poll(0):
-                    # a peer not looked for now holds the head of the queue: look at each
-                    return [c for c in channels if c.peer in ready or c.poll(0)]
-                ready[peer] = link
-        except Exception:  # the group was closed: each link's poll says so
-            return [c for c in channels if c.peer in ready or c.poll(0)]
-        return [c for c in channels if c.peer in ready or (c.peer in gone and c.poll(0))]
-
     def poll(self, timeout: float) -> bool:
         if self._inbox:
             return True
-        try:  # the hot path: the next message is here, or comes within a spin
-            if self._mpi.try_recv(
-                self._in_wire,
-                self.peer,
-                MESSAGES,
-                SPIN if timeout > SPIN else timeout,
-                self._send_seconds,
-            ):
-                self._received()
-                return True
-        except Exception as err:
-            self._closed_by(err)
+        # the hot path: the next message is here, or comes within a spin
+        if self._try_take(SPIN if timeout > SPIN else timeout):
             return True
         if timeout <= 0 and not self._may_have_ended():
             # a look (rank 0 makes one per link each time it looks for a batch): MPICH moves
             # a message in only inside a call, so the message that call brought is taken now
-            try:
-                if self._mpi.try_recv(self._in_wire, self.peer, MESSAGES, 0.0, self._send_seconds):
-                    self._received()
-                    return True
-            except Exception as err:
-                self._closed_by(err)
-                return True
-            return False
+            return self._try_take(0.0)
         deadline = time.monotonic() + timeout
         while not self._inbox and not self._closed:
             took = self._take(deadline - time.monotonic())
@@ -140,6 +91,17 @@ class PolledRankChannel(RankChannel):
             if took == "timeout":
                 break
         return bool(self._inbox)
+
+    def _try_take(self, spin: float) -> bool:
+        """Receive the next message into the inbox if it is here or comes within ``spin`` s;
+        whether the inbox has something now (that message, or the link's end)."""
+        try:
+            if not self._mpi.try_recv(self._in_wire, self.peer, MESSAGES, spin, self._send_seconds):
+                return False
+            self._received()
+        except Exception as err:
+            self._closed_by(err)
+        return True
 
     def _may_have_ended(self) -> bool:
         """Whether ``_take`` has more than a message to look for: the peer said goodbye, its
@@ -234,7 +196,6 @@ class PolledRankChannel(RankChannel):
     def _weights_thread_starts(self) -> None:
         self.bell = Doorbell()  # the broadcast thread wakes a wait for rank 0 with it
         self._poller.register(self.bell.fileno(), select.POLLIN)
-        self._watching = True
         self._pace = getattr(self.groups.broadcast, "pace", None)
         if self._pace is not None:
             self._pace.set(BUSY_SLEEP)
