@@ -43,6 +43,7 @@ class PolledRankChannel(RankChannel):
         self._pace: Any = None  # how often the broadcast thread looks (see ``_waiting``)
         self._idle = False
         self._beat_in = self._mpi.wire(torch.empty_like(self._beat_out))
+        self._head_wire = self._mpi.wire(self._head_out[0])  # a command's header goes from it
         self._poller = select.poll()  # the bell (once there is one) and the rank's process
         if self.life.sentinel is not None:
             self._poller.register(self.life.sentinel, select.POLLIN)
@@ -59,6 +60,11 @@ class PolledRankChannel(RankChannel):
     def _use_recv_buf(self, slot: Slot) -> None:
         super()._use_recv_buf(slot)
         self._in_wire = slot.made[-1]
+
+    def _start_send(self, tensor: torch.Tensor, tag: int) -> Any:
+        if tensor is self._head_out[0]:  # a command's header (most commands): its array kept
+            return self._group().send_wire(self._head_wire, self.peer, tag)
+        return super()._start_send(tensor, tag)
 
     def _send_batch(self, flat: torch.Tensor) -> None:
         """Send the batch buffer and see it through in one call, making no work object

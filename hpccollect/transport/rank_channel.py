@@ -208,10 +208,14 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
     def _post(self, tensor: torch.Tensor, tag: int) -> Any:
         """Start sending ``tensor``; ``ConnectionError`` when the peer is gone."""
         try:
-            return self._group().send([tensor], self.peer, tag)
+            return self._start_send(tensor, tag)
         except RuntimeError as err:
             self._failure = self._failure or f"closed the connection ({first_line(err)})"
             raise ConnectionError(self._failure) from err
+
+    def _start_send(self, tensor: torch.Tensor, tag: int) -> Any:
+        """The group's send of ``tensor`` to the peer (its work)."""
+        return self._group().send([tensor], self.peer, tag)
 
     def _send_batch(self, flat: torch.Tensor) -> None:
         """Send the batch buffer, header filled in, and see it through."""
