@@ -96,8 +96,9 @@ class Gathering:
         were asked for fall short of ``total_frames``. No worker collects a batch that would be
         thrown away (a rank writing its own shard keeps every batch it collects)."""
         c = self.c
-        coming = sum(c._asked[i] for i in busy)
-        return c.total_frames < 0 or c._frames + coming < c.total_frames
+        if c.total_frames < 0:
+            return True
+        return c._frames + sum(c._asked[i] for i in busy) < c.total_frames
 
     def collect_round(self) -> tuple[TensorDictBase, int]:
         """One batch as the iterator gathers it (before ``_finish``), and its real frames."""

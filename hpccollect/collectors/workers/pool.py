@@ -151,8 +151,11 @@ class WorkerPool:
                 return found
 
     def _from_inbox(self, indices: Sequence[int], expected: Reply) -> tuple[int, Any] | None:
+        inboxes = self._inbox
         for index in indices:
-            inbox = self._inbox[index]
+            inbox = inboxes[index]
+            if not inbox:  # most are, on a rank 0 with many ranks: it looks for each batch
+                continue
             for i, (kind, payload) in enumerate(inbox):
                 if kind is expected:
                     del inbox[i]
