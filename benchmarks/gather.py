@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+import _jobs
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -84,7 +84,7 @@ def main() -> None:
         got = measure(gather, args.seconds, args.fpb * collecting)
         print("RESULT " + json.dumps(got), flush=True)
         return
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    mpiexec = _jobs.mpiexec()
     rows = []
     for n in args.ranks:
         for gather in (None, args.gather):
@@ -92,12 +92,7 @@ def main() -> None:
             cmd += ["--seconds", str(args.seconds), "--fpb", str(args.fpb)]
             if gather is None:
                 cmd[cmd.index("None")] = "none"
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-            if proc.returncode != 0 or not line:
-                print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
-                raise SystemExit(f"mpiexec -n {n + 1} failed ({proc.returncode})")
-            row = dict(ranks=n, gather=gather, **json.loads(line[0][7:]))
+            row = dict(ranks=n, gather=gather, **_jobs.result(cmd))
             rows.append(row)
             print(json.dumps(row), flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

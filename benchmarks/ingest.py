@@ -9,9 +9,10 @@ For each batch kind (CartPole: ``--fpb`` frames of the usual keys; image: 64 fra
   runs with ``launcher="mp"``; the mpi4py transport (``backend="mpi"``) under
   ``mpiexec -n k+1``. Measured over ``--seconds`` after the first batch.
 * **bare transport**: ``mpiexec -n k+1`` processes whose ranks 1..k send a flat buffer of the
-  batch's bytes to rank 0 as fast as it takes them, and rank 0 receives them from any rank into
-  one buffer: ``dist.recv`` over a gloo group, or ``Comm.Recv`` with the mpi4py transport. No
-  header, no TensorDict, no request per batch: the floor of what rank 0 can do.
+  batch's bytes to rank 0 as fast as it takes them, and rank 0 receives them into one buffer:
+  ``Comm.Recv`` from any rank with the mpi4py transport, ``dist.recv`` from each rank in turn
+  over a gloo group (gloo's receive from any rank stalled for good in some runs of 32 image
+  senders). No header, no TensorDict, no request per batch: the floor of what rank 0 can do.
 
 Both report rank 0's CPU time per batch (all of its threads: ``time.process_time``) and its wall
 time per batch. The ratio is the collector's CPU time per batch over the bare receive's; the
@@ -25,14 +26,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
-import os
-import shutil
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+import _jobs
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "ingest.json"
@@ -41,21 +42,8 @@ TARGET = 1.5
 RAW_BATCHES = {"cartpole": 20000, "image": 1500}
 
 
-def _mpiexec() -> str:
-    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
-    if found is None:
-        raise SystemExit("no mpiexec beside this Python (pip install mpich)")
-    return found
-
-
 def _under_mpiexec(k: int, *args: str) -> dict:
-    cmd = [_mpiexec(), "-n", str(k + 1), sys.executable, __file__, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode != 0 or not line:
-        print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
-        raise SystemExit(f"mpiexec -n {k + 1} {' '.join(args)} failed ({proc.returncode})")
-    return json.loads(line[0][7:])
+    return _jobs.result([_jobs.mpiexec(), "-n", str(k + 1), sys.executable, __file__, *args])
 
 
 def collector(kind: str, transport: str, k: int, seconds: float, fpb: int) -> dict:
@@ -91,7 +79,8 @@ def bare(transport: str, k: int, nbytes: int, batches: int) -> dict:
 
 
 def _bare_main(args: argparse.Namespace) -> None:
-    """Every rank under mpiexec: ranks 1..k send, rank 0 receives from any of them."""
+    """Every rank under mpiexec: ranks 1..k send, rank 0 receives (over gloo from each in
+    turn, over mpi4py from any)."""
     import torch
     from mpi4py import MPI
 
@@ -110,8 +99,10 @@ def _bare_main(args: argparse.Namespace) -> None:
             timeout=datetime.timedelta(seconds=300),
         )
 
+        turn = itertools.cycle(range(1, k + 1))
+
         def recv() -> None:
-            dist.recv(buf)
+            dist.recv(buf, src=next(turn))
 
         def send() -> None:
             dist.send(buf, 0)

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+import _jobs
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "link_look.json"
@@ -56,18 +55,11 @@ def main() -> None:
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 8, 32])
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
-    if mpiexec is None:
-        raise SystemExit("no mpiexec beside this Python (pip install mpich)")
+    mpiexec = _jobs.mpiexec()
     rows = []
     for k in args.ranks:
         cmd = [mpiexec, "-n", str(k + 1), sys.executable, __file__, "--job"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        if proc.returncode != 0 or not line:
-            print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
-            raise SystemExit(f"mpiexec -n {k + 1} failed ({proc.returncode})")
-        us = json.loads(line[0][7:])
+        us = _jobs.result(cmd, timeout=600)
         rows.append({"links": k, "look_us": round(us, 1)})
         print(f"{k:3d} links: {us:6.1f} us of rank 0's CPU a look", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

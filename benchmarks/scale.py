@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
 import time
 from functools import partial
 from pathlib import Path
 
+import _jobs
 import gymnasium as gym
 import numpy as np
 
@@ -123,7 +121,7 @@ def _rank0_main(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> list[dict]:
     rows = []
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    mpiexec = _jobs.mpiexec() if "mpi" in args.transports else ""
     for kind in args.kinds:
         for transport in args.transports:
             for k in args.ranks:
@@ -132,12 +130,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 else:
                     cmd = [mpiexec, "-n", str(k + 1), sys.executable, __file__, "--one", str(k)]
                     cmd += ["--kind", kind, "--seconds", str(args.seconds), "--fpb", str(args.fpb)]
-                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-                    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-                    if proc.returncode != 0 or not line:
-                        print(proc.stderr[-2000:], file=sys.stderr)
-                        raise SystemExit(f"mpiexec -n {k + 1} failed ({proc.returncode})")
-                    got = json.loads(line[0][7:])
+                    got = _jobs.result(cmd)
                 startup, bps, mbps, cpu, rss, nbytes = got
                 row = dict(
                     kind=kind,

@@ -32,6 +32,8 @@ import time
 from functools import partial
 from pathlib import Path
 
+import _jobs
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "shards.json"
 
@@ -95,7 +97,7 @@ def _alone(args: argparse.Namespace) -> None:
 
 
 def _run(cmd: list[str]) -> list[dict]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = _jobs.run(cmd)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

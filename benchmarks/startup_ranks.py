@@ -25,11 +25,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _jobs
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "startup_ranks.json"
@@ -72,7 +73,7 @@ def one(launcher: str, ranks: int, script: str, folder: str, mpiexec: str | None
         cmd = [*python, name, str(ranks), folder]
     env = {**os.environ, "HPCCOLLECT_BENCH_LAUNCHED": repr(time.time())}
     start = time.perf_counter()
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=folder)
+    out = _jobs.run(cmd, env=env, cwd=folder)
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}:\n{out.stderr[-3000:]}")
