@@ -254,15 +254,9 @@ class MPIGroup:
         _GROUPS.add(self)
 
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
-        return self.send_wire(self._buffer(tensors), peer, tag)
-
-    def send_wire(self, array: Any, peer: int, tag: int) -> _Work:
-        """``send`` of a ``wire`` array, for a buffer sent again and again (a link's command
-        header): its caller keeps the array, where the few ``send`` keeps are not one a link
-        on a rank 0 with many links."""
         with self.inside:
             self._check_open(peer)
-            return _Send(self, array, peer, tag)
+            return _Send(self, self._buffer(tensors), peer, tag)
 
     def recv(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
         self._check_open(peer)
