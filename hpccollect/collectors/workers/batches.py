@@ -124,7 +124,7 @@ class WorkerBatches:
         """The first of ``indices`` to deliver its batch: (index, frames); None when a worker
         failed and was let go instead (see ``_lose``)."""
         try:
-            got = self._pool.wait_any(sorted(indices), Reply.BATCH, self.worker_timeout)
+            got = self._pool.wait_any(indices, Reply.BATCH, self.worker_timeout)
             self._take_data(got[0])
             return got
         except WorkerError as err:

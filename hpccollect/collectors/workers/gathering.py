@@ -98,7 +98,7 @@ class Gathering:
         c = self.c
         if c.total_frames < 0:
             return True
-        return c._frames + sum(c._asked[i] for i in busy) < c.total_frames
+        return c._frames + sum(map(c._asked.__getitem__, busy)) < c.total_frames
 
     def collect_round(self) -> tuple[TensorDictBase, int]:
         """One batch as the iterator gathers it (before ``_finish``), and its real frames."""
@@ -309,9 +309,12 @@ class AsyncGathering(Gathering):
         c = self.c
         got = None
         while got is None:
-            for i in list(c._active):
-                if i not in c._in_flight and self._wanted(c._in_flight):
-                    c._collect_from(i)
+            # most often every worker collects already (it was asked again as soon as its
+            # batch was taken): then this costs the same at 2 and at 1,000 workers
+            if len(c._in_flight) < len(c._active):
+                for i in list(c._active):
+                    if i not in c._in_flight and self._wanted(c._in_flight):
+                        c._collect_from(i)
             got = c._wait_batch(c._in_flight)
         index, frames = got
         c._in_flight.discard(index)
