@@ -46,6 +46,7 @@ class WorkerPool:
 
     def __init__(self, channels: Sequence[Channel]) -> None:
         self.channels = list(channels)
+        self._index_of = {id(c): i for i, c in enumerate(self.channels)}  # a channel's worker
         self._inbox: list[deque] = [deque() for _ in self.channels]
         #: the workers whose inbox holds something, oldest first (a dict as an ordered set): a
         #: wait looks at these few, not at every worker it waits on
@@ -130,7 +131,6 @@ class WorkerPool:
         if found is not None:
             return found
         deadline = time.monotonic() + timeout
-        watched = {id(self.channels[i]): i for i in indices}
         while True:
             self._check_silence(indices)
             self._check_abandoned()
@@ -141,7 +141,7 @@ class WorkerPool:
             found: tuple[int, Any] | None = None
             ready = wait_ready([self.channels[i] for i in indices], min(remaining, _LOOK))
             for channel in ready:
-                index = watched[id(channel)]
+                index = self._index_of[id(channel)]
                 try:
                     got = self._receive(index)
                 except BaseException:  # a WorkerError, or a stop that cut the wait
