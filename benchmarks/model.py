@@ -58,15 +58,15 @@ REPORT_BYTES = 1_200  # a rank report (``collectors/workers/reports.py``) as it 
 #: rank 0's own memory (MB) and what each link holds besides its batches, fitted below
 LIVENESS = 30.0  # s, the default liveness_timeout
 BEAT = min(5.0, LIVENESS / 6)  # heartbeat.beat_interval
-#: per collector rank on rank 0: threads (gloo: its receive, which also takes the rank's
-#: answers to rank 0's heartbeats; the mpi4py transport: none) and sockets (gloo: measured 4 a
-#: rank; MPI: one connection)
-THREADS = {"gloo": 1, "mpi": 0}
-SOCKETS_RANK0 = {"gloo": 4, "mpi": 1}
+#: per collector rank on rank 0: threads (none over either transport: over gloo the ranks'
+#: notices say which receive to wait in, ``transport/notices.py``) and sockets (gloo: 4 and the
+#: notices' connection; MPI: one connection)
+THREADS = {"gloo": 0, "mpi": 0}
+SOCKETS_RANK0 = {"gloo": 5, "mpi": 1}
 #: gloo connects a pair of ranks when they first talk (``transport/backends._gloo``): a collector
-#: rank holds the store's, two listeners, rank 0's and its broadcast tree's (at most
-#: log2(N + 1)) sockets (measured: 6 at 2 ranks, 9 at 12, 10 at 32); MPI connects on first use
-SOCKETS_RANK = {"gloo": lambda n: 5 + math.ceil(math.log2(n + 1)), "mpi": lambda n: 4}
+#: rank holds the store's, two listeners, rank 0's, its notices to rank 0 and its broadcast
+#: tree's (at most log2(N + 1)) sockets; MPI connects on first use
+SOCKETS_RANK = {"gloo": lambda n: 6 + math.ceil(math.log2(n + 1)), "mpi": lambda n: 4}
 FD_LIMIT = 1024  # the usual default ``ulimit -n``
 PER_NODE = 32  # cores of a node: the workers of one gathering rank
 SCALE_TRANSPORT = "mpi"  # the transport the needs are costed for

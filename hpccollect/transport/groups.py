@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.transport.backends import backend_named
+from hpccollect.transport.notices import KEY, NoticeBoard, Notifier
 from hpccollect.transport.polled import PolledRankChannel
 from hpccollect.transport.rank_channel import RankChannel
 from hpccollect.transport.receiver import Receiver
@@ -76,14 +77,17 @@ class RankGroups:
     messages: Any = None  # point-to-point: commands, replies, batches, weights to some ranks
     broadcast: Any = None  # weights to every rank at once
     _closed: bool = field(default=False, repr=False)
-    _receiver: Receiver | None = field(default=None, repr=False)
+    #: a collector rank's notice connection to rank 0 (``notices.py``), where rank 0 has one
+    notifier: Notifier | None = None
+    _receiver: Receiver | NoticeBoard | None = field(default=None, repr=False)
     _links: list[RankChannel] = field(default_factory=list, repr=False)
     _dropper: threading.Thread | None = field(default=None, repr=False)  # see stop_sent()
 
     @property
-    def receiver(self) -> Receiver:
-        """What receives for this process's links where the messages group cannot be polled
-        (made with the first such link)."""
+    def receiver(self) -> Receiver | NoticeBoard:
+        """What receives for this process's links where the messages group cannot be polled:
+        rank 0's ``NoticeBoard`` (made as the groups open), else a ``Receiver`` (made with the
+        first such link)."""
         if self._receiver is None:
             self._receiver = Receiver()
         return self._receiver
@@ -101,7 +105,20 @@ class RankGroups:
         for name in ("messages", "broadcast"):
             prefixed = None if store is None else dist.PrefixStore(f"hpccollect/{name}", store)
             setattr(groups, name, chosen.open_group(prefixed, rank, world_size, name, **mpi))
+        host = getattr(store, "host", None)
+        if not groups.polled and host:
+            groups._open_notices(host)
         return groups
+
+    def _open_notices(self, host: str) -> None:
+        """Set up the notices (``notices.py``): rank 0 listens and publishes its port in the
+        store, every other rank connects."""
+        timeout = self.store.timeout.total_seconds()
+        if self.rank == 0:
+            self._receiver = NoticeBoard(host)
+            self.store.set(KEY, str(self._receiver.port))
+        else:
+            self.notifier = Notifier(host, int(self.store.get(KEY)), self.rank, timeout)
 
     def channel(
         self, peer: int, *, process: Any = None, device: Any = "cpu", send_timeout: float = 600.0
@@ -154,5 +171,7 @@ class RankGroups:
                     group.abort()
         if self._receiver is not None:
             self._receiver.close()
+        if self.notifier is not None:
+            self.notifier.close()
         if self._dropper is not None:  # a rank left running may hold it longer: not waited
             self._dropper.join(_DROP_WAIT)

@@ -119,6 +119,9 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
         self._stopped_by_peer = False  # the peer sent SHUTDOWN
         self._sent_shutdown = False  # ... and this side did
         self._unsent: tuple[Any, torch.Tensor] | None = None  # a command's send (see _send_blob)
+        #: tells the peer that it took the head of a message this side sent, where the peer
+        #: learns of messages so (rank 0 over gloo: ``notices.py``); None elsewhere
+        self._tell: Any = None
         # held while a message's parts are posted: a beat that answers the peer's travels with
         # the messages, between two of them (``RankLiveness._send_beat``)
         self._send_lock = threading.Lock()
@@ -189,6 +192,8 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
         with self._send_lock:
             for part in parts[:-1]:
                 self._wait(self._post(part, MESSAGES), timeout)
+            if len(parts) > 1:
+                self._told()  # the peer took the head, and receives the rest once it looks
             last = self._post(parts[-1], MESSAGES)
         if isinstance(kind, Command) and kind is not Command.SHUTDOWN:
             # rank 0 does not wait for a command to be taken: a gloo send completes only into
@@ -198,6 +203,18 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
             self._unsent = (last, parts[-1])
         else:
             self._wait(last, timeout)
+            if len(parts) == 1:
+                self._told()
+
+    def _told(self) -> None:
+        """The peer took the head of a message from this side: tell it so, where it learns of
+        messages that way (``_tell``)."""
+        if self._tell is not None:
+            try:
+                self._tell()
+            except ConnectionError as err:
+                self._failure = self._failure or str(err)
+                raise ConnectionError(self._failure) from err
 
     def _settle(self, timeout: datetime.timedelta | None = None) -> None:
         """See the last command sent through (``_send_blob``) before the next message goes."""
@@ -222,6 +239,7 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
         with self._send_lock:
             work = self._post(flat, MESSAGES)
         self._wait(work)
+        self._told()
 
     def _wait(
         self,

@@ -4,8 +4,9 @@ timeout (``RankChannel.lose`` then fails the link). The beats' pace and watch ar
 ``heartbeat.py``'s.
 
 Over a group whose sends cannot be polled (gloo), rank 0 beats on the heartbeats' tag and the
-collector rank answers each beat on the messages' tag: rank 0 takes the answers in the thread
-that receives that rank's messages, so it runs no thread for heartbeats at all."""
+collector rank answers each beat on the messages' tag: rank 0 takes the answers with that
+rank's messages (``notices.py``; the pulse takes them in while the collecting thread is busy
+elsewhere), so it runs no thread for heartbeats at all."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class RankLiveness:
     _sent_shutdown: bool
 
     _group: Callable[[], Any]
+    _told: Callable[[], None]
 
     def start_heartbeats(self, timeout: float | None) -> None:
         """Beat to the peer (over gloo, a collector rank answers rank 0's beats instead) and
@@ -50,6 +52,13 @@ class RankLiveness:
             pollable=self.groups.polled,
             answers=self.groups.rank != 0,
         )
+
+    def answer_beat(self) -> None:
+        """Answer the beat the peer just sent (the end that ``answers``), and tell the peer
+        the answer came where it learns of messages that way; raises when the link is
+        closed."""
+        self._beat.answer()
+        self._told()
 
     def silence(self) -> str | None:
         beat = self._beat

@@ -1,19 +1,16 @@
-"""``Receiver``: the receiving side of a process's rank links over a process group whose
-receives cannot be polled (gloo).
+"""``Receiver``: the receiving side of a collector rank's link to rank 0 over a process group
+whose receives cannot be polled (gloo), and of rank 0's links where the job has no store to set
+up notices through (``notices.py`` is rank 0's way otherwise).
 
 A gloo receive is seen complete only by a thread that waits in it: ``is_completed()`` stays
 False until someone calls ``wait()``, a wait cannot be interrupted (``abort`` and ``shutdown``
 leave it blocked), and a wait that times out closes the group's connections for good. One
 receive from any source for every link is no way around it (tried): it does not fail when a
-rank's connection does, only a message ends it (a group member held by rank 0 itself could
-send one at shutdown), and, what rules it out, once one rank was stopped (SIGSTOP, as a lost
-node looks) it took no further message from any rank in some runs, so the liveness tests
-reported live ranks as silent. So each link has a thread that waits in its receive (it ends
-when the link does, which is also how a rank that died is seen at once). Rank 0's beats go as
-a ping that the collector rank answers on the messages' tag (``rank_liveness.py``), so rank 0
-runs that one thread a rank; a collector rank also runs one that receives rank 0's beats and
-answers them. Links whose groups can be polled (the mpi4py transport) need no thread at all
-(``polled.py``).
+rank's connection does, only a message ends it, and once one rank was stopped (SIGSTOP, as a
+lost node looks) it took no further message from any rank in some runs. So each link served
+here has a thread that waits in its receive (it ends when the link does, which is also how a
+peer that died is seen at once). A collector rank also runs one that receives rank 0's beats
+and answers them on the messages' tag (``rank_liveness.py``).
 
 What the threads receive goes to the link's inbox and rings the process's one ``Doorbell``,
 which the waiting thread watches beside the launcher's processes (no pipe per link).
@@ -29,7 +26,7 @@ import torch
 
 from hpccollect.transport.batches import HEADER
 from hpccollect.transport.doorbell import Doorbell
-from hpccollect.transport.wire import BEATS, MESSAGES, first_line
+from hpccollect.transport.wire import BEATS
 
 __all__ = ["Receiver"]
 
@@ -74,15 +71,13 @@ class Receiver:
         self._threads.append(thread)
         thread.start()
 
+    def drain(self) -> None:
+        """Nothing to take in: the threads take every message as it comes."""
+
     def _messages(self, channel: Any) -> None:
-        while True:
-            try:
-                channel._group().recv([channel._recv_buf], channel.peer, MESSAGES).wait()
-            except Exception as err:  # the peer is gone, or the groups were aborted
-                channel.link_closed(f"closed the connection ({first_line(err)})")
-                return
-            if not channel.arrived():
-                return
+        channel.expect()
+        while channel.noticed():  # waits in the posted receive until the message comes
+            pass
 
     def _beats(self, channel: Any) -> None:
         """Rank 0's heartbeats, each received as it comes (a gloo send completes only into a
@@ -98,6 +93,6 @@ class Receiver:
                 return
             channel._heard()
             try:
-                channel._beat.answer()
+                channel.answer_beat()
             except Exception:  # the link is closed
                 return

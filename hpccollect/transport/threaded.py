@@ -1,6 +1,16 @@
 """``ThreadedRankChannel``: a ``RankChannel`` over torch process groups, whose receives cannot
-be polled: the process's ``Receiver`` (``receiver.py``) receives for it in a thread, puts each
-message in its inbox and rings the process's doorbell."""
+be polled (gloo): a receive is seen complete only by a thread that waits in it. The link keeps
+one receive posted, and waits in it when it knows the message is there, or from a thread that
+can wait for as long as it takes:
+
+- on rank 0 (many links), the ``NoticeBoard`` (``notices.py``) tells which links' messages came,
+  from the collector ranks' notices, so no thread waits for any one rank;
+- on a collector rank (one link), the process's ``Receiver`` (``receiver.py``) waits in it in a
+  thread, and in rank 0's beats in another; rank 0's own links fall back to it where the job
+  has no store to publish the notices' port in.
+
+Either way each message lands in the link's inbox and the process's bell is rung for it.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +22,7 @@ from typing import Any
 from hpccollect.protocol import Command, message
 from hpccollect.transport.doorbell import ready
 from hpccollect.transport.rank_channel import RankChannel
-from hpccollect.transport.wire import HEARTBEAT
+from hpccollect.transport.wire import HEARTBEAT, MESSAGES, first_line
 
 __all__ = ["ThreadedRankChannel"]
 
@@ -29,9 +39,45 @@ class ThreadedRankChannel(RankChannel):
     def __init__(self, groups: Any, peer: int, **kwargs: Any) -> None:
         super().__init__(groups, peer, **kwargs)
         self._ended = threading.Event()  # nothing more can arrive from the peer
+        self._pending: Any = None  # the receive posted for the next message
         self._receiver = groups.receiver
+        self._tell = groups.notifier.tell if groups.notifier is not None else None
         self.bell = self._receiver.bell
         self._receiver.add(self)
+
+    def expect(self) -> None:
+        """Post the receive of the next message from the peer."""
+        try:
+            self._pending = self._group().recv([self._recv_buf], self.peer, MESSAGES)
+        except Exception as err:  # the groups were closed
+            self._pending = None
+            self.link_closed(f"closed the connection ({first_line(err)})")
+
+    def unexpect(self) -> None:
+        """Drop the receive posted for the next message (the groups are aborted)."""
+        self._pending = None
+
+    def noticed(self) -> bool:
+        """Wait in the posted receive (rank 0: its message is known to be here), take the
+        message in and post the next receive; False once no more should be received."""
+        work, self._pending = self._pending, None
+        if work is None:
+            return False
+        try:
+            work.wait()
+        except Exception as err:  # the peer is gone, or the groups were aborted
+            self.link_closed(f"closed the connection ({first_line(err)})")
+            return False
+        if not self.arrived():
+            return False
+        self.expect()
+        return self._pending is not None
+
+    def notice_line_closed(self) -> None:
+        """The peer's notice connection closed: its process ended (a peer that said stop
+        first has ended its link already)."""
+        if not self._ended.is_set():
+            self.link_closed("closed the connection (its process ended)")
 
     def arrived(self) -> bool:
         """Take the message the receiver just received into this link's buffer: read the rest
@@ -74,9 +120,29 @@ class ThreadedRankChannel(RankChannel):
     def _await(self, timeout: float) -> None:
         if self._look(timeout) == "ended" and not self._inbox:
             # the process ended: its connection's end is seen within moments
-            self._ended.wait(_END_GRACE)
+            self._until_ended(_END_GRACE)
             if not self._inbox:
                 raise ConnectionError(self.life.death() or "the rank ended")
+
+    def _until_ended(self, timeout: float) -> bool:
+        """Take messages in until nothing more can arrive from the peer, for up to
+        ``timeout`` s; whether it came to that."""
+        deadline = time.monotonic() + timeout
+        bell = self.bell
+        while not self._ended.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            # a look every 50 ms: the link's end is marked just after its bell rang
+            if ready([bell], min(remaining, 0.05)):
+                bell.clear()
+        return True
+
+    def _drain_beats(self) -> bool:
+        """Rank 0: take in what came, the beats' answers with it, while the collecting thread
+        is busy elsewhere (the pulse calls it); the answers note themselves."""
+        self._receiver.drain()
+        return False
 
     def _look(self, timeout: float) -> str:
         """Wait up to ``timeout`` s for a message in the inbox: "took", "ended" (the peer's
@@ -98,7 +164,7 @@ class ThreadedRankChannel(RankChannel):
                 return "timeout"
 
     def join_peer(self, timeout: float) -> bool:
-        return self._ended.wait(max(0.0, timeout))
+        return self._until_ended(max(0.0, timeout))
 
     def gone(self) -> str | None:
         if not self._ended.is_set():
