@@ -222,12 +222,13 @@ def main() -> None:
         )
     print("\nlinks:")
     for link in links:
-        over = " (over ulimit -n 1024)" if link["sockets_rank_gloo"] > FD_LIMIT else ""
+        over = " (over ulimit -n 1024)" if link["sockets_rank0_gloo"] > FD_LIMIT else ""
         print(
             f"  {link['ranks']:6d} ranks: start-up {link['startup_mpiexec_s']} s, heartbeats "
             f"{link['heartbeat_msgs_per_s']}/s, rank 0 threads gloo {link['threads_gloo']} / "
-            f"mpi {link['threads_mpi']}, sockets a collector rank gloo "
-            f"{link['sockets_rank_gloo']}{over} / mpi {link['sockets_rank_mpi']}"
+            f"mpi {link['threads_mpi']}, sockets on rank 0 gloo {link['sockets_rank0_gloo']}"
+            f"{over} / mpi {link['sockets_rank0_mpi']}, sockets a collector rank gloo "
+            f"{link['sockets_rank_gloo']} / mpi {link['sockets_rank_mpi']}"
         )
     OUT.write_text(
         json.dumps(
