@@ -23,7 +23,6 @@ import select
 import socket
 import struct
 import threading
-import time
 from typing import Any
 
 from hpccollect.errors import CollectorTimeoutError
@@ -35,7 +34,6 @@ __all__ = ["KEY", "NoticeBoard", "Notifier"]
 KEY = "hpccollect/notices"
 _HELLO = struct.Struct("<i")  # a connection's first bytes: the rank it comes from
 _NOTICE = b"\x01"
-_LINGER = 0.5  # s: how long closing waits for the ranks to close their connections
 
 
 class NoticeBoard:
@@ -102,10 +100,9 @@ class NoticeBoard:
             finally:
                 self._quiet = None
 
-    def close(self, linger: float = _LINGER) -> None:
+    def close(self) -> None:
         """Once the groups are aborted: drop the links' posted receives, and close every
-        connection and the listener once the ranks have closed theirs or ``linger`` s have
-        passed (so rank 0 closes its end of their connections last); idempotent."""
+        connection and the listener; idempotent."""
         with self._lock:
             if not self._open:
                 return
@@ -113,12 +110,6 @@ class NoticeBoard:
             for link in self._links.values():
                 link.unexpect()  # its posted receive holds gloo's context, and the store with it
             self._links.clear()
-            deadline = time.monotonic() + linger
-            while self._conns and time.monotonic() < deadline:
-                for fd, _ in self._epoll.poll(max(0.0, deadline - time.monotonic())):
-                    conn = self._conns.get(fd)
-                    if conn is not None:
-                        self._read(fd, conn)
             for conn in self._conns.values():
                 conn.sock.close()
             self._conns.clear()
