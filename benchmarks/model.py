@@ -59,10 +59,11 @@ REPORT_BYTES = 1_200  # a rank report (``collectors/workers/reports.py``) as it 
 LIVENESS = 30.0  # s, the default liveness_timeout
 BEAT = min(5.0, LIVENESS / 6)  # heartbeat.beat_interval
 #: per collector rank on rank 0: threads (none over either transport: over gloo the ranks'
-#: notices say which receive to wait in, ``transport/notices.py``) and sockets (gloo: 4 and the
-#: notices' connection; MPI: one connection)
+#: notices say which receive to wait in, ``transport/notices.py``) and sockets (gloo's and the
+#: notices' connection, measured: 4.1 a rank from 8 to 32 ranks, ``rank_sockets.py``; MPI: one
+#: connection)
 THREADS = {"gloo": 0, "mpi": 0}
-SOCKETS_RANK0 = {"gloo": 5, "mpi": 1}
+SOCKETS_RANK0 = {"gloo": 4, "mpi": 1}
 #: gloo connects a pair of ranks when they first talk (``transport/backends._gloo``): a collector
 #: rank holds the store's, two listeners, rank 0's, its notices to rank 0 and its broadcast
 #: tree's (at most log2(N + 1)) sockets; MPI connects on first use
