@@ -23,7 +23,7 @@ from hpccollect.transport.notices import KEY, NoticeBoard, Notifier
 from hpccollect.transport.polled import PolledRankChannel
 from hpccollect.transport.rank_channel import RankChannel
 from hpccollect.transport.receiver import Receiver
-from hpccollect.transport.threaded import ThreadedRankChannel
+from hpccollect.transport.waited import WaitedRankChannel
 
 __all__ = ["RankGroups", "open_store"]
 
@@ -125,8 +125,9 @@ class RankGroups:
     ) -> RankChannel:
         """This process's end of the link with rank ``peer`` (see ``RankChannel`` for the
         arguments): polled where the messages group can be polled (the mpi4py transport),
-        otherwise with a thread that blocks in each receive."""
-        kind = PolledRankChannel if self.polled else ThreadedRankChannel
+        otherwise waited in (``waited.py``: rank 0 once a rank's notice came, a collector rank
+        from a thread)."""
+        kind = PolledRankChannel if self.polled else WaitedRankChannel
         link = kind(self, peer, process=process, device=device, send_timeout=send_timeout)
         self._links.append(link)
         return link

@@ -1,7 +1,7 @@
 """``RankChannel``: protocol messages between rank 0 and one collector rank over a
 torch.distributed process group, the same ``Channel`` the pool and the worker loop use for local
 processes. What travels, and how it is laid out, is ``wire.py``'s; how messages are waited for
-is a subclass's: ``ThreadedRankChannel`` (``threaded.py``, torch groups) or
+is a subclass's: ``WaitedRankChannel`` (``waited.py``, torch groups) or
 ``PolledRankChannel`` (``polled.py``, the mpi4py transport). ``RankGroups.channel`` picks one.
 
 How batches cross the link is ``rank_batches.py``'s, weights ``rank_weights.py``'s, the

@@ -37,7 +37,7 @@ _JOIN = 0.5
 
 
 class Receiver:
-    """Receives for every ``ThreadedRankChannel`` of one ``RankGroups`` (see the module)."""
+    """Receives for every ``WaitedRankChannel`` of one ``RankGroups`` (see the module)."""
 
     def __init__(self) -> None:
         self.bell = Doorbell()

@@ -1,4 +1,4 @@
-"""``ThreadedRankChannel``: a ``RankChannel`` over torch process groups, whose receives cannot
+"""``WaitedRankChannel``: a ``RankChannel`` over torch process groups, whose receives cannot
 be polled (gloo): a receive is seen complete only by a thread that waits in it. The link keeps
 one receive posted, and waits in it when it knows the message is there, or from a thread that
 can wait for as long as it takes:
@@ -24,12 +24,12 @@ from hpccollect.transport.doorbell import ready
 from hpccollect.transport.rank_channel import RankChannel
 from hpccollect.transport.wire import HEARTBEAT, MESSAGES, first_line
 
-__all__ = ["ThreadedRankChannel"]
+__all__ = ["WaitedRankChannel"]
 
 _END_GRACE = 2.0  # s: a rank's connection is seen closed this soon after its process ended
 
 
-class ThreadedRankChannel(RankChannel):
+class WaitedRankChannel(RankChannel):
     """A ``RankChannel`` over torch process groups (see the module). Its messages are seen in
     its inbox (``polled``), and its ``handles`` are the shared doorbell and, where the launcher
     has one, the rank's process: waiting on them wakes for a message or the rank's end."""
