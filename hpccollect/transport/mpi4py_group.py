@@ -251,6 +251,10 @@ class MPIGroup:
         #: each member's rank in the MPI job, for messages (a gathered job's group numbers its
         #: members from 0)
         self.world_ranks = _world_ranks(self.comm)
+        from mpi4py import MPI
+
+        self._any, self._status = MPI.ANY_SOURCE, MPI.Status  # for probes from any peer
+        self._arrival = MPI.Status()  # ``arrived``'s (the collecting thread's)
         _GROUPS.add(self)
 
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
@@ -327,6 +331,36 @@ class MPIGroup:
         finally:
             calls.pop()
         return True
+
+    def arrived(self, tag: int) -> int | None:
+        """The peer whose message on ``tag`` a receive from any peer would take next, if one
+        is here (matching nothing: ``try_recv`` from that peer takes it). One probe finds which
+        of many peers sent something, as MPI's receive from any source does."""
+        calls = self.calls
+        calls.append(None)
+        try:
+            if self._closed is not None:
+                raise RuntimeError(self._closed)
+            if not self.comm.Iprobe(self._any, tag, self._arrival):
+                return None
+            return self._arrival.Get_source()
+        finally:
+            calls.pop()
+
+    def goodbyes(self) -> list[int]:
+        """Take every goodbye that is here, from any peer (one probe when there is none): the
+        peers that said goodbye since the last look. ``stopped`` then names them gone."""
+        said: list[int] = []
+        if self._closed is not None:
+            return said
+        status = self._status()
+        with self._lock, self.inside:
+            while self.comm.Iprobe(self._any, _BYE, status):
+                peer = status.Get_source()
+                self.comm.Recv(bytearray(1), peer, _BYE)
+                self._gone[peer] = f"rank {self.world_ranks[peer]} closed its end of the connection"
+                said.append(peer)
+        return said
 
     def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
         with self.inside:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import select
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from hpccollect.errors import CollectorTimeoutError
 from hpccollect.protocol import Layout
 from hpccollect.transport.batches import Slot
 from hpccollect.transport.doorbell import Doorbell
+from hpccollect.transport.link_look import LinkLook
 from hpccollect.transport.mpi_waits import BUSY_SLEEP, IDLE_SLEEP, SPIN, wait_request
 from hpccollect.transport.rank_channel import BATCH, BATCH_REPLY, RankChannel
 from hpccollect.transport.wire import BEATS, MESSAGES, WireLayout, first_line
@@ -40,6 +42,9 @@ class _Sent:
 
 _SENT = _Sent()
 
+#: each group's ``LinkLook``, shared by its links
+_LOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
 
 class PolledRankChannel(RankChannel):
     """A ``RankChannel`` whose caller receives each message itself (see the module)."""
@@ -48,6 +53,9 @@ class PolledRankChannel(RankChannel):
 
     def __init__(self, groups: Any, peer: int, **kwargs: Any) -> None:
         self._mpi = groups.messages  # makes the receive buffers' wire arrays
+        #: the look this link shares with its group's other links (``link_look.py``); None
+        #: where its peer's process is watched by its sentinel, which only its own look sees
+        self.look: LinkLook | None = None
         super().__init__(groups, peer, **kwargs)
         self._out_wire: Any = None
         self._pace: Any = None  # how often the broadcast thread looks (see ``_waiting``)
@@ -57,6 +65,11 @@ class PolledRankChannel(RankChannel):
         self._poller = select.poll()  # the bell (once there is one) and the rank's process
         if self.life.sentinel is not None:
             self._poller.register(self.life.sentinel, select.POLLIN)
+        else:
+            self.look = _LOOKS.get(self._mpi)
+            if self.look is None:
+                self.look = _LOOKS[self._mpi] = LinkLook(self._mpi)
+            self.look.add(self)
 
     # ------------------------------------------------------------------ buffers
     def _announce(self, layout: Layout) -> WireLayout:
@@ -96,6 +109,15 @@ class PolledRankChannel(RankChannel):
             raise ConnectionError(self._failure) from err
 
     # ------------------------------------------------------------------ receiving
+    def holds(self) -> bool:
+        """Whether ``recv`` returns at once (a message, or the link's end, is in the inbox)."""
+        return bool(self._inbox)
+
+    def _hand_over(self, item: Any) -> None:
+        super()._hand_over(item)
+        if self.look is not None:
+            self.look.holding(self)
+
     def poll(self, timeout: float) -> bool:
         if self._inbox:
             return True
@@ -195,6 +217,8 @@ class PolledRankChannel(RankChannel):
             self._batch_landed()
         else:
             self._inbox.append(self._read_message())
+        if self.look is not None:
+            self.look.holding(self)
 
     # ------------------------------------------------------------------ heartbeats
     def _drain_beats(self) -> bool:
@@ -217,6 +241,9 @@ class PolledRankChannel(RankChannel):
 
     # ------------------------------------------------------------------ pacing the weights
     def _weights_thread_starts(self) -> None:
+        if self.look is not None:  # its waits watch its bell from now on, not the look
+            self.look.leave(self)
+            self.look = None
         self.bell = Doorbell()  # the broadcast thread wakes a wait for rank 0 with it
         self._poller.register(self.bell.fileno(), select.POLLIN)
         self._pace = getattr(self.groups.broadcast, "pace", None)

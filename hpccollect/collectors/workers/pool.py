@@ -34,6 +34,7 @@ __all__ = ["WorkerPool", "remote_exception"]
 
 _LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
 _LOOK = 1.0  # s: how often a wait wakes to ask whether a peer went silent
+_SILENCE_PASS = 0.1  # s: how often waits walk their workers for one that went silent
 
 
 class WorkerPool:
@@ -57,6 +58,11 @@ class WorkerPool:
         self._responsive = [False] * len(self.channels)
         #: when waits next ask channel i whether its peer went silent
         self._next_look = [0.0] * len(self.channels)
+        self._silence_due = 0.0  # when waits next walk their workers for silence
+        #: the look every channel shares, if they share one (``Channel.look``): waits go
+        #: through it, at a cost that does not grow with the workers
+        look = getattr(self.channels[0], "look", None) if self.channels else None
+        self._look = look if all(getattr(c, "look", None) is look for c in self.channels) else None
         self._closed = False
         self._abandoned: set[int] = set()  # threads whose waits end (abandon_waits_of)
         self.left_running: list[int] = []
@@ -139,7 +145,7 @@ class WorkerPool:
                 raise self._timeout(list(indices), expected, timeout)
             # take from every ready worker, so a fast one cannot hide another's death or batch
             found: tuple[int, Any] | None = None
-            ready = wait_ready([self.channels[i] for i in indices], min(remaining, _LOOK))
+            ready = self._ready(indices, min(remaining, _LOOK))
             for channel in ready:
                 index = self._index_of[id(channel)]
                 try:
@@ -156,6 +162,15 @@ class WorkerPool:
                     self._keep(index, got)
             if found is not None:
                 return found
+
+    def _ready(self, indices: Collection[int], timeout: float) -> list[Channel]:
+        """The channels of workers ``indices`` that ``recv`` can return from within
+        ``timeout`` s (maybe none)."""
+        look = self._look
+        if look is not None and look.whole:
+            index_of = self._index_of
+            return look.wait(timeout, lambda c: index_of.get(id(c)) in indices)
+        return wait_ready([self.channels[i] for i in indices], timeout)
 
     def _from_inbox(self, indices: Collection[int], expected: Reply) -> tuple[int, Any] | None:
         for index in self._stocked:
@@ -218,8 +233,13 @@ class WorkerPool:
 
     def _check_silence(self, indices: Collection[int]) -> None:
         """Raise ``WorkerError`` for the first of ``indices`` whose peer went silent (see
-        ``Channel.silence``); asks at most every ``_LOOK`` s, whatever the waits' pace."""
+        ``Channel.silence``); asks each at most every ``_LOOK`` s, and walks ``indices`` at
+        most every ``_SILENCE_PASS`` s, whatever the waits' pace (a wait that walked 10,000
+        workers would cost more than the batch it waits for)."""
         now = time.monotonic()
+        if now < self._silence_due:
+            return
+        self._silence_due = now + _SILENCE_PASS
         looks = self._next_look
         for index in indices:
             if now < looks[index]:
