@@ -348,19 +348,18 @@ class MPIGroup:
             calls.pop()
 
     def goodbyes(self) -> list[int]:
-        """Take every goodbye that is here, from any peer (one probe when there is none): the
-        peers that said goodbye since the last look. ``stopped`` then names them gone."""
-        said: list[int] = []
-        if self._closed is not None:
-            return said
+        """Take every goodbye that is here, from any peer (one probe when there is none): every
+        peer that has said goodbye, whichever call took it (``stopped`` names each gone)."""
         status = self._status()
-        with self._lock, self.inside:
-            while self.comm.Iprobe(self._any, _BYE, status):
-                peer = status.Get_source()
-                self.comm.Recv(bytearray(1), peer, _BYE)
-                self._gone[peer] = f"rank {self.world_ranks[peer]} closed its end of the connection"
-                said.append(peer)
-        return said
+        with self._lock:
+            if self._closed is None:
+                with self.inside:
+                    while self.comm.Iprobe(self._any, _BYE, status):
+                        peer = status.Get_source()
+                        self.comm.Recv(bytearray(1), peer, _BYE)
+                        why = f"rank {self.world_ranks[peer]} closed its end of the connection"
+                        self._gone[peer] = why
+            return list(self._gone)
 
     def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
         with self.inside:
