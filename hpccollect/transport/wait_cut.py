@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import select
 import threading
+import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
-__all__ = ["cut", "cut_by", "poll"]
+__all__ = ["cut", "cut_by", "poll", "sleep"]
 
 
 class _State:
@@ -61,12 +63,22 @@ def cut() -> None:
 
 def poll(poller: select.poll, ms: int | None) -> list[tuple[int, int]]:
     """``poller.poll(ms)``, cut short as the module says when it runs in the main thread."""
+    return _cut_short(poller.poll, ms)
+
+
+def sleep(seconds: float) -> None:
+    """``time.sleep(seconds)``, cut short as the module says when it runs in the main thread: a
+    pause shorter than the millisecond that ``poll`` counts in."""
+    _cut_short(time.sleep, seconds)
+
+
+def _cut_short(call: Callable[[Any], Any], arg: Any) -> Any:
     if _STATE.error is None or threading.current_thread() is not threading.main_thread():
-        return poller.poll(ms)
+        return call(arg)
     _STATE.waiting = True
     try:
         if _STATE.pending:
             raise _STATE.error()
-        return poller.poll(ms)
+        return call(arg)
     finally:
         _STATE.waiting = False
