@@ -28,7 +28,7 @@ from hpccollect.transport.wire import MESSAGES
 
 __all__ = ["LinkLook"]
 
-_FIRST_SLEEP, _MAX_SLEEP = 20e-6, 1e-3  # an idle wait's pause between looks, doubling
+_FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3  # an idle wait's pause between looks, doubling
 
 
 class LinkLook:
