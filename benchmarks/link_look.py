@@ -2,8 +2,9 @@
 
 Each time rank 0 looks for a batch it waits on the links of the ranks it asked. Here the
 collector ranks send nothing, so every wait finds nothing: the cost of looking alone, in rank
-0's CPU per wait with a timeout of 0 (the best of three rounds of 20,000 waits), two ways in
-the same job:
+0's CPU per wait with a timeout of 0 (the best of three rounds of 20,000 waits), and the share
+of a core rank 0 spends in waits of 1 s while nothing comes (3 s of them), two ways in the
+same job:
 
 - ``each``: a look at each link (``wait_ready``: each link's ``poll(0)``, two probes), the only
   way until the links shared a look, and still the way where they do not;
@@ -39,6 +40,14 @@ def _best(wait: object) -> float:
     return best
 
 
+def _idle(wait: object, seconds: float = 3.0) -> float:
+    """The share of a core that ``wait`` (a wait of 1 s that finds nothing) takes meanwhile."""
+    cpu, start = time.process_time(), time.monotonic()
+    while time.monotonic() - start < seconds:
+        assert not wait()
+    return (time.process_time() - cpu) / (time.monotonic() - start)
+
+
 def _job() -> None:
     """Every rank under mpiexec: rank 0 waits; the others wait, sleeping, for it to finish."""
     from types import SimpleNamespace
@@ -58,7 +67,9 @@ def _job() -> None:
         everyone = set(range(len(links)))
         each = _best(lambda: wait_ready(links, 0.0))
         look = _best(lambda: pool._ready(everyone, 0.0))
-        print("RESULT " + json.dumps([each, look]), flush=True)
+        each_idle = _idle(lambda: wait_ready(links, 1.0))
+        look_idle = _idle(lambda: pool._ready(everyone, 1.0))
+        print("RESULT " + json.dumps([each, look, each_idle, look_idle]), flush=True)
         del pool  # not shut down at exit: the links are the job's to end
     done = comm.Ibarrier()  # a blocking barrier would spin the waiting ranks' cores
     while not done.Test():
@@ -76,11 +87,20 @@ def main() -> None:
     rows = []
     for k in args.ranks:
         cmd = [mpiexec, "-n", str(k + 1), sys.executable, __file__, "--job"]
-        each, look = _jobs.result(cmd, timeout=600)
-        rows.append({"links": k, "each_us": round(each, 1), "look_us": round(look, 1)})
+        each, look, each_idle, look_idle = _jobs.result(cmd, timeout=600)
+        rows.append(
+            {
+                "links": k,
+                "each_us": round(each, 1),
+                "look_us": round(look, 1),
+                "each_idle_core": round(each_idle, 3),
+                "look_idle_core": round(look_idle, 3),
+            }
+        )
         print(
-            f"{k:3d} links: {each:6.1f} us of rank 0's CPU a wait looking at each link, "
-            f"{look:5.1f} us through the links' look",
+            f"{k:3d} links: a wait looking at each link {each:6.1f} us of rank 0's CPU, "
+            f"{each_idle:5.1%} of a core while nothing comes; through the links' look "
+            f"{look:5.1f} us, {look_idle:5.1%}",
             flush=True,
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)

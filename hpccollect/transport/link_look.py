@@ -29,6 +29,7 @@ from hpccollect.transport.wire import MESSAGES
 __all__ = ["LinkLook"]
 
 _FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3  # an idle wait's pause between looks, doubling
+_GOODBYES = 1e-3  # s: how often a look asks for goodbyes (a look is a few us; this is one more)
 
 
 class LinkLook:
@@ -45,6 +46,7 @@ class LinkLook:
         self._holding: dict[Any, None] = {}
         #: every link of the group is seen by this look (none left it, see ``leave``)
         self.whole = True
+        self._goodbyes_due = 0.0
 
     def add(self, link: Any) -> None:
         """Look at ``link`` (the group's link with ``link.peer``) from now on."""
@@ -61,19 +63,19 @@ class LinkLook:
 
     def wait(self, timeout: float, wanted: Callable[[Any], bool]) -> list[Any]:
         """The links that ``wanted`` accepts and that hold a message or ended, within
-        ``timeout`` s (maybe none). An idle wait looks again after 20 us, doubling up to 1 ms:
+        ``timeout`` s (maybe none). An idle wait looks again after 50 us, doubling up to 1 ms:
         a look is cheap, and a batch that comes just after one is seen within tens of us (a
         pause of whole milliseconds, as ``poll`` makes, cost rank 0 more in waking for each
         batch late than the looks it saved)."""
         deadline = time.monotonic() + timeout
-        sleep = _FIRST_SLEEP
+        pause = _FIRST_SLEEP
         while True:
             found = [link for link in self.look() if wanted(link)]
             remaining = deadline - time.monotonic()
             if found or remaining <= 0:
                 return found
-            wait_cut.sleep(min(remaining, sleep))
-            sleep = min(2 * sleep, _MAX_SLEEP)
+            wait_cut.sleep(min(remaining, pause))
+            pause = min(2 * pause, _MAX_SLEEP)
 
     def look(self) -> list[Any]:
         """Take in what came, from any link: every link that holds something now."""
@@ -83,24 +85,29 @@ class LinkLook:
         except Exception:  # the group closed under it: each link's own look tells its end
             self._look_at_each()
         holding = self._holding
+        if not holding:
+            return []
         for link in [link for link in holding if not link.holds()]:
             del holding[link]
         return list(holding)
 
     def _take_in(self) -> bool:
-        """Receive each message that is here, one a link, and each goodbye; False where the
-        next message from any rank is one no link can take now (its link holds one already),
-        which hides the messages behind it from the probe."""
-        group, links = self._group, self._links
+        """Receive each message that is here, one a link, and each goodbye (looked for at most
+        every ``_GOODBYES`` s); False where the next message from any rank is one no link can
+        take now (its link holds one already), which hides the messages behind it."""
         took = self._arrivals()
         if took is None:
             return False
-        for peer in group.goodbyes():  # every peer gone, whoever took its goodbye
-            link = links.get(peer)
-            if link is not None and not link.holds():
-                link.poll(0.0)  # what it sent before its goodbye, or its end
+        now = time.monotonic()
+        if now >= self._goodbyes_due:
+            self._goodbyes_due = now + _GOODBYES
+            links = self._links
+            for peer in self._group.goodbyes():  # every peer gone, whoever took its goodbye
+                link = links.get(peer)
+                if link is not None and not link.holds():
+                    link.poll(0.0)  # what it sent before its goodbye, or its end
         # MPICH moves a message in only inside a call, and the probe that brought it in may
-        # not have seen it: where nothing came, one more probe takes what the others brought
+        # not have seen it: where nothing came, one more probe takes what the first brought
         return took > 0 or self._arrivals() is not None
 
     def _arrivals(self) -> int | None:
