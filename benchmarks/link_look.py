@@ -8,8 +8,9 @@ same job:
 
 - ``each``: a look at each link (``wait_ready``: each link's ``poll(0)``, two probes), the only
   way until the links shared a look, and still the way where they do not;
-- ``look``: the pool's wait (``WorkerPool._ready``) through the links' shared ``LinkLook``: a
-  probe for a message and one for a goodbye from any rank, whatever the links.
+- ``look``: a wait through the links' shared ``LinkLook``, as the pool waits from
+  ``LinkLook.least`` (64) links: two probes for a message from any rank (and one for a goodbye
+  every millisecond), whatever the links.
 
     python benchmarks/link_look.py --ranks 1 2 8 32 64
 """
@@ -52,7 +53,6 @@ def _job() -> None:
     """Every rank under mpiexec: rank 0 waits; the others wait, sleeping, for it to finish."""
     from types import SimpleNamespace
 
-    from hpccollect.collectors.workers.pool import WorkerPool
     from hpccollect.transport.base import wait_ready
     from hpccollect.transport.mpi4py_group import MPIGroup, mpi4py_comm, quiesce
     from hpccollect.transport.polled import PolledRankChannel
@@ -62,15 +62,18 @@ def _job() -> None:
     groups = SimpleNamespace(messages=group, broadcast=None)
     if comm.Get_rank() == 0:
         links = [PolledRankChannel(groups, p) for p in range(1, comm.Get_size())]
-        pool = WorkerPool(links)
-        assert pool._look is not None
+        shared = links[0].look
+        index_of = {id(link): i for i, link in enumerate(links)}
         everyone = set(range(len(links)))
+
+        def look(timeout: float) -> list:  # as the pool waits (``WorkerPool._ready``)
+            return shared.wait(timeout, lambda c: index_of.get(id(c)) in everyone)
+
         each = _best(lambda: wait_ready(links, 0.0))
-        look = _best(lambda: pool._ready(everyone, 0.0))
+        at_once = _best(lambda: look(0.0))
         each_idle = _idle(lambda: wait_ready(links, 1.0))
-        look_idle = _idle(lambda: pool._ready(everyone, 1.0))
-        print("RESULT " + json.dumps([each, look, each_idle, look_idle]), flush=True)
-        del pool  # not shut down at exit: the links are the job's to end
+        look_idle = _idle(lambda: look(1.0))
+        print("RESULT " + json.dumps([each, at_once, each_idle, look_idle]), flush=True)
     done = comm.Ibarrier()  # a blocking barrier would spin the waiting ranks' cores
     while not done.Test():
         time.sleep(0.01)

@@ -107,9 +107,10 @@ class Channel(abc.ABC):
     #: tell only the peer's end and wake-ups)
     polled: bool = False
     #: what looks at this channel and the others that share it at once, or None: an object
-    #: with ``whole`` (every channel that shares it is seen by it) and ``wait(timeout,
-    #: wanted)``, which returns the channels ``wanted`` accepts that ``recv`` can return from,
-    #: at a cost that does not grow with the channels (``link_look.py``)
+    #: with ``whole`` (every channel that shares it is seen by it), ``least`` (the fewest
+    #: channels worth waiting on through it) and ``wait(timeout, wanted)``, which returns the
+    #: channels ``wanted`` accepts that ``recv`` can return from, at a cost that does not grow
+    #: with the channels (``link_look.py``)
     look: Any = None
     rank: int | None = None
     life: PeerLife
