@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import select
 import time
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,9 +41,6 @@ class _Sent:
 
 _SENT = _Sent()
 
-#: each group's ``LinkLook``, shared by its links
-_LOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
 
 class PolledRankChannel(RankChannel):
     """A ``RankChannel`` whose caller receives each message itself (see the module)."""
@@ -66,9 +62,9 @@ class PolledRankChannel(RankChannel):
         if self.life.sentinel is not None:
             self._poller.register(self.life.sentinel, select.POLLIN)
         else:
-            self.look = _LOOKS.get(self._mpi)
-            if self.look is None:
-                self.look = _LOOKS[self._mpi] = LinkLook(self._mpi)
+            if self._mpi.look is None:  # the group's links share it (made with the first)
+                self._mpi.look = LinkLook(self._mpi)
+            self.look = self._mpi.look
             self.look.add(self)
 
     # ------------------------------------------------------------------ buffers
