@@ -8,37 +8,27 @@ check.
 
 from __future__ import annotations
 
-import sys
 import time
-import traceback
 from types import SimpleNamespace
 from typing import Any
 
+from look_job import serve
+
 from hpccollect.collectors.workers.pool import WorkerPool
 from hpccollect.protocol import Reply
-from hpccollect.transport.mpi4py_group import MPIGroup, mpi4py_comm, quiesce
+from hpccollect.transport.mpi4py_group import MPIGroup
 from hpccollect.transport.polled import PolledRankChannel
 from hpccollect.transport.wire import MESSAGES
 
 GO = 99  # rank 0 to rank 2 or 3, on the job's own communicator: send your reply now
 
 
-def main() -> None:
-    comm = mpi4py_comm()
-    try:
-        run(comm)
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        comm.Abort(1)  # the other ranks wait in a barrier: end them too
-
-
-def run(comm: Any) -> None:
+def run(comm: Any, group: MPIGroup) -> None:
     rank = comm.Get_rank()
-    group = MPIGroup(comm, "test-link-look")
-    groups = SimpleNamespace(messages=group, broadcast=None)
     if rank:
-        link = PolledRankChannel(groups, 0, send_timeout=30.0)
+        link = PolledRankChannel(
+            SimpleNamespace(messages=group, broadcast=None), 0, send_timeout=30
+        )
         if rank == 1:
             link.send((Reply.VALUE, 1))
             link.send((Reply.VALUE, 11))
@@ -50,13 +40,9 @@ def run(comm: Any) -> None:
             else:
                 comm.recv(source=0, tag=GO)
                 link.send((Reply.VALUE, 22))
-        comm.barrier()
     else:
         look_on_rank_0(comm, group)
-        comm.barrier()
-    if rank != 3:
-        group.abort()
-    quiesce(timeout=5.0)
+    comm.barrier()
 
 
 def look_on_rank_0(comm: Any, group: MPIGroup) -> None:
@@ -123,4 +109,4 @@ def look_on_rank_0(comm: Any, group: MPIGroup) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    serve(run)

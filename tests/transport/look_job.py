@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,19 +23,24 @@ from hpccollect.transport.polled import PolledRankChannel
 GO = 99  # rank 0 to rank 2, on the job's own communicator: send your reply now
 
 
-def main() -> None:
+def serve(run: Callable[[Any, MPIGroup], None]) -> None:
+    """Every rank: ``run(comm, group)`` over a group of the job's communicator, then its end
+    (rank 3's ``run`` ends its own); an error ends the whole job (link_look_job.py too)."""
     comm = mpi4py_comm()
     try:
-        run(comm)
+        group = MPIGroup(comm, "test-look")
+        run(comm, group)
+        if comm.Get_rank() != 3:
+            group.abort()
+        quiesce(timeout=5.0)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
         comm.Abort(1)  # the other ranks wait in a barrier: end them too
 
 
-def run(comm: Any) -> None:
+def run(comm: Any, group: MPIGroup) -> None:
     rank = comm.Get_rank()
-    group = MPIGroup(comm, "test-look")
     groups = SimpleNamespace(messages=group, broadcast=None)
     if rank:
         link = PolledRankChannel(groups, 0, send_timeout=30.0)
@@ -74,10 +80,7 @@ def run(comm: Any) -> None:
         assert links[1].recv() == (Reply.VALUE, 2)
         print("ok the silent link's reply", flush=True)
         comm.barrier()
-    if rank != 3:
-        group.abort()
-    quiesce(timeout=5.0)
 
 
 if __name__ == "__main__":
-    main()
+    serve(run)
