@@ -9,7 +9,7 @@ same job:
 - ``each``: a look at each link (``wait_ready``: each link's ``poll(0)``, two probes), the only
   way until the links shared a look, and still the way where they do not;
 - ``look``: a wait through the links' shared ``LinkLook``, as the pool waits from
-  ``LinkLook.least`` (64) links: two probes for a message from any rank (and one for a goodbye
+  ``LinkLook.least`` (128) links: two probes for a message from any rank (and one for a goodbye
   every millisecond), whatever the links.
 
     python benchmarks/link_look.py --ranks 1 2 8 32 64

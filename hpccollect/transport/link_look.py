@@ -14,11 +14,11 @@ by a wait on that link alone) without walking every link: each link tells its lo
 inbox fills (``holding``), so the look keeps the few links that may hold something.
 
 ``WorkerPool`` waits through the look when all its channels share one (``Channel.look``) and they
-are at least ``LinkLook.least`` (64). Below that, a look at each link costs less than a small
-batch's handling, and rank 0 kept its old waits: on this project's 2-core machine, where the
-ranks share rank 0's cores, the look's quicker waits took rank 0 up to 20% more CPU a CartPole
-batch at 32 ranks (more of its waits found nothing and slept), and 30% less at 1 rank
-(``docs/scale.md``). A link that must be watched otherwise (its own bell: a collector rank's
+are at least ``LinkLook.least`` (128). Below that, a look at each link costs less than about
+two small batches' handling, and rank 0 kept its old waits: on this project's 2-core machine,
+where the ranks share rank 0's cores, the look's quicker waits took rank 0 up to 20% more CPU
+a CartPole batch at 32 and 64 ranks (more of its waits found nothing and slept), and 30% less
+at 1 rank (``docs/scale.md``). A link that must be watched otherwise (its own bell: a collector rank's
 link, whose weights thread wakes it) leaves the look, and waits then look at each link again
 (``wait_ready``).
 """
@@ -46,8 +46,8 @@ class LinkLook:
     """
 
     #: the fewest links a wait goes through the look for (``WorkerPool``): where a look at each
-    #: link (about 2.4 us a link) costs more than rank 0's whole handling of a small batch
-    least = 64
+    #: link (about 2.4 us a link) costs twice rank 0's whole handling of a small batch
+    least = 128
 
     def __init__(self, group: Any) -> None:
         self._group = group
