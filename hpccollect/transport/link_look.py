@@ -26,6 +26,7 @@ link, whose weights thread wakes it) leaves the look, and waits then look at eac
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,8 @@ __all__ = ["LinkLook"]
 
 _FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3  # an idle wait's pause between looks, doubling
 _GOODBYES = 1e-3  # s: how often a look asks for goodbyes (a look is a few us; this is one more)
+#: each group's look while one of its links lives (``LinkLook.of``)
+_LOOKS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 class LinkLook:
@@ -51,12 +54,26 @@ class LinkLook:
 
     def __init__(self, group: Any) -> None:
         self._group = group
-        self._links: dict[int, Any] = {}  # peer -> its link
-        #: the links whose inbox may hold something, oldest first (a dict as an ordered set)
-        self._holding: dict[Any, None] = {}
+        #: peer -> its link, held weakly: a link holds its look, and a cycle through the links
+        #: would leave the group (an MPI communicator) to the garbage collector, which may run
+        #: it anywhere, even in a forked child
+        self._links: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        #: the peers whose link's inbox may hold something, oldest first (a dict as an
+        #: ordered set)
+        self._holding: dict[int, None] = {}
         #: every link of the group is seen by this look (none left it, see ``leave``)
         self.whole = True
         self._goodbyes_due = 0.0
+
+    @classmethod
+    def of(cls, group: Any) -> LinkLook:
+        """The look of ``group``'s links: the one they share while any of them lives (held
+        weakly here, by the group's identity, which cannot be reused while the look holds the
+        group), or a new one."""
+        look = _LOOKS.get(id(group))
+        if look is None:
+            look = _LOOKS[id(group)] = cls(group)
+        return look
 
     def add(self, link: Any) -> None:
         """Look at ``link`` (the group's link with ``link.peer``) from now on."""
@@ -69,7 +86,7 @@ class LinkLook:
 
     def holding(self, link: Any) -> None:
         """``link``'s inbox got something (a message, or the news that its peer ended)."""
-        self._holding[link] = None
+        self._holding[link.peer] = None
 
     def wait(self, timeout: float, wanted: Callable[[Any], bool]) -> list[Any]:
         """The links that ``wanted`` accepts and that hold a message or ended, within
@@ -97,11 +114,14 @@ class LinkLook:
         holding = self._holding
         if not holding:
             return []
-        held = list(holding)  # a copy: another thread may add a link (``lose``)
-        for link in held:
-            if not link.holds():
-                holding.pop(link, None)
-        return [link for link in held if link in holding]
+        found = []
+        for peer in list(holding):  # a copy: another thread may add one (``lose``)
+            link = self._links.get(peer)
+            if link is not None and link.holds():
+                found.append(link)
+            else:
+                holding.pop(peer, None)
+        return found
 
     def _take_in(self) -> bool:
         """Receive each message that is here, one a link, and each goodbye (looked for at most
@@ -139,5 +159,5 @@ class LinkLook:
         return took
 
     def _look_at_each(self) -> None:
-        for link in self._links.values():
+        for link in list(self._links.values()):
             link.poll(0.0)

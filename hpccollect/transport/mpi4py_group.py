@@ -255,8 +255,6 @@ class MPIGroup:
 
         self._any, self._status = MPI.ANY_SOURCE, MPI.Status  # for probes from any peer
         self._arrival = MPI.Status()  # ``arrived``'s (the collecting thread's)
-        #: the ``LinkLook`` its links share (``polled.py`` makes it with the first link)
-        self.look: Any = None
         _GROUPS.add(self)
 
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:

@@ -62,9 +62,7 @@ class PolledRankChannel(RankChannel):
         if self.life.sentinel is not None:
             self._poller.register(self.life.sentinel, select.POLLIN)
         else:
-            if self._mpi.look is None:  # the group's links share it (made with the first)
-                self._mpi.look = LinkLook(self._mpi)
-            self.look = self._mpi.look
+            self.look = LinkLook.of(self._mpi)
             self.look.add(self)
 
     # ------------------------------------------------------------------ buffers

@@ -10,6 +10,7 @@ collector's end of their pipe closes.
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -95,6 +96,11 @@ def start_local_workers(
 def _start_each(
     ctx: Any, target: Callable, args: Sequence[tuple], name: str, daemon: bool, channels: list
 ) -> None:
+    if ctx.get_start_method() == "fork":
+        # garbage of this process's cycles not collected yet would be collected in each child
+        # as soon as it allocates; among it, objects whose end is not safe after a fork (an MPI
+        # communicator, a gloo context and its threads): a child segfaulted so, in a test run
+        gc.collect()
     for index, extra in enumerate(args):
         parent, child = ctx.Pipe()
         process = ctx.Process(
