@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from hpccollect.protocol import Message
+from hpccollect.transport import wait_cut
 from hpccollect.transport.doorbell import ready
 
 __all__ = [
@@ -181,8 +182,8 @@ def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
 
     Polled channels are looked at with ``poll(0)``. Where each has a ``bell`` (rung when a
     message reaches its inbox; one bell may serve many channels), the wait sleeps on the bells
-    and the other channels' handles; otherwise it looks again after 20 us, doubling up to 1 ms
-    (the latency an idle wait adds)."""
+    and the other channels' handles; otherwise it looks again after pauses of tens of us, up
+    to 1 ms (``wait_cut.paced``: the latency an idle wait adds)."""
     owners: dict[int, Channel] = {}
     bells: dict[int, Any] = {}
     handles = []
@@ -201,13 +202,11 @@ def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
                 owners[id(handle)] = channel
                 handles.append(handle)
     polled = [c for c in channels if c.polled]
-    deadline = time.monotonic() + timeout
-    sleep = 20e-6
-    while True:
+
+    def look(block: float) -> list[Channel]:
         seen = {id(c): c for c in polled if c.poll(0)}
-        remaining = 0.0 if seen else max(0.0, deadline - time.monotonic())
         rang = False
-        for handle in ready(handles, min(remaining, sleep) if spin else remaining):
+        for handle in ready(handles, 0.0 if seen else block) if handles else ():
             if id(handle) in bells:
                 handle.clear()
                 rang = True
@@ -215,7 +214,12 @@ def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
                 seen[id(owners[id(handle)])] = owners[id(handle)]
         if rang:
             seen.update({id(c): c for c in polled if c.poll(0)})
-        if seen or time.monotonic() >= deadline:
-            return [c for c in channels if id(c) in seen]
-        if spin:
-            sleep = min(2 * sleep, 1e-3)
+        return [c for c in channels if id(c) in seen]
+
+    if spin:
+        return wait_cut.paced(lambda: look(0.0), timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        found = look(max(0.0, deadline - time.monotonic()))
+        if found or time.monotonic() >= deadline:
+            return found

@@ -35,7 +35,6 @@ from hpccollect.transport.wire import MESSAGES
 
 __all__ = ["LinkLook"]
 
-_FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3  # an idle wait's pause between looks, doubling
 _GOODBYES = 1e-3  # s: how often a look asks for goodbyes (a look is a few us; this is one more)
 #: each group's look while one of its links lives (``LinkLook.of``)
 _LOOKS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -90,19 +89,9 @@ class LinkLook:
 
     def wait(self, timeout: float, wanted: Callable[[Any], bool]) -> list[Any]:
         """The links that ``wanted`` accepts and that hold a message or ended, within
-        ``timeout`` s (maybe none). An idle wait looks again after 50 us, doubling up to 1 ms:
-        a look is cheap, and a batch that comes just after one is seen within tens of us (a
-        pause of whole milliseconds, as ``poll`` makes, cost rank 0 more in waking for each
-        batch late than the looks it saved)."""
-        deadline = time.monotonic() + timeout
-        pause = _FIRST_SLEEP
-        while True:
-            found = [link for link in self.look() if wanted(link)]
-            remaining = deadline - time.monotonic()
-            if found or remaining <= 0:
-                return found
-            wait_cut.sleep(min(remaining, pause))
-            pause = min(2 * pause, _MAX_SLEEP)
+        ``timeout`` s (maybe none); an idle wait looks again after pauses of tens of us, up to
+        1 ms (``wait_cut.paced``)."""
+        return wait_cut.paced(lambda: [link for link in self.look() if wanted(link)], timeout)
 
     def look(self) -> list[Any]:
         """Take in what came, from any link: every link that holds something now."""
