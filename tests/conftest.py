@@ -72,21 +72,24 @@ class CounterEnv(gym.Env):
 
 
 class WideCounter(CounterEnv):
-    """4,096 floats an observation, each the env's step count since it was made; the reward is
-    the episode length, which tells the ranks' frames apart. A batch of 24 frames is 786 KB:
-    large enough to keep the buffer it arrived in (``rank_channel``)."""
+    """``width`` floats an observation, each the env's step count since it was made; the reward
+    is the episode length, which tells the ranks' frames apart. A batch of 24 frames is 786 KB
+    at the default width, where rank 0 copies leaves of other dtypes out of the buffer the batch
+    arrived in; at a width of 4 it is 2 KB, and keeps all its leaves there (``rank_batches``)."""
 
-    def __init__(self, length: int = 5) -> None:
+    def __init__(self, length: int = 5, width: int = 4096) -> None:
         super().__init__(length)
-        self.observation_space = spaces.Box(-1e9, 1e9, (4096,), np.float32)
+        self.width = width
+        self.observation_space = spaces.Box(-1e9, 1e9, (width,), np.float32)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        return np.full(4096, self.total, np.float32), {}
+        return np.full(self.width, self.total, np.float32), {}
 
     def step(self, action):
         _, _, done, _, info = super().step(action)
-        return np.full(4096, self.total, np.float32), float(self.length), done, False, info
+        obs = np.full(self.width, self.total, np.float32)
+        return obs, float(self.length), done, False, info
 
 
 class SlowCounter(CounterEnv):
@@ -108,7 +111,7 @@ def assert_each_holds_its_own(batches: list, frames: int) -> None:
     starts: dict[float, list[float]] = {}
     for batch in batches:
         obs, nxt = batch["observation"], batch["next", "observation"]
-        assert obs.shape == (frames, 4096) and (obs == obs[:, :1]).all()
+        assert obs.shape[0] == frames and (obs == obs[:, :1]).all()
         assert (nxt == obs + 1).all() and (obs[1:, 0] - obs[:-1, 0] == 1).all()
         length = float(batch["next", "reward"][0])
         assert (batch["next", "reward"] == length).all()

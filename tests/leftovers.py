@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from multiprocessing.util import Finalize
 from pathlib import Path
 
 import pytest
@@ -100,4 +101,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         else:
             os.environ[name] = value
     tempfile.tempdir = None
-    shutil.rmtree(folder, ignore_errors=True)
+    # after multiprocessing's own clean-up at exit, which removes this process's ``pymp-``
+    # folder in there (a run without xdist workers starts fork servers itself) and raises
+    # where it is gone already
+    Finalize(None, shutil.rmtree, (folder,), {"ignore_errors": True}, exitpriority=-200)

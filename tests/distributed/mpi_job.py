@@ -11,7 +11,7 @@ sleep: rank 0 mostly waits; its CPU time over its wall time is saved as ``busy``
 ``stream`` (no end to the frames: rank 0 takes 20 batches and shuts the ranks down while they
 collect, as a trainer does, with no policy: the ranks' random actions; the shutdown's seconds are
 saved as ``shutdown_s``), ``long-batch`` (the same, but a batch takes a rank 3 s and rank 0
-stops after the first), ``wide`` (large batches, kept as yielded: no ``clone()``).
+stops after the first), ``wide`` (large batches, kept as yielded: no ``clone()``), ``narrow`` (small ones, kept so).
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ def main() -> None:
         Path(f"{a.out}.served{rank}").write_text("returned")
         return
     slow = {"wait": Slow, "idle": Sleepy, "wide": WideCounter, "long-batch": LongSteps}
+    slow["narrow"] = partial(WideCounter, width=4)
+    kept = a.mode in ("wide", "narrow")
     second = {"raise-env": Failing, **slow}.get(a.mode, CounterEnv)
     first = slow.get(a.mode, CounterEnv)
     policy = TensorDictModule(BiasPolicy(), ["observation"], ["action"])
@@ -101,7 +103,7 @@ def main() -> None:
     batches = []
     wall, cpu = time.perf_counter(), time.process_time()
     for i, batch in enumerate(collector):
-        batches.append(batch if a.mode == "wide" else batch.clone())  # wide: kept as given
+        batches.append(batch if kept else batch.clone())
         if i == 0:
             open(f"{a.out}.started", "w").close()
             pids = [
