@@ -107,8 +107,8 @@ class PolledRankChannel(RankChannel):
         """Whether ``recv`` returns at once (a message, or the link's end, is in the inbox)."""
         return bool(self._inbox)
 
-    def _hand_over(self, item: Any) -> None:
-        super()._hand_over(item)
+    def _hand_over(self, item: Any, ring: bool = True) -> None:
+        super()._hand_over(item, ring)
         if self.look is not None:
             self.look.holding(self)
 
@@ -207,12 +207,11 @@ class PolledRankChannel(RankChannel):
         head = self._in_head
         if head[0] == BATCH:  # from a collector rank: the weights version it was collected with
             self.batch_version = head[3]
-            self._inbox.append((BATCH_REPLY, head[2]))
+            item = (BATCH_REPLY, head[2])
             self._batch_landed()
         else:
-            self._inbox.append(self._read_message())
-        if self.look is not None:
-            self.look.holding(self)
+            item = self._read_message()
+        self._hand_over(item, ring=False)
 
     # ------------------------------------------------------------------ heartbeats
     def _drain_beats(self) -> bool:

@@ -21,6 +21,7 @@ from hpccollect.transport.wire import CONTROL, WireLayout, header
 
 __all__ = ["RankBatches"]
 
+
 class RankBatches:
     """The batch methods of ``RankChannel``; what they use of the channel is declared."""
 

@@ -266,10 +266,12 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
         return group
 
     # ------------------------------------------------------------------ receiving
-    def _hand_over(self, item: Any) -> None:
+    def _hand_over(self, item: Any, ring: bool = True) -> None:
+        """Put ``item`` in the inbox, the one way in, and ring the bell unless ``ring`` is
+        False (the thread that waits on it put it there)."""
         self._inbox.append(item)
         bell = self.bell
-        if bell is not None:
+        if ring and bell is not None:
             bell.ring()
 
     def _read_message(self) -> Message:

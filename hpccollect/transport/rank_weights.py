@@ -41,7 +41,7 @@ class RankWeights:
     _broadcaster: threading.Thread | None
 
     _group: Callable[[], Any]
-    _hand_over: Callable[[Any], None]
+    _hand_over: Callable[..., None]
     _send_blob: Callable[[Any, int, bytes], None]
     _post: Callable[[torch.Tensor, int], Any]
     _await_rest: Callable[[Any], None]
