@@ -74,8 +74,8 @@ class CounterEnv(gym.Env):
 class WideCounter(CounterEnv):
     """``width`` floats an observation, each the env's step count since it was made; the reward
     is the episode length, which tells the ranks' frames apart. A batch of 24 frames is 786 KB
-    at the default width, where rank 0 copies leaves of other dtypes out of the buffer the batch
-    arrived in; at a width of 4 it is 2 KB, and keeps all its leaves there (``rank_batches``)."""
+    at the default width, large enough to keep the buffer it arrived in; at a width of 4 it is
+    2 KB, and rank 0 copies it out (``rank_batches``)."""
 
     def __init__(self, length: int = 5, width: int = 4096) -> None:
         super().__init__(length)

@@ -2,10 +2,11 @@
 
 A collector rank writes its batches where they leave from (``batch_buffers``), and announces
 their layout once (``_announce``); each batch then crosses as one message. Rank 0 receives it
-into a buffer laid out as announced (``_adopt``). A batch keeps the buffer it landed in, and
-the next message comes into a spare that no one holds any more (``batches.Spares``): the
-yielded batch's largest dtype is never copied. What a buffer needs is made once, with it: its header view and
-each leaf's view, which the yielded batch is made from (``own``, ``latest``).
+into a buffer laid out as announced (``_adopt``). A small batch is copied out of the link's one
+receive buffer; a large one keeps the buffer it landed in, and the next message comes into a
+spare that no one holds any more (``batches.Spares``). What a buffer needs is made once, with
+it: its header view and each leaf's view, which the yielded batch is made from (``own``,
+``latest``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from hpccollect.transport.batches import HEADER, FlatLayout, Slot, Spares
 from hpccollect.transport.wire import CONTROL, WireLayout, header
 
 __all__ = ["RankBatches"]
+
+#: bytes from which a batch keeps the buffer it arrived in rather than being copied out
+_KEEP_AT = 1 << 18
 
 
 class RankBatches:
@@ -97,13 +101,12 @@ class RankBatches:
         self._recv_buf, self._in_head = slot.buffer, slot.made[0]
 
     def _batch_landed(self) -> None:
-        """A batch came into the receive buffer, and keeps it (``latest``, ``own``): the next
-        message comes into a spare no one holds, and the caller keeps the batch without a
-        copy. The peer sends its next batch only when asked, so at most one batch is in flight
-        per link; a loop holding the batch it was yielded while it asks for the next keeps
-        three buffers going round, made once. (The leaves of the dtype with the most bytes
-        stay there, ``FlatLayout.own``: for a CartPole batch, 3 of its 11 leaves.)"""
-        if self._in_views is not None:
+        """A batch came into the receive buffer. A large one keeps that buffer (``latest``,
+        ``own``), and the next message comes into another: the caller keeps the batch
+        without a copy. The peer sends its next batch only when asked, so at most one batch
+        is in flight per link. A small batch is copied instead (``own``): a new buffer, made
+        on the receiving thread, costs more than copying a few kB."""
+        if self._in_views is not None and self._recv_buf.numel() >= _KEEP_AT:
             self._landed = self._in_slot
             self._use_recv_buf(self._spares.next_after(self._in_slot))
 

@@ -102,9 +102,9 @@ def test_mpiexec_job_gives_the_mp_launchers_data(tmp_path, reference, backend):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["wide", "narrow"])
 def test_batches_over_mpi_kept_without_a_copy_are_each_their_own(tmp_path, mode):
-    """Over the mpi4py transport, a batch (large, or small) is yielded in the buffer it
-    arrived in and the next one arrives in another: batches kept as yielded each hold their
-    own frames."""
+    """Over the mpi4py transport, a large batch is yielded in the buffer it arrived in and
+    the next one arrives in another, a small one is copied out of it: batches kept as yielded
+    each hold their own frames."""
     out = tmp_path / "out.pt"
     code, output, _ = run_job(out, "--backend", "mpi", "--sync", "0", "--mode", mode)
     assert code == 0, output
