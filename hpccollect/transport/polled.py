@@ -78,14 +78,14 @@ class PolledRankChannel(RankChannel):
         super()._use_recv_buf(slot)
         self._in_wire = slot.made[-1]
 
-    def _start_send(self, tensor: torch.Tensor, tag: int) -> Any:
-        if tensor is self._head_out[0] and not self._sent_shutdown:
-            # a command's header (most commands), from its kept array: seen through at once
-            # (so small a send completes without the peer). A work object kept until the next
-            # command and waited on then made a third of what rank 0 spent on each COLLECT.
-            self._send_now(self._head_wire, tag)
-            return _SENT
-        return super()._start_send(tensor, tag)
+    def _post_header(self) -> Any:
+        if self._sent_shutdown:  # seen through within the shutdown's own timeout
+            return super()._post_header()
+        # from its kept array, seen through at once (so small a send completes without the
+        # peer): a work object kept until the next command and waited on then made a third of
+        # what rank 0 spent on each COLLECT
+        self._send_now(self._head_wire, MESSAGES)
+        return _SENT
 
     def _send_batch(self, flat: torch.Tensor) -> None:
         self._send_now(self._out_wire, MESSAGES)

@@ -175,8 +175,8 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
         if kind is Command.SHUTDOWN:
             timeout, self._sent_shutdown = _SHUTDOWN_TIMEOUT, True
         self._settle(timeout)
-        if not blob and self._failure is None and self.device.type == "cpu":
-            # a header alone (most commands): the channel's own buffer, free once settled
+        alone = not blob and self._failure is None and self.device.type == "cpu"
+        if alone:  # a header alone (most commands): the channel's own buffer, free once settled
             head, out = self._head_out
             out[0], out[1], out[2], out[3], out[4] = CODE[kind], 0, value, self.broadcasts, 0
             parts = [head]
@@ -194,7 +194,7 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
                 self._wait(self._post(part, MESSAGES), timeout)
             if len(parts) > 1:
                 self._told()  # the peer took the head, and receives the rest once it looks
-            last = self._post(parts[-1], MESSAGES)
+            last = self._post_header() if alone else self._post(parts[-1], MESSAGES)
         if isinstance(kind, Command) and kind is not Command.SHUTDOWN:
             # rank 0 does not wait for a command to be taken: a gloo send completes only into
             # a receive the peer posted, and a rank stopped just before posting it would hold
@@ -229,6 +229,11 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
         except RuntimeError as err:
             self._failure = self._failure or f"closed the connection ({first_line(err)})"
             raise ConnectionError(self._failure) from err
+
+    def _post_header(self) -> Any:
+        """Start sending the channel's own header buffer, filled in for a message that is a
+        header alone (most commands): its work."""
+        return self._post(self._head_out[0], MESSAGES)
 
     def _start_send(self, tensor: torch.Tensor, tag: int) -> Any:
         """The group's send of ``tensor`` to the peer (its work)."""
