@@ -15,12 +15,13 @@ inbox fills (``holding``), so the look keeps the few links that may hold somethi
 
 ``WorkerPool`` waits through the look when all its channels share one (``Channel.look``) and they
 are at least ``LinkLook.least`` (128). Below that, a look at each link costs less than about
-two small batches' handling, and rank 0 kept its old waits: on this project's 2-core machine,
-where the ranks share rank 0's cores, the look's quicker waits took rank 0 up to 20% more CPU
-a CartPole batch at 32 and 64 ranks (more of its waits found nothing and slept), and 30% less
-at 1 rank (``docs/scale.md``). A link that must be watched otherwise (its own bell: a collector rank's
-link, whose weights thread wakes it) leaves the look, and waits then look at each link again
-(``wait_ready``).
+two small batches' handling, and rank 0 waits by looking at each link (``wait_ready``, paced
+as the look is: ``wait_cut.paced``): on this project's 2-core machine, where the ranks share
+rank 0's cores, the look's quicker waits took rank 0 up to 20% more CPU a CartPole batch at
+32 and 64 ranks (more of its waits found nothing and slept), and at 32 ranks still did with
+both waits paced alike (``docs/scale.md``). A link that must be watched otherwise (its own
+bell: a collector rank's link, whose weights thread wakes it) leaves the look, and waits then
+look at each link again.
 """
 
 from __future__ import annotations
