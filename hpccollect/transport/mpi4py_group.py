@@ -31,7 +31,11 @@ import torch
 
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.transport.at_exit import run_before_close
-from hpccollect.transport.mpi_job_end import end_job_at_exit, unlink_node_segment
+from hpccollect.transport.mpi_job_end import (
+    end_job_at_exit,
+    finalize_before_teardown,
+    unlink_node_segment,
+)
 from hpccollect.transport.mpi_waits import IDLE_SLEEP, SPIN, Pace, wait_request
 
 __all__ = ["MPIGroup", "mpi4py_comm", "quiesce"]
@@ -80,11 +84,14 @@ def quiesce(timeout: float = 2.0) -> None:
 
 
 @atexit.register
-def _quiesce_at_exit() -> None:
-    if not _GROUPS:
-        return
-    run_before_close()  # live collectors tell their ranks to stop first, over these groups
-    quiesce()
+def _end_mpi_at_exit() -> None:
+    """At Python's exit: live collectors tell their ranks to stop (over these groups), no
+    thread is left inside a group, and MPI is finalised before Python's teardown
+    (``finalize_before_teardown``)."""
+    if _GROUPS:
+        run_before_close()
+        quiesce()
+    finalize_before_teardown()
 
 
 #: what keeps each MPI off the network, set (when the user set none of a group) for a job whose

@@ -97,6 +97,8 @@ def test_mpiexec_job_gives_the_mp_launchers_data(tmp_path, reference, backend):
     assert len(job_pids(out)) == 3
     assert_gone(job_pids(out))
     assert seconds < 60, f"the job took {seconds:.1f} s"
+    # rank 0 let its collector ranks go before its own teardown (finalize_before_teardown)
+    assert (tmp_path / "out.pt.finalized").read_text() == "True"
 
 
 @pytest.mark.timeout(120)
