@@ -47,10 +47,9 @@ def finalize_before_teardown() -> None:
     too, and under Intel MPI that wait spins a whole core each. Rank 0's teardown (the
     collection of every module's objects: torch's are many) then runs on what they leave of
     the node's cores: under Intel MPI on 2 cores, 2 collector ranks kept rank 0 from its
-    finalise for 5 to 16 s after a run that had ended, in 5 of 25 runs (``benchmarks/
-    job_end.py``: the job ends about a second after its stop now).
-    Rank 0's exit handlers that abort the job instead (``end_job_at_exit``) were registered
-    later, so they run first."""
+    finalise for 5 to 16 s after a run that had ended, in 5 of 25 runs; the job now ends
+    about a second after its stop (``benchmarks/job_end.py``). Rank 0's exit handlers that
+    abort the job instead (``end_job_at_exit``) were registered later, so they run first."""
     if "mpi4py.MPI" not in sys.modules:
         return
     from mpi4py import MPI
