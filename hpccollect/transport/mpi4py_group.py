@@ -85,11 +85,12 @@ def quiesce(timeout: float = 2.0) -> None:
 
 @atexit.register
 def _end_mpi_at_exit() -> None:
-    """At Python's exit: live collectors tell their ranks to stop (over these groups), no
-    thread is left inside a group, and MPI is finalised before Python's teardown
+    """At Python's exit: live collectors tell their ranks to stop (over these groups, or
+    gloo's: the ranks must be on their way to their own ``MPI_Finalize``), no thread is left
+    inside a group, and MPI is finalised before Python's teardown
     (``finalize_before_teardown``)."""
+    run_before_close()
     if _GROUPS:
-        run_before_close()
         quiesce()
     finalize_before_teardown()
 

@@ -11,7 +11,9 @@ sleep: rank 0 mostly waits; its CPU time over its wall time is saved as ``busy``
 ``stream`` (no end to the frames: rank 0 takes 20 batches and shuts the ranks down while they
 collect, as a trainer does, with no policy: the ranks' random actions; the shutdown's seconds are
 saved as ``shutdown_s``), ``long-batch`` (the same, but a batch takes a rank 3 s and rank 0
-stops after the first), ``wide`` (large batches, kept as yielded: no ``clone()``), ``narrow`` (small ones, kept so).
+stops after the first), ``leave`` (as ``stream``, but rank 0 never calls ``shutdown()``: its
+exit hooks stop the ranks), ``wide`` (large batches, kept as yielded: no ``clone()``), ``narrow``
+(small ones, kept so).
 """
 
 from __future__ import annotations
@@ -102,9 +104,9 @@ def main() -> None:
     policy = TensorDictModule(BiasPolicy(), ["observation"], ["action"])
     collector = DistributedDataCollector(
         [partial(first, 3), partial(second, 4)],
-        None if a.mode == "stream" else policy,  # no weights: no thread waits for them
+        None if a.mode in ("stream", "leave") else policy,  # no weights: no thread waits
         frames_per_batch=24,
-        total_frames=-1 if a.mode in ("wait", "stream", "long-batch") else 240,
+        total_frames=-1 if a.mode in ("wait", "stream", "long-batch", "leave") else 240,
         launcher=a.launcher,
         backend=a.backend,
         sync=bool(a.sync),
@@ -129,12 +131,13 @@ def main() -> None:
             with torch.no_grad():
                 policy.module.bias.copy_(torch.tensor([0.0, 1.0]))
             collector.update_policy_weights_()
-        if (a.mode == "stream" and i == 19) or (a.mode == "long-batch" and i == 0):
+        if (a.mode in ("stream", "leave") and i == 19) or (a.mode == "long-batch" and i == 0):
             break
     busy = (time.process_time() - cpu) / (time.perf_counter() - wall)
     versions = list(collector.policy_versions)
     stop = time.perf_counter()
-    collector.shutdown()
+    if a.mode != "leave":
+        collector.shutdown()
     shutdown_s = time.perf_counter() - stop
     torch.save(
         {

@@ -65,6 +65,20 @@ def test_a_trainer_stops_ranks_that_collect_without_end_and_the_job_exits_0(tmp_
 
 
 @pytest.mark.timeout(120)
+def test_a_trainer_that_never_shuts_down_still_ends_its_ranks_and_exits_0(tmp_path):
+    """Rank 0 leaves its script with the collector open: its exit hooks stop the ranks before
+    they finalise MPI (over gloo, a finalise that came first waited for ranks that still
+    collected, which ended the job 30 s later as ranks that lost rank 0: exit 3)."""
+    out = tmp_path / "out.pt"
+    code, output, _ = run_job(out, "--backend", "gloo", "--sync", "0", "--mode", "leave")
+    assert code == 0, output
+    assert "has sent nothing" not in output, output
+    assert len(batches(out)) == 20
+    assert (tmp_path / "out.pt.finalized").read_text() == "True"
+    assert_gone(job_pids(out))
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_ranks_told_to_stop_mid_batch_finish_it_and_the_job_exits_0(tmp_path, backend):
     """A stop waits for the batch a rank is collecting (3 s here): rank 0 waits for it, and
