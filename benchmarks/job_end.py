@@ -30,32 +30,13 @@ from pathlib import Path
 
 import _jobs
 
-from hpccollect._launchers import process
+from hpccollect._launchers import alive, descendants
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "job_end.json"
 _PROGRESS = re.compile(r"\] [1-9]\d*/100000000 frames")
 _START_LIMIT = 180.0  # s a job may take to print its first progress line
 _END_LIMIT = 120.0  # s a job may take to end once stopped; past it the round fails
-
-
-def _below(pid: int) -> set[int]:
-    """Every process below ``pid`` now."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (found := process(int(entry))) is not None:
-            children.setdefault(found.parent, []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    found = process(pid)
-    return found is not None and found.state != "Z"
 
 
 def one(launcher: str, stop: signal.Signals, env: dict[str, str], folder: Path) -> dict:
@@ -74,16 +55,16 @@ def one(launcher: str, stop: signal.Signals, env: dict[str, str], folder: Path) 
     try:
         deadline = time.monotonic() + _START_LIMIT
         while not _PROGRESS.search(log.read_text()):
-            seen |= _below(proc.pid)
+            seen |= set(descendants(proc.pid))
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"{' '.join(cmd)} did not start:\n{log.read_text()[-2000:]}")
             time.sleep(0.05)
-        seen |= _below(proc.pid)
+        seen |= set(descendants(proc.pid))
         stopped = time.monotonic()
         proc.send_signal(stop)
         proc.wait(_END_LIMIT)
         launcher_s = time.monotonic() - stopped
-        while any(_alive(p) for p in seen):
+        while any(alive(p) for p in seen):
             if time.monotonic() - stopped > _END_LIMIT:
                 raise SystemExit(f"the job did not end {_END_LIMIT:g} s after {stop.name}")
             time.sleep(0.01)
@@ -93,7 +74,7 @@ def one(launcher: str, stop: signal.Signals, env: dict[str, str], folder: Path) 
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         for pid in seen:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     if "stopped early by" not in (folder / "job.out").read_text():
         raise SystemExit(f"the job did not stop as asked:\n{log.read_text()[-2000:]}")

@@ -115,15 +115,35 @@ def reap_after_abort(grace: float = 10.0, childless: float = 3.0) -> int | None:
     return reaper.pid
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and has not ended (a zombie has)."""
+    found = process(pid)
+    return found is not None and found.state != "Z"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` now, nearest first (ended ones not yet waited for too)."""
+    by_parent = _by_parent()
+    found, todo = [], [pid]
+    while todo:
+        for child in by_parent.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _by_parent() -> dict[int, list[int]]:
+    """Every process now, under its parent's pid."""
+    table: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (found := process(int(entry))) is not None:
+            table.setdefault(found.parent, []).append(int(entry))
+    return table
+
+
 def _children(pid: int) -> list[int]:
     """The live (not ended) children of ``pid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            child = process(int(entry))
-            if child is not None and child.parent == pid and child.state != "Z":
-                found.append(int(entry))
-    return found
+    return [child for child in _by_parent().get(pid, []) if alive(child)]
 
 
 def _reap(pid: int, started: int, grace: float, childless: float) -> None:

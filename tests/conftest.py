@@ -25,6 +25,9 @@ from gymnasium import spaces
 from tensordict import TensorDict
 from torch import nn
 
+# test modules take ``alive`` from here, beside this module's own /proc helpers
+from hpccollect._launchers import alive, descendants, process  # noqa: F401
+
 # The SLURM clusters are session fixtures shared by every module that takes them (a module that
 # imported them would get a cluster of its own); they live in tests/slurm/slurm_cluster.py,
 # since a conftest.py there would shadow this one, which test modules import as ``conftest``.
@@ -163,22 +166,10 @@ def descriptors(kind: str, pid: int | str = "self") -> int:
     return held
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (exists and is not a zombie), from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def parent(pid: int) -> int | None:
     """Process ``pid``'s parent, from /proc (None once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+    found = process(pid)
+    return None if found is None else found.parent
 
 
 def cmdline(pid: int) -> bytes:
@@ -255,25 +246,6 @@ def no_mpich_segments_left():
     while (left := mpich_segments() - before) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"an mpiexec job left a shared-memory segment: {sorted(left)}"
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc; psutil is not a dependency)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def started_here() -> set[int]:
