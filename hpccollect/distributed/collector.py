@@ -11,7 +11,9 @@ lets it). A launcher plug-in starts the ranks
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
@@ -50,12 +52,15 @@ from hpccollect.distributed.schedule import WeightSchedule
 from hpccollect.distributed.weights import RankWeightsSender
 from hpccollect.errors import ArgumentValueError
 from hpccollect.launchers.rank import start_ranks
+from hpccollect.transport.at_exit import before_transports_close
 from hpccollect.transport.backends import check_backend
 from hpccollect.transport.base import Channel
 from hpccollect.transport.groups import RankGroups
 from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 
 __all__ = ["DistributedDataCollector", "DistributedSyncCollector"]
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # the collectors not shut down yet
 
 
 @with_args(**DISTRIBUTED)
@@ -230,6 +235,7 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
             # the ranks' sinks keep the batches (rank 0 only tallies reports), or no rank's
             # policy has weights: no weights can wait for a rank, so it goes on at once
             self._release_after_yield = False
+        _LIVE.add(self)
 
     # ------------------------------------------------------------------ the ranks
     @property
@@ -390,6 +396,7 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
                 ended (None: 60 and 10).
             close_env: the ranks close their envs as they stop.
         """
+        _LIVE.discard(self)
         try:
             self._stop_background(timeout, abandon=True)
         finally:
@@ -450,3 +457,13 @@ class DistributedSyncCollector(DistributedDataCollector):
                 "DistributedDataCollector(sync=...)."
             )
         super().__init__(*args, sync=True, update_interval=update_interval, **kwargs)
+
+
+@before_transports_close
+def _shutdown_live_collectors() -> None:
+    """At exit, a collector its script left open shuts down as ``shutdown()`` does: its ranks
+    are told to stop, and those left running are handed to the launcher, which ends the job
+    for them (under MPI, ``MPI_Finalize`` would wait for them forever)."""
+    for collector in list(_LIVE):
+        with contextlib.suppress(Exception):
+            collector.shutdown(timeout=2)

@@ -1,15 +1,22 @@
-"""What must happen at exit before a transport closes its groups: a collector still open tells
-its ranks to stop over them first. Layers above register here; a transport's exit handler runs
-them, so the transport never reaches up into the collectors."""
+"""What must happen at exit, in order: a collector still open tells its ranks to stop (over its
+transport's groups: they must still be open), then the transports close their groups. Layers
+above and the transports register here; the exit handler of the MPI job's end
+(``mpi_job_end``) runs both, so the transport never reaches up into the collectors."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
 
-__all__ = ["before_transports_close", "run_before_close"]
+__all__ = [
+    "before_transports_close",
+    "close_transports",
+    "run_before_close",
+    "when_transports_close",
+]
 
 _FIRST: list[Callable[[], None]] = []
+_CLOSE: list[Callable[[], None]] = []
 
 
 def before_transports_close(fn: Callable[[], None]) -> Callable[[], None]:
@@ -21,5 +28,19 @@ def before_transports_close(fn: Callable[[], None]) -> Callable[[], None]:
 def run_before_close() -> None:
     """Run what was registered, in order; called by a transport's exit handler."""
     for fn in list(_FIRST):
+        with contextlib.suppress(Exception):
+            fn()
+
+
+def when_transports_close(fn: Callable[[], None]) -> Callable[[], None]:
+    """Have ``fn`` close a transport's groups at exit, once what ``before_transports_close``
+    registered has run."""
+    _CLOSE.append(fn)
+    return fn
+
+
+def close_transports() -> None:
+    """Run what ``when_transports_close`` registered, in order (errors ignored)."""
+    for fn in list(_CLOSE):
         with contextlib.suppress(Exception):
             fn()

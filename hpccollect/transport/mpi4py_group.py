@@ -16,7 +16,6 @@ message to every peer; their pending receives from it then fail just as gloo's d
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime
 import os
@@ -30,12 +29,8 @@ from typing import Any
 import torch
 
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
-from hpccollect.transport.at_exit import run_before_close
-from hpccollect.transport.mpi_job_end import (
-    end_job_at_exit,
-    finalize_before_teardown,
-    unlink_node_segment,
-)
+from hpccollect.transport.at_exit import when_transports_close
+from hpccollect.transport.mpi_job_end import end_job_at_exit, unlink_node_segment
 from hpccollect.transport.mpi_waits import IDLE_SLEEP, SPIN, Pace, wait_request
 
 __all__ = ["MPIGroup", "mpi4py_comm", "quiesce"]
@@ -83,16 +78,7 @@ def quiesce(timeout: float = 2.0) -> None:
         time.sleep(1e-3)
 
 
-@atexit.register
-def _end_mpi_at_exit() -> None:
-    """At Python's exit: live collectors tell their ranks to stop (over these groups, or
-    gloo's: the ranks must be on their way to their own ``MPI_Finalize``), no thread is left
-    inside a group, and MPI is finalised before Python's teardown
-    (``finalize_before_teardown``)."""
-    run_before_close()
-    if _GROUPS:
-        quiesce()
-    finalize_before_teardown()
+when_transports_close(quiesce)
 
 
 #: what keeps each MPI off the network, set (when the user set none of a group) for a job whose

@@ -1,6 +1,12 @@
 """How an MPI job ends: ``finalize_before_teardown`` the usual way; when it cannot end so,
 ``abort_job`` (``MPI_Abort``, with what must happen first), and ``end_job_at_exit`` for a rank 0
-whose collector ranks cannot be stopped one by one."""
+whose collector ranks cannot be stopped one by one.
+
+At Python's exit one handler (``_end_at_exit``, registered when this module is imported, so
+before any the user registers after importing hpccollect, and run after them) does it in
+order: live collectors tell their ranks to stop, the transports close their groups
+(``at_exit``), then the job is aborted if collector ranks were left running (found before the
+exit or during those steps), else MPI is finalised."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpccollect._launchers import reap_after_abort
+from hpccollect.transport.at_exit import close_transports, run_before_close
 
 __all__ = [
     "abort_job",
@@ -48,8 +55,7 @@ def finalize_before_teardown() -> None:
     collection of every module's objects: torch's are many) then runs on what they leave of
     the node's cores: under Intel MPI on 2 cores, 2 collector ranks kept rank 0 from its
     finalise for 5 to 16 s after a run that had ended, in 5 of 25 runs; the job now ends
-    about a second after its stop (``benchmarks/job_end.py``). Rank 0's exit handlers that
-    abort the job instead (``end_job_at_exit``) were registered later, so they run first."""
+    about a second after its stop (``benchmarks/job_end.py``)."""
     if "mpi4py.MPI" not in sys.modules:
         return
     from mpi4py import MPI
@@ -105,9 +111,8 @@ def end_job_at_exit(ranks: Sequence[int], lost: bool) -> None:
     """End the MPI job when this process (rank 0) exits, for collector ranks still running
     that MPI cannot end one by one and ``MPI_Finalize`` would wait for forever. ``lost``: the
     collector knew them lost (silent, let go) and finished without them: the job ends with
-    status 0; else they did not stop when asked, status 1."""
-    if not _ABORTING:
-        atexit.register(_abort)
+    status 0; else they did not stop when asked, status 1. It may be called from the exit
+    handler itself (a collector it shuts down finds them): the abort comes after."""
     for rank in ranks:  # a rank the collector knew lost is one, whoever saw it stuck first
         _ABORTING[rank] = _ABORTING.get(rank, False) or lost
 
@@ -118,6 +123,18 @@ def end_job_now_if_left_running() -> None:
     handlers, and whose finalize would wait for those ranks forever."""
     if _ABORTING:
         _abort()
+
+
+@atexit.register
+def _end_at_exit() -> None:
+    """At Python's exit: the steps of the module's docstring. Ranks already known to be left
+    running are not waited for: the abort ends them, and every group with them."""
+    if not _ABORTING:
+        run_before_close()
+        close_transports()
+    if _ABORTING:
+        _abort()
+    finalize_before_teardown()
 
 
 def _abort() -> None:

@@ -12,7 +12,8 @@ more batches came; ``{"timeout": n}`` when nothing happened within ``--limit`` s
 once a rank is lost, write ``OUT.detected`` and shut down only once ``OUT.resume`` exists (the
 test lets the lost rank go on first), or after 30 s. ``--weights N``: the ranks act with
 ``BiasPolicy`` carrying N more float parameters, and rank 0 sends its weights after every batch
-(a broadcast larger than the sockets' buffers, which a stopped rank holds).
+(a broadcast larger than the sockets' buffers, which a stopped rank holds). ``--leave``: rank 0
+writes its result and leaves its script with the collector open (its exit hooks end it).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def main() -> None:
     p.add_argument("--slow", type=float, default=0.0)
     p.add_argument("--hold", action="store_true")
     p.add_argument("--weights", type=int, default=0)
+    p.add_argument("--leave", action="store_true")
     a = p.parse_args()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stacks on a hang
     env = partial(Slow, 5, a.slow) if a.slow else partial(CounterEnv, 5)
@@ -114,7 +116,8 @@ def main() -> None:
     finally:
         if a.hold:
             hold(out)
-        collector.shutdown()
+        if not a.leave:
+            collector.shutdown()
     part = out.with_suffix(".result-part")
     part.write_text(json.dumps(result))
     part.rename(out.with_suffix(".result"))

@@ -228,6 +228,25 @@ def test_under_mpiexec_a_stopped_rank_is_reported_and_the_job_still_exits_0(
 @mpirun.needs()
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_a_trainer_that_leaves_with_a_rank_lost_still_ends_the_job(tmp_path, backend):
+    """Rank 0 lets a lost rank go, then leaves its script with the collector open: its exit
+    hooks shut the collector down, find the rank left running, and end the job (exit 0), where
+    ``MPI_Finalize`` would wait for that rank forever."""
+    args = ["--backend", backend, "--failure", "continue", "--leave"]
+    job = Job(tmp_path, *args, ranks=3)
+    pids = job.pids()
+    stop(pids[2])
+    result = job.result(timeout=60)
+    assert result["lost"] == [2] and result["batches_after"] == 10
+    assert job.proc.returncode == 0, job.stderr
+    assert "collector ranks [2] were lost and cannot be stopped from here" in job.stderr
+    assert_gone(pids)
+
+
+@mpirun.needs()
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
 @pytest.mark.usefixtures("no_mpich_segments_left")
 @pytest.mark.parametrize(
     ("backend", "flavour"),
