@@ -19,32 +19,20 @@ exit hooks stop the ranks), ``wide`` (large batches, kept as yielded: no ``clone
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
 import sys
 import time
 from functools import partial
 from pathlib import Path
 
-
-@atexit.register  # before hpccollect is imported, so it runs after hpccollect's exit hooks
-def _note_finalized() -> None:
-    """Whether MPI was finalised before Python's teardown (``OUT.finalized``): the collector
-    ranks wait in ``MPI_Finalize`` until rank 0 finalises too, and mpi4py would do it only
-    after the teardown. Only rank 0 exits through Python's exit hooks."""
-    if "mpi4py.MPI" in sys.modules:
-        from mpi4py import MPI
-
-        Path(f"{sys.argv[1]}.finalized").write_text(str(MPI.Is_finalized()))
-
-
-import torch  # noqa: E402 - the imports after the exit hook above
+import finalized_note  # noqa: F401 - its exit hook first, so that it runs after hpccollect's
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import BiasPolicy, CounterEnv, WideCounter, listening_addresses  # noqa: E402
-from tensordict.nn import TensorDictModule  # noqa: E402
+import torch
+from conftest import BiasPolicy, CounterEnv, WideCounter, listening_addresses
+from tensordict.nn import TensorDictModule
 
-from hpccollect import DistributedDataCollector  # noqa: E402
+from hpccollect import DistributedDataCollector
 
 
 class Failing(CounterEnv):
