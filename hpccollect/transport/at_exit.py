@@ -8,28 +8,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-__all__ = [
-    "before_transports_close",
-    "close_transports",
-    "run_before_close",
-    "when_transports_close",
-]
+__all__ = ["before_transports_close", "run_exit_steps", "when_transports_close"]
 
 _FIRST: list[Callable[[], None]] = []
 _CLOSE: list[Callable[[], None]] = []
 
 
 def before_transports_close(fn: Callable[[], None]) -> Callable[[], None]:
-    """Have ``fn`` run (once per exit, errors ignored) before any transport closes at exit."""
+    """Have ``fn`` run at exit before any transport closes its groups."""
     _FIRST.append(fn)
     return fn
-
-
-def run_before_close() -> None:
-    """Run what was registered, in order; called by a transport's exit handler."""
-    for fn in list(_FIRST):
-        with contextlib.suppress(Exception):
-            fn()
 
 
 def when_transports_close(fn: Callable[[], None]) -> Callable[[], None]:
@@ -39,8 +27,9 @@ def when_transports_close(fn: Callable[[], None]) -> Callable[[], None]:
     return fn
 
 
-def close_transports() -> None:
-    """Run what ``when_transports_close`` registered, in order (errors ignored)."""
-    for fn in list(_CLOSE):
+def run_exit_steps() -> None:
+    """Run what was registered, in order (errors ignored): first what must happen before the
+    transports close, then their closing. Called once, by the exit handler."""
+    for fn in [*_FIRST, *_CLOSE]:
         with contextlib.suppress(Exception):
             fn()

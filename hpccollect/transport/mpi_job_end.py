@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpccollect._launchers import reap_after_abort
-from hpccollect.transport.at_exit import close_transports, run_before_close
+from hpccollect.transport.at_exit import run_exit_steps
 
 __all__ = [
     "abort_job",
@@ -130,8 +130,7 @@ def _end_at_exit() -> None:
     """At Python's exit: the steps of the module's docstring. Ranks already known to be left
     running are not waited for: the abort ends them, and every group with them."""
     if not _ABORTING:
-        run_before_close()
-        close_transports()
+        run_exit_steps()
     if _ABORTING:
         _abort()
     finalize_before_teardown()
