@@ -63,8 +63,8 @@ class Process(NamedTuple):
 
 def process(pid: int) -> Process | None:
     """``pid``'s name, state, parent and start time, or None if it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+    try:  # a process may name itself with any bytes (prctl), UTF-8 or not
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
     fields = text[text.rindex(")") + 2 :].split()

@@ -117,6 +117,29 @@ def test_a_launcher_with_ranks_still_running_gets_the_grace_then_ends_with_them(
     assert not alive(stuck.ranks[1]), "the rank still running was left behind"
 
 
+#: a rank that names itself with bytes that are not UTF-8 (PR_SET_NAME), then stays
+RENAMED = """
+import ctypes, time
+ctypes.CDLL(None).prctl(15, b"rank-\\xff\\xfe", 0, 0, 0)
+time.sleep(60)
+"""
+
+
+def test_a_rank_named_in_bytes_that_are_not_utf8_is_reaped_too(job) -> None:
+    """A process may name itself with any bytes: the reaper reads every process's name, and
+    once failed on such a one (and with it, the stuck launcher stayed)."""
+    stuck = job("prterun", others=[[sys.executable, "-c", RENAMED]])
+    deadline = time.monotonic() + 5
+    while b"\xff" not in Path(f"/proc/{stuck.ranks[1]}/stat").read_bytes():
+        assert time.monotonic() < deadline, "the rank never renamed itself"
+        time.sleep(0.05)
+    assert stuck.ended_after()[0] == -signal.SIGKILL
+    deadline = time.monotonic() + 3
+    while alive(stuck.ranks[1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(stuck.ranks[1]), "the renamed rank was left behind"
+
+
 def test_a_launcher_that_ends_by_itself_is_left_alone(job) -> None:
     done = job("prterun", then="end")
     assert done.ended_after()[0] == 0
