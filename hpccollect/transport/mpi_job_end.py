@@ -39,8 +39,10 @@ def unlink_node_segment() -> None:
     node has mapped it once MPI is initialised, and MPICH unlinks it only in ``MPI_Finalize``,
     so a job that ends otherwise (an abort, a rank killed on another node) would leave it in
     /dev/shm. The mappings live on; only the name goes."""
-    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
-        mapped = {line.split()[-1] for line in maps if "/dev/shm/mpich_shm_" in line}
+    mapped: set[bytes] = set()
+    # read as bytes: another mapped file's path may be any bytes, UTF-8 or not
+    with contextlib.suppress(OSError), open("/proc/self/maps", "rb") as maps:
+        mapped = {line.split()[-1] for line in maps if b"/dev/shm/mpich_shm_" in line}
     for path in mapped:
         with contextlib.suppress(OSError):
             os.unlink(path)
