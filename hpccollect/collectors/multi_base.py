@@ -275,7 +275,8 @@ class MultiCollectorBase(
         """Start the workers and take the layout each announces."""
         self._set_threads(a["num_threads"])
         try:
-            self._pool = WorkerPool(self._start_workers(args, a["mp_start_method"]))
+            channels = self._start_workers(args, a["mp_start_method"])
+            self._pool = WorkerPool(channels, self._on_left_running())
         except BaseException:
             self._restore_threads()
             raise
@@ -330,6 +331,12 @@ class MultiCollectorBase(
             traj_id_offset=opts.traj_id_offset + index * opts.traj_id_stride,
             traj_id_stride=opts.traj_id_stride * n,
         ) | {"worker_idx": index}
+
+    def _on_left_running(self) -> Callable[[list[int]], None] | None:
+        """What the pool calls at shutdown with the workers it could not end (``WorkerPool``);
+        None: a local worker always ends (``Channel.kill``). It must not hold the collector,
+        which the pool outlives until the collector's finaliser has run."""
+        return None
 
     def _start_workers(self, args: list[tuple], start_method: str) -> list[Channel]:
         """Start the workers, ``worker_main(i, conn, *args[i])`` each; one channel per worker.

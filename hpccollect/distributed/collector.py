@@ -11,10 +11,8 @@ lets it). A launcher plug-in starts the ranks
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -52,15 +50,13 @@ from hpccollect.distributed.schedule import WeightSchedule
 from hpccollect.distributed.weights import RankWeightsSender
 from hpccollect.errors import ArgumentValueError
 from hpccollect.launchers.rank import start_ranks
-from hpccollect.transport.at_exit import before_transports_close
+from hpccollect.transport.at_exit import done_at_exit, shut_down_at_exit
 from hpccollect.transport.backends import check_backend
 from hpccollect.transport.base import Channel
 from hpccollect.transport.groups import RankGroups
 from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 
 __all__ = ["DistributedDataCollector", "DistributedSyncCollector"]
-
-_LIVE: weakref.WeakSet = weakref.WeakSet()  # the collectors not shut down yet
 
 
 @with_args(**DISTRIBUTED)
@@ -235,7 +231,7 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
             # the ranks' sinks keep the batches (rank 0 only tallies reports), or no rank's
             # policy has weights: no weights can wait for a rank, so it goes on at once
             self._release_after_yield = False
-        _LIVE.add(self)
+        shut_down_at_exit(self)  # left open, it stops its ranks at exit as shutdown() does
 
     # ------------------------------------------------------------------ the ranks
     @property
@@ -300,6 +296,10 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
             active=lambda: list(self._active),
             delivered=self._delivered,
         )
+
+    def _on_left_running(self) -> Callable[[list[int]], None]:
+        """Ranks the pool could not end go to the launcher, which ends them as only it can."""
+        return partial(_hand_to_launcher, self.launcher)
 
     def _start_workers(self, args: list[tuple], start_method: str) -> list[Channel]:
         """Start the ranks through the launcher and join them (``startup.start_ranks``)."""
@@ -396,14 +396,11 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
                 ended (None: 60 and 10).
             close_env: the ranks close their envs as they stop.
         """
-        _LIVE.discard(self)
+        done_at_exit(self)
         try:
             self._stop_background(timeout, abandon=True)
         finally:
             super().shutdown(timeout, close_env)
-            pool = getattr(self, "_pool", None)
-            if pool is not None and pool.left_running:
-                self.launcher.left_running([i + 1 for i in pool.left_running])
 
     def __repr__(self) -> str:
         return (
@@ -459,11 +456,6 @@ class DistributedSyncCollector(DistributedDataCollector):
         super().__init__(*args, sync=True, update_interval=update_interval, **kwargs)
 
 
-@before_transports_close
-def _shutdown_live_collectors() -> None:
-    """At exit, a collector its script left open shuts down as ``shutdown()`` does: its ranks
-    are told to stop, and those left running are handed to the launcher, which ends the job
-    for them (under MPI, ``MPI_Finalize`` would wait for them forever)."""
-    for collector in list(_LIVE):
-        with contextlib.suppress(Exception):
-            collector.shutdown(timeout=2)
+def _hand_to_launcher(launcher: Any, workers: list[int]) -> None:
+    """Hand the workers a pool left running to ``launcher`` as ranks (worker i is rank i + 1)."""
+    launcher.left_running([i + 1 for i in workers])

@@ -1,35 +1,78 @@
-"""What must happen at exit, in order: a collector still open tells its ranks to stop (over its
-transport's groups: they must still be open), then the transports close their groups. Layers
-above and the transports register here; the exit handler of the MPI job's end
-(``mpi_job_end``) runs both, so the transport never reaches up into the collectors."""
+"""What must happen at exit, in order: what is still open (a collector, a worker pool) shuts
+down, newest first, while its transport's groups are still open (a collector tells its ranks
+to stop over them); then the transports close their groups. Layers above and the transports
+register here, so the transport never reaches up into the collectors.
+
+In an MPI job the exit handler of the job's end (``mpi_job_end``) runs both steps, then
+finalises or aborts MPI. Elsewhere what is open is shut down by this module's own exit hooks:
+Python's (registered after multiprocessing's, so it runs before multiprocessing joins its
+children without a timeout) and, in a process multiprocessing started (which runs no
+``atexit`` hook), a multiprocessing finaliser."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import multiprocessing.util
+import weakref
 from collections.abc import Callable
+from typing import Protocol
 
-__all__ = ["before_transports_close", "run_exit_steps", "when_transports_close"]
+__all__ = [
+    "EXIT_TIMEOUT",
+    "done_at_exit",
+    "run_exit_steps",
+    "shut_down_at_exit",
+    "shut_down_open",
+    "when_transports_close",
+]
 
-_FIRST: list[Callable[[], None]] = []
+EXIT_TIMEOUT = 2.0  # s: what each object still open at exit gets to shut down
+
+_OPEN: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> object, oldest first
 _CLOSE: list[Callable[[], None]] = []
 
 
-def before_transports_close(fn: Callable[[], None]) -> Callable[[], None]:
-    """Have ``fn`` run at exit before any transport closes its groups."""
-    _FIRST.append(fn)
-    return fn
+class _ShutsDown(Protocol):
+    def shutdown(self, timeout: float) -> None: ...
+
+
+def shut_down_at_exit(obj: _ShutsDown) -> None:
+    """Have ``obj.shutdown(timeout=EXIT_TIMEOUT)`` run at exit should it still be open then
+    (held weakly: an object collected before is forgotten). Objects shut down newest first,
+    so a collector stops before the worker pool it made."""
+    _OPEN[id(obj)] = obj
+
+
+def done_at_exit(obj: object) -> None:
+    """``obj`` shut down: nothing is left to do for it at exit."""
+    if _OPEN.get(id(obj)) is obj:
+        del _OPEN[id(obj)]
+
+
+def shut_down_open() -> None:
+    """Shut down, newest first, what ``shut_down_at_exit`` holds and is still open (errors
+    ignored): at exit, and first by whatever must outlive them."""
+    for obj in reversed(list(_OPEN.values())):
+        done_at_exit(obj)
+        with contextlib.suppress(Exception):
+            obj.shutdown(timeout=EXIT_TIMEOUT)
 
 
 def when_transports_close(fn: Callable[[], None]) -> Callable[[], None]:
-    """Have ``fn`` close a transport's groups at exit, once what ``before_transports_close``
-    registered has run."""
+    """Have ``fn`` close a transport's groups at exit, once what is open has shut down."""
     _CLOSE.append(fn)
     return fn
 
 
 def run_exit_steps() -> None:
-    """Run what was registered, in order (errors ignored): first what must happen before the
-    transports close, then their closing. Called once, by the exit handler."""
-    for fn in [*_FIRST, *_CLOSE]:
+    """Shut down what is still open, then close the transports' groups (errors ignored).
+    Called once, by the MPI job's exit handler."""
+    shut_down_open()
+    for fn in _CLOSE:
         with contextlib.suppress(Exception):
             fn()
+
+
+atexit.register(shut_down_open)
+multiprocessing.util.Finalize(None, shut_down_open, exitpriority=10)

@@ -9,14 +9,11 @@ exception raised in a worker is raised here with its own type (see ``remote_exce
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import multiprocessing.util
 import threading
 import time
-import weakref
 from collections import Counter, deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from hpccollect.errors import (
@@ -27,12 +24,11 @@ from hpccollect.errors import (
     as_worker_error,
 )
 from hpccollect.protocol import Command, RemoteError, Reply, message
-from hpccollect.transport.at_exit import before_transports_close
+from hpccollect.transport.at_exit import done_at_exit, shut_down_at_exit
 from hpccollect.transport.base import Channel, wait_ready
 
 __all__ = ["WorkerPool", "remote_exception"]
 
-_LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
 _LOOK = 1.0  # s: how often a wait wakes to ask whether a peer went silent
 _SILENCE_PASS = 0.1  # s: how often waits walk their workers for one that went silent
 
@@ -42,10 +38,21 @@ class WorkerPool:
 
     Workers never outlive the pool: ``shutdown()`` asks them to exit and ends (``Channel.kill``)
     those that do not obey in time, and those that never answered or missed a deadline at once
-    (they cannot be listening). Pools still open when the interpreter exits are shut down first.
+    (they cannot be listening). Pools still open when the interpreter exits are shut down first
+    (``transport.at_exit``).
+
+    Args:
+        channels: one per worker.
+        on_left_running: called by ``shutdown()`` with the workers it could not end (see
+            ``left_running``), when there are any: whoever can end them (a launcher) hears,
+            whoever shut the pool down.
     """
 
-    def __init__(self, channels: Sequence[Channel]) -> None:
+    def __init__(
+        self,
+        channels: Sequence[Channel],
+        on_left_running: Callable[[list[int]], None] | None = None,
+    ) -> None:
         self.channels = list(channels)
         self._index_of = {id(c): i for i, c in enumerate(self.channels)}  # a channel's worker
         self._inbox: list[deque] = [deque() for _ in self.channels]
@@ -67,7 +74,8 @@ class WorkerPool:
         self._closed = False
         self._abandoned: set[int] = set()  # threads whose waits end (abandon_waits_of)
         self.left_running: list[int] = []
-        _LIVE_POOLS.add(self)
+        self._on_left_running = on_left_running
+        shut_down_at_exit(self)
 
     def __len__(self) -> int:
         return len(self.channels)
@@ -306,7 +314,9 @@ class WorkerPool:
         ]
         for channel in self.channels:
             channel.close()
-        _LIVE_POOLS.discard(self)
+        done_at_exit(self)
+        if self.left_running and self._on_left_running is not None:
+            self._on_left_running(self.left_running)
 
     @property
     def closed(self) -> bool:
@@ -338,20 +348,3 @@ def remote_exception(
             if not hasattr(WorkerError, name) and name not in details:
                 setattr(err, name, value)
     return err
-
-
-@atexit.register
-@before_transports_close
-def shutdown_live_pools() -> None:
-    """Shut down every pool still open (at exit; also called first by whatever must outlive
-    them, such as the MPI transport's groups)."""
-    # Runs before multiprocessing's own exit handler (registered earlier), whose terminate() the
-    # workers ignore and whose join() has no timeout.
-    for pool in list(_LIVE_POOLS):
-        with contextlib.suppress(Exception):
-            pool.shutdown(timeout=2)
-
-
-# A process that multiprocessing started runs no atexit handler: on its way out it joins its
-# non-daemonic children (the workers) first. Its finalizers run before that join.
-multiprocessing.util.Finalize(None, shutdown_live_pools, exitpriority=10)
