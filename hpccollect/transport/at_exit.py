@@ -14,6 +14,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing.util
+import sys
+import traceback
 import weakref
 from collections.abc import Callable
 from typing import Protocol
@@ -53,10 +55,33 @@ def done_at_exit(obj: object) -> None:
 def shut_down_open() -> None:
     """Shut down, newest first, what ``shut_down_at_exit`` holds and is still open (errors
     ignored): at exit, and first by whatever must outlive them."""
+    if _OPEN:
+        _free_the_last_tracebacks_locals()
     for obj in reversed(list(_OPEN.values())):
         done_at_exit(obj)
         with contextlib.suppress(Exception):
             obj.shutdown(timeout=EXIT_TIMEOUT)
+
+
+def _free_the_last_tracebacks_locals() -> None:
+    """Drop the locals of the frames that the exception which ended the script keeps.
+
+    Python keeps that exception (``sys.last_value``, with its traceback) until its teardown,
+    after every exit hook, so the objects its frames hold outlive the groups closed here. A
+    gloo work among them (a receive a Ctrl-C cut short, say) then drops gloo's context last,
+    which shuts gloo's device down from inside the work's release; with a rank's socket at
+    end-of-file that shutdown never returns, and the process hung at its exit. Dropped now,
+    each such object goes while its group still holds the context. The traceback was printed
+    already and stays; only its frames' locals go."""
+    chain, seen = [getattr(sys, "last_value", None)], set()
+    while chain:
+        exc = chain.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        with contextlib.suppress(Exception):
+            traceback.clear_frames(exc.__traceback__)
+        chain += [exc.__cause__, exc.__context__]
 
 
 def when_transports_close(fn: Callable[[], None]) -> Callable[[], None]:

@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ from hpccollect.transport.waited import WaitedRankChannel
 
 __all__ = ["RankGroups", "open_store"]
 
-_DROP_WAIT = 2.0  # s: how long close() waits for an aborted broadcast group to be released
+_DROP_WAIT = 2.0  # s: how long close() waits for the aborted groups to be released
 
 
 def open_store(
@@ -81,7 +82,7 @@ class RankGroups:
     notifier: Notifier | None = None
     _receiver: Receiver | NoticeBoard | None = field(default=None, repr=False)
     _links: list[RankChannel] = field(default_factory=list, repr=False)
-    _dropper: threading.Thread | None = field(default=None, repr=False)  # see stop_sent()
+    _droppers: list[threading.Thread] = field(default_factory=list, repr=False)  # see _drop
 
     @property
     def receiver(self) -> Receiver | NoticeBoard:
@@ -148,31 +149,47 @@ class RankGroups:
             return  # polled groups (mpi4py): a rank ends its own waits, and rank 0 sees it end
         if all(link.told_to_stop_or_lost() for link in self._links):
             aborted, self.broadcast = [self.broadcast], None
-            with contextlib.suppress(Exception):
-                aborted[0].abort()
-            # released in a thread: releasing it joins gloo's threads, and one may be held in
-            # a broadcast cut short by a lost rank until that rank has ended (close() waits a
-            # moment for it)
-            self._dropper = threading.Thread(
-                target=aborted.clear, name="hpccollect-drop", daemon=True
-            )
-            self._dropper.start()
+            _abort(aborted)
+            self._drop(aborted)
+
+    def _drop(self, aborted: list[Any]) -> None:
+        """Release the ``aborted`` groups (the list's only holder is this call's caller) in a
+        thread of their own, which ``close()`` waits for a moment: releasing a gloo group
+        joins gloo's threads, and never returns where one of them cannot end. A broadcast
+        cut short by a lost rank holds one until that rank has ended; a receive that was
+        posted and then dropped unwaited (a Ctrl-C that came between the post and the line
+        that keeps it) holds gloo's loop for good once its message comes, and the process
+        hung at its exit."""
+        dropper = threading.Thread(target=aborted.clear, name="hpccollect-drop", daemon=True)
+        self._droppers.append(dropper)
+        dropper.start()
 
     def close(self) -> None:
-        """Abort both groups (ends receives still pending on them) and release the store."""
+        """Abort both groups (ends receives still pending on them), drop the links' posted
+        receives, and release the groups (``_drop``) and the store."""
         if self._closed:
             return
         self._closed = True
-        groups = (self.messages, self.broadcast)
+        polled = self.polled
+        groups = [group for group in (self.messages, self.broadcast) if group is not None]
         # first, so that a receiving thread that takes one more message posts no new receive
         self.messages = self.broadcast = self.store = None
-        for group in groups:
-            if group is not None:
-                with contextlib.suppress(Exception):
-                    group.abort()
+        _abort(groups)  # a loop here would keep the last group past _drop
         if self._receiver is not None:
-            self._receiver.close()
+            self._receiver.close()  # the posted receives go while their groups hold gloo's context
         if self.notifier is not None:
             self.notifier.close()
-        if self._dropper is not None:  # a rank left running may hold it longer: not waited
-            self._dropper.join(_DROP_WAIT)
+        if polled:
+            groups.clear()  # mpi4py's: released here, in the thread that uses MPI
+        else:
+            self._drop(groups)
+        deadline = time.monotonic() + _DROP_WAIT
+        for dropper in self._droppers:  # what cannot end is left to the process's end
+            dropper.join(max(0.0, deadline - time.monotonic()))
+
+
+def _abort(groups: list[Any]) -> None:
+    """Abort each of ``groups`` (ends what is pending on them), errors ignored."""
+    for group in groups:
+        with contextlib.suppress(Exception):
+            group.abort()
