@@ -20,14 +20,7 @@ import weakref
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = [
-    "EXIT_TIMEOUT",
-    "done_at_exit",
-    "run_exit_steps",
-    "shut_down_at_exit",
-    "shut_down_open",
-    "when_transports_close",
-]
+__all__ = ["done_at_exit", "run_exit_steps", "shut_down_at_exit", "when_transports_close"]
 
 EXIT_TIMEOUT = 2.0  # s: what each object still open at exit gets to shut down
 
@@ -54,7 +47,8 @@ def done_at_exit(obj: object) -> None:
 
 def shut_down_open() -> None:
     """Shut down, newest first, what ``shut_down_at_exit`` holds and is still open (errors
-    ignored): at exit, and first by whatever must outlive them."""
+    ignored). Run at exit by each of the hooks of the module's docstring; what one of them
+    shut down, the next finds gone."""
     if _OPEN:
         _free_the_last_tracebacks_locals()
     for obj in reversed(list(_OPEN.values())):
