@@ -904,12 +904,15 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.timeout(120)
-def test_ctrl_c_to_the_whole_job_stops_every_rank(tmp_path):
-    script = tmp_path / "ctrl_c.py"
-    script.write_text(CTRL_C.format(tests=os.path.dirname(os.path.dirname(__file__))))
+def run_rank_0(tmp_path, text: str, *args: str, ctrl_c_after: float | None = None):
+    """Run ``text`` (its ``{tests}`` filled in) as a rank 0 script in a session of its own; it
+    prints its ranks' pids first. ``ctrl_c_after``: SIGINT to the whole session that many
+    seconds later, as Ctrl-C in a terminal does. Returns the exit code, the standard error and
+    the ranks' pids; a session still running after 60 s is killed."""
+    script = tmp_path / "rank_0.py"
+    script.write_text(text.format(tests=os.path.dirname(os.path.dirname(__file__))))
     job = subprocess.Popen(
-        [sys.executable, str(script)],
+        [sys.executable, str(script), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -917,12 +920,20 @@ def test_ctrl_c_to_the_whole_job_stops_every_rank(tmp_path):
     )
     try:
         pids = [int(p) for p in job.stdout.readline().split()]
-        time.sleep(1.0)  # collecting
-        os.killpg(job.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        if ctrl_c_after is not None:
+            time.sleep(ctrl_c_after)
+            os.killpg(job.pid, signal.SIGINT)
         _, err = job.communicate(timeout=60)
     finally:
         if job.poll() is None:
-            job.kill()
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    return job.returncode, err, pids
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_to_the_whole_job_stops_every_rank(tmp_path):
+    _, err, pids = run_rank_0(tmp_path, CTRL_C, ctrl_c_after=1.0)  # collecting by then
     assert "KeyboardInterrupt" in err
     assert len(pids) == 2
     assert_all_gone(pids)
@@ -963,23 +974,8 @@ def test_a_posted_receive_dropped_unwaited_hangs_neither_shutdown_nor_exit(tmp_p
     returned: the process hung at its shutdown, or at its exit where the traceback Python
     keeps until its teardown held a posted receive in a frame (seen as a hang of the Ctrl-C
     test above, 1 run in 8 to 22 on a loaded machine)."""
-    script = tmp_path / "lost_receive.py"
-    script.write_text(LOST_RECEIVE.format(tests=os.path.dirname(os.path.dirname(__file__))))
-    job = subprocess.Popen(
-        [sys.executable, str(script), ending],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        pids = [int(p) for p in job.stdout.readline().split()]
-        _, err = job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-    assert job.returncode == code, err
+    returncode, err, pids = run_rank_0(tmp_path, LOST_RECEIVE, ending)
+    assert returncode == code, err
     assert len(pids) == 2
     assert_all_gone(pids)
 
