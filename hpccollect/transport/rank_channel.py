@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import threading
 from collections import deque
+from itertools import starmap
 from typing import Any
 
 import torch
@@ -109,6 +110,7 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
         self._broadcasts_taken = self._updates_taken = 0
         self.batch_version = 0
         self._inbox: deque = deque()
+        self._posted: list[Any] = []  # receives posted from the peer, not yet seen complete
         self._broadcaster: threading.Thread | None = None
         #: rung when a thread other than the caller's puts a message in the inbox (a
         #: subclass's receiving threads, the broadcast thread); None while none does
@@ -258,11 +260,30 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
             self._failure = self._failure or f"{why} ({first_line(err)})"
             raise ConnectionError(self._failure) from err
 
-    def _await_rest(self, work: Any) -> None:
-        """Wait for the rest of a message whose header came, bounded like a send: a peer
-        stopped mid-message (SIGSTOP, a lost node) fails this link, named, instead of holding
-        this side (rank 0's collecting thread, over mpi4py) for good."""
-        self._wait(work, why="stopped mid-message")
+    def _post_receive(self, buffer: torch.Tensor, tag: int) -> None:
+        """Post the receive of the peer's next message on ``tag`` into ``buffer``, kept in
+        ``_posted`` until it is seen complete.
+
+        The post and its keeping are C calls alone (``list.extend`` over ``starmap``), with no
+        Python line between them: Python raises a ``KeyboardInterrupt`` (Ctrl-C) where a C
+        call returns to Python code, and one raised after the post, before the receive was
+        kept, dropped a posted gloo receive. Its message then stayed in gloo's socket for
+        good, and releasing the groups never returned (``RankGroups.close``). A receive kept
+        here is dropped only by ``unexpect``, while the groups still hold gloo's context."""
+        group = self._group()
+        self._posted.extend(starmap(group.recv, (([buffer], self.peer, tag),)))
+
+    def unexpect(self) -> None:
+        """Drop the receives posted from the peer (the groups are aborted, and still open)."""
+        self._posted.clear()
+
+    def _await_rest(self, buffer: torch.Tensor, tag: int = MESSAGES) -> None:
+        """Receive into ``buffer`` the rest of a message whose header came, bounded like a
+        send: a peer stopped mid-message (SIGSTOP, a lost node) fails this link, named,
+        instead of holding this side (rank 0's collecting thread, over mpi4py) for good."""
+        self._post_receive(buffer, tag)
+        self._wait(self._posted[-1], why="stopped mid-message")
+        self._posted.pop()
 
     def _group(self) -> Any:
         group = self.groups.messages
@@ -301,7 +322,7 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
         blob = self._recv_buf[HEADER : HEADER + inline].cpu().numpy().tobytes()
         if length > len(blob):
             rest = torch.empty(length - len(blob), dtype=torch.uint8, device=self.device)
-            self._await_rest(self._group().recv([rest], self.peer, MESSAGES))
+            self._await_rest(rest)
             blob += rest.cpu().numpy().tobytes()
         if kind is Command.UPDATE_WEIGHTS:
             self._receive_weights()

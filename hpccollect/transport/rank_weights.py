@@ -44,7 +44,7 @@ class RankWeights:
     _hand_over: Callable[..., None]
     _send_blob: Callable[[Any, int, bytes], None]
     _post: Callable[[torch.Tensor, int], Any]
-    _await_rest: Callable[[Any], None]
+    _await_rest: Callable[..., None]
 
     def post_weights(self, flat: torch.Tensor) -> Any:
         """Send ``UPDATE_WEIGHTS`` with the weights following point to point (the returned
@@ -60,7 +60,7 @@ class RankWeights:
     def _receive_weights(self) -> None:
         if self._weights is None:
             raise RuntimeError("weights arrived for a policy without parameters")
-        self._await_rest(self._group().recv([self._weights], self.peer, WEIGHTS))
+        self._await_rest(self._weights, WEIGHTS)
 
     def _broadcast_loop(self) -> None:
         """A collector rank's thread that waits in the weight broadcast at all times, so the

@@ -39,39 +39,36 @@ class WaitedRankChannel(RankChannel):
     def __init__(self, groups: Any, peer: int, **kwargs: Any) -> None:
         super().__init__(groups, peer, **kwargs)
         self._ended = threading.Event()  # nothing more can arrive from the peer
-        self._pending: Any = None  # the receive posted for the next message
         self._receiver = groups.receiver
         self._tell = groups.notifier.tell if groups.notifier is not None else None
         self.bell = self._receiver.bell
         self._receiver.add(self)
 
     def expect(self) -> None:
-        """Post the receive of the next message from the peer."""
+        """Post the receive of the next message from the peer (kept: ``_post_receive``)."""
         try:
-            self._pending = self._group().recv([self._recv_buf], self.peer, MESSAGES)
-        except Exception as err:  # the groups were closed
-            self._pending = None
+            self._post_receive(self._recv_buf, MESSAGES)
+        except Exception as err:  # the groups were closed: nothing was posted
             self.link_closed(f"closed the connection ({first_line(err)})")
-
-    def unexpect(self) -> None:
-        """Drop the receive posted for the next message (the groups are aborted)."""
-        self._pending = None
 
     def noticed(self) -> bool:
         """Wait in the posted receive (rank 0: its message is known to be here), take the
-        message in and post the next receive; False once no more should be received."""
-        work, self._pending = self._pending, None
-        if work is None:
+        message in and post the next receive; False once no more should be received. The
+        receive stays in ``_posted`` until it is complete (see ``_post_receive``)."""
+        posted = self._posted
+        if not posted:
             return False
         try:
-            work.wait()
+            posted[0].wait()
         except Exception as err:  # the peer is gone, or the groups were aborted
+            posted.clear()
             self.link_closed(f"closed the connection ({first_line(err)})")
             return False
+        posted.clear()
         if not self.arrived():
             return False
         self.expect()
-        return self._pending is not None
+        return bool(posted)
 
     def notice_line_closed(self) -> None:
         """The peer's notice connection closed: its process ended (a peer that said stop

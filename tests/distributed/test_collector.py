@@ -948,9 +948,9 @@ from hpccollect import DistributedDataCollector
 
 
 def lose_the_receives(c):
-    held = c._pool.channels[0]._pending  # kept by this frame in the traceback of "raise"
-    for channel in c._pool.channels:  # what a Ctrl-C between a receive's post and its store does
-        channel._pending = None
+    held = list(c._pool.channels[0]._posted)  # kept by this frame in the traceback of "raise"
+    for channel in c._pool.channels:  # what a Ctrl-C between a receive's post and its store did
+        channel._posted.clear()
     if sys.argv[1] == "raise":
         raise RuntimeError("the script fails")
 
@@ -977,6 +977,62 @@ def test_a_posted_receive_dropped_unwaited_hangs_neither_shutdown_nor_exit(tmp_p
     returncode, err, pids = run_rank_0(tmp_path, LOST_RECEIVE, ending)
     assert returncode == code, err
     assert len(pids) == 2
+    assert_all_gone(pids)
+
+
+CTRL_C_AT_THE_POST = """
+import sys, threading, time
+sys.path.insert(0, {tests!r})
+from functools import partial
+from conftest import CounterEnv
+from hpccollect import DistributedDataCollector
+from hpccollect.transport.waited import WaitedRankChannel
+
+
+def in_expect(frame):
+    while frame is not None:
+        if frame.f_code is WaitedRankChannel.expect.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def interrupt(frame, event, arg):
+    # Python raises a Ctrl-C's KeyboardInterrupt where a C call returns to Python code: here,
+    # at the first such return in the post of a link's next receive
+    if event == "c_return" and in_expect(frame):
+        sys.setprofile(None)
+        raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    c = DistributedDataCollector([partial(CounterEnv, 3)] * 2, None, frames_per_batch=20,
+                                 launcher="mp")
+    print(*[ch.pid for ch in c._pool.channels], flush=True)
+    batches = iter(c)
+    next(batches)
+    sys.setprofile(interrupt)
+    try:
+        for _ in range(100):  # until a link posts its next receive on this thread
+            next(batches)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+    sys.setprofile(None)
+    c.shutdown(timeout=2)
+    hung = [t.name for t in threading.enumerate() if t.name == "hpccollect-drop"]
+    print("releases that never ended:", hung, file=sys.stderr)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_ctrl_c_right_after_a_receive_is_posted_loses_no_receive(tmp_path):
+    """The Ctrl-C of the test above, where it came: at the first C call's return to Python
+    in the post of a link's next receive. The receive is kept by then, so the groups are
+    released at once; a receive dropped there left their release hanging in its thread."""
+    returncode, err, pids = run_rank_0(tmp_path, CTRL_C_AT_THE_POST)
+    assert returncode == 0, err
+    assert "interrupted" in err
+    assert "releases that never ended: []" in err, err
     assert_all_gone(pids)
 
 

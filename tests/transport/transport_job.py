@@ -56,13 +56,21 @@ def main() -> None:
         print("ok nothing to receive", flush=True)
         # the rest of a message that never comes (its sender stopped mid-message): the wait is
         # bounded like a send, and the link fails, named (RankChannel._await_rest)
-        link = SimpleNamespace(_send_timeout=datetime.timedelta(seconds=0.3), _failure=None)
+        link = SimpleNamespace(
+            _send_timeout=datetime.timedelta(seconds=0.3),
+            _failure=None,
+            _posted=[],
+            peer=1,
+            _group=lambda: group,
+        )
         link._wait = functools.partial(RankChannel._wait, link)
+        link._post_receive = functools.partial(RankChannel._post_receive, link)
         start = time.monotonic()
         try:
-            RankChannel._await_rest(link, group.recv([torch.empty(64)], 1, TAG + 2))
+            RankChannel._await_rest(link, torch.empty(64), TAG + 2)
         except ConnectionError as err:
             assert "stopped mid-message" in str(err) and link._failure == str(err), err
+            assert len(link._posted) == 1, "the receive never seen complete is kept"
             assert time.monotonic() - start < 5.0
             print("ok a message cut short fails its link", flush=True)
         for seed, size in enumerate(SIZES * 3):
