@@ -981,28 +981,34 @@ def test_a_posted_receive_dropped_unwaited_hangs_neither_shutdown_nor_exit(tmp_p
 
 
 CTRL_C_AT_THE_POST = """
-import sys, threading, time
+import sys, threading
 sys.path.insert(0, {tests!r})
 from functools import partial
 from conftest import CounterEnv
 from hpccollect import DistributedDataCollector
 from hpccollect.transport.waited import WaitedRankChannel
 
-
-def in_expect(frame):
-    while frame is not None:
-        if frame.f_code is WaitedRankChannel.expect.__code__:
-            return True
-        frame = frame.f_back
-    return False
+post = WaitedRankChannel.expect
+interrupted = []
 
 
 def interrupt(frame, event, arg):
     # Python raises a Ctrl-C's KeyboardInterrupt where a C call returns to Python code: here,
     # at the first such return in the post of a link's next receive
-    if event == "c_return" and in_expect(frame):
+    if event == "c_return" and arg is not sys.setprofile:
         sys.setprofile(None)
+        interrupted.append(True)
         raise KeyboardInterrupt
+
+
+def expect(channel):
+    if interrupted or threading.current_thread() is not threading.main_thread():
+        return post(channel)
+    sys.setprofile(interrupt)
+    try:
+        post(channel)
+    finally:
+        sys.setprofile(None)
 
 
 if __name__ == "__main__":
@@ -1011,13 +1017,12 @@ if __name__ == "__main__":
     print(*[ch.pid for ch in c._pool.channels], flush=True)
     batches = iter(c)
     next(batches)
-    sys.setprofile(interrupt)
+    WaitedRankChannel.expect = expect
     try:
         for _ in range(100):  # until a link posts its next receive on this thread
             next(batches)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-    sys.setprofile(None)
     c.shutdown(timeout=2)
     hung = [t.name for t in threading.enumerate() if t.name == "hpccollect-drop"]
     print("releases that never ended:", hung, file=sys.stderr)
