@@ -889,28 +889,37 @@ def test_broadcasts_in_a_row_leave_the_last_weights_and_replies_in_step():
         collector.shutdown()
 
 
-CTRL_C = """
+RANK_0 = """
 import sys
 sys.path.insert(0, {tests!r})
 from functools import partial
 from conftest import CounterEnv
 from hpccollect import DistributedDataCollector
-if __name__ == "__main__":
+
+
+def two_ranks():
+    # a gloo collector over two CounterEnv ranks, its ranks' pids printed first
     c = DistributedDataCollector([partial(CounterEnv, 3)] * 2, None, frames_per_batch=20,
                                  launcher="mp")
     print(*[ch.pid for ch in c._pool.channels], flush=True)
-    for batch in c:
+    return c
+"""
+
+CTRL_C = """
+if __name__ == "__main__":
+    for batch in two_ranks():
         pass
 """
 
 
 def run_rank_0(tmp_path, text: str, *args: str, ctrl_c_after: float | None = None):
-    """Run ``text`` (its ``{tests}`` filled in) as a rank 0 script in a session of its own; it
-    prints its ranks' pids first. ``ctrl_c_after``: SIGINT to the whole session that many
-    seconds later, as Ctrl-C in a terminal does. Returns the exit code, the standard error and
-    the ranks' pids; a session still running after 60 s is killed."""
+    """Run ``text`` after ``RANK_0`` (its ``{tests}`` filled in) as a rank 0 script in a
+    session of its own; it prints its ranks' pids first (``two_ranks()``). ``ctrl_c_after``:
+    SIGINT to the whole session that many seconds later, as Ctrl-C in a terminal does. Returns
+    the exit code, the standard error and the ranks' pids; a session still running after 60 s
+    is killed."""
     script = tmp_path / "rank_0.py"
-    script.write_text(text.format(tests=os.path.dirname(os.path.dirname(__file__))))
+    script.write_text((RANK_0 + text).format(tests=os.path.dirname(os.path.dirname(__file__))))
     job = subprocess.Popen(
         [sys.executable, str(script), *args],
         stdout=subprocess.PIPE,
@@ -940,13 +949,6 @@ def test_ctrl_c_to_the_whole_job_stops_every_rank(tmp_path):
 
 
 LOST_RECEIVE = """
-import sys
-sys.path.insert(0, {tests!r})
-from functools import partial
-from conftest import CounterEnv
-from hpccollect import DistributedDataCollector
-
-
 def lose_the_receives(c):
     held = list(c._pool.channels[0]._posted)  # kept by this frame in the traceback of "raise"
     for channel in c._pool.channels:  # what a Ctrl-C between a receive's post and its store did
@@ -956,9 +958,7 @@ def lose_the_receives(c):
 
 
 if __name__ == "__main__":
-    c = DistributedDataCollector([partial(CounterEnv, 3)] * 2, None, frames_per_batch=20,
-                                 launcher="mp")
-    print(*[ch.pid for ch in c._pool.channels], flush=True)
+    c = two_ranks()
     next(iter(c))
     lose_the_receives(c)
     c.shutdown(timeout=2)
@@ -981,11 +981,7 @@ def test_a_posted_receive_dropped_unwaited_hangs_neither_shutdown_nor_exit(tmp_p
 
 
 CTRL_C_AT_THE_POST = """
-import sys, threading
-sys.path.insert(0, {tests!r})
-from functools import partial
-from conftest import CounterEnv
-from hpccollect import DistributedDataCollector
+import threading
 from hpccollect.transport.waited import WaitedRankChannel
 
 post = WaitedRankChannel.expect
@@ -1012,9 +1008,7 @@ def expect(channel):
 
 
 if __name__ == "__main__":
-    c = DistributedDataCollector([partial(CounterEnv, 3)] * 2, None, frames_per_batch=20,
-                                 launcher="mp")
-    print(*[ch.pid for ch in c._pool.channels], flush=True)
+    c = two_ranks()
     batches = iter(c)
     next(batches)
     WaitedRankChannel.expect = expect
