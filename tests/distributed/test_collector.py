@@ -842,34 +842,6 @@ def test_weights_still_arrive_after_the_trainer_replaces_a_parameter():
         collector.shutdown()
 
 
-RANK0_DIES = """
-import os, signal, sys
-sys.path.insert(0, {tests!r})
-from functools import partial
-from conftest import CounterEnv
-from hpccollect import DistributedDataCollector
-if __name__ == "__main__":
-    c = DistributedDataCollector([partial(CounterEnv, 3)] * 2, None, frames_per_batch=20,
-                                 launcher="mp")
-    next(iter(c))
-    print(*[ch.pid for ch in c._pool.channels], flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
-@pytest.mark.timeout(120)
-def test_collector_ranks_end_when_rank_0_is_killed(tmp_path):
-    script = tmp_path / "rank0.py"
-    script.write_text(RANK0_DIES.format(tests=os.path.dirname(os.path.dirname(__file__))))
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=100
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    pids = [int(p) for p in done.stdout.split()]
-    assert len(pids) == 2
-    assert_all_gone(pids)
-
-
 @pytest.mark.timeout(180)
 def test_broadcasts_in_a_row_leave_the_last_weights_and_replies_in_step():
     policy = bias_policy()
@@ -944,6 +916,23 @@ def run_rank_0(tmp_path, text: str, *args: str, ctrl_c_after: float | None = Non
 def test_ctrl_c_to_the_whole_job_stops_every_rank(tmp_path):
     _, err, pids = run_rank_0(tmp_path, CTRL_C, ctrl_c_after=1.0)  # collecting by then
     assert "KeyboardInterrupt" in err
+    assert len(pids) == 2
+    assert_all_gone(pids)
+
+
+RANK_0_DIES = """
+import os, signal
+
+if __name__ == "__main__":
+    next(iter(two_ranks()))
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_collector_ranks_end_when_rank_0_is_killed(tmp_path):
+    returncode, err, pids = run_rank_0(tmp_path, RANK_0_DIES)
+    assert returncode == -signal.SIGKILL, err
     assert len(pids) == 2
     assert_all_gone(pids)
 
