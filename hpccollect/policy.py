@@ -205,16 +205,33 @@ def wrap_policy(
         return WrappedPolicy(RandomPolicy(action_spec, action_key), None, None)
     if isinstance(policy, TensorDictModuleBase):
         return WrappedPolicy(policy, policy, _direct_call(policy))
-    if not callable(policy):
-        raise ArgumentTypeError(
-            f"policy must be a TensorDictModule, an nn.Module, a callable or None; got "
-            f"{type(policy).__name__}."
-        )
+    check_policy(policy)
     weights = policy if isinstance(policy, nn.Module) else None
     if trust_policy or takes_tensordict(policy):
         return WrappedPolicy(TensorDictCallable(policy, [action_key]), weights, None)
     module = TensorDictModule(policy, in_keys=list(keys), out_keys=[action_key])
     return WrappedPolicy(module, weights, (policy, list(keys), [action_key]))
+
+
+def check_policy(policy: Any) -> Any:
+    """``policy`` as a collector takes it: a TensorDictModule, an nn.Module, a callable or None.
+
+    Args:
+        policy: the collector's ``policy`` argument.
+
+    Returns:
+        ``policy``.
+
+    Raises:
+        ArgumentTypeError: ``policy`` is none of those (checked where the collector is built,
+            before any worker starts).
+    """
+    if policy is not None and not callable(policy):
+        raise ArgumentTypeError(
+            f"policy must be a TensorDictModule, an nn.Module, a callable or None; got "
+            f"{type(policy).__name__}."
+        )
+    return policy
 
 
 def resolve_trust_policy(trust_policy: Any, policy: Any) -> bool:
@@ -262,7 +279,12 @@ def load_weights_(module: nn.Module, weights: Any) -> None:
 
 
 def copy_weights_(dest: TensorDictBase, weights: Any) -> None:
-    """Copy ``weights`` (any form ``to_weights`` takes) into the weights TensorDict ``dest``."""
+    """Copy ``weights`` (any form ``to_weights`` takes) into the weights TensorDict ``dest``.
+
+    Raises:
+        ArgumentValueError: ``weights`` hold other entries than ``dest``, or entries of other
+            shapes (weights of another architecture).
+    """
     src = to_weights(weights)
     # a TensorDictModule keeps its module's weights under "module": accept either layout
     if _under_module(src) and not _under_module(dest):
@@ -276,6 +298,17 @@ def copy_weights_(dest: TensorDictBase, weights: Any) -> None:
         raise ArgumentValueError(
             f"policy weights do not match the collector's policy: missing {missing}, "
             f"unexpected {unexpected}. Pass weights taken from the same architecture "
+            "(TensorDict.from_module(policy) or policy.state_dict())."
+        )
+    wrong = [
+        f"{key}: {tuple(src.get(key).shape)} for {tuple(dest.get(key).shape)}"
+        for key in sorted(dest_keys, key=str)
+        if src.get(key).shape != dest.get(key).shape
+    ]
+    if wrong:
+        raise ArgumentValueError(
+            f"policy weights do not match the collector's policy: shapes {', '.join(wrong)}. "
+            "Pass weights taken from the same architecture "
             "(TensorDict.from_module(policy) or policy.state_dict())."
         )
     with torch.no_grad():

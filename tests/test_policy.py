@@ -109,6 +109,13 @@ def test_weights_roundtrip_between_forms():
     load_weights_(dst, wrapped)  # a TensorDictModule's weights load into its bare module
     with pytest.raises(ArgumentValueError, match="missing"):
         load_weights_(nn.Linear(4, 3, bias=False), TensorDict({"w": torch.zeros(1)}, []))
+    # the same names, another architecture: named with both shapes, nothing copied
+    before = dst.weight.clone()
+    with pytest.raises(
+        ArgumentValueError, match=r"shapes bias: \(3,\) for \(2,\), weight: \(3, 3\) for \(2, 4\)"
+    ):
+        load_weights_(dst, nn.Linear(3, 3).state_dict())
+    assert torch.equal(dst.weight, before)
 
 
 def test_random_policy_keeps_a_given_generator_seed():

@@ -15,7 +15,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 from torch import nn
 
-from hpccollect._checks import check_callable, check_int, check_seconds
+from hpccollect._checks import check_bool, check_callable, check_int, check_seconds
 from hpccollect.collectors.base import DataCollectorBase, SharedInterruptor
 from hpccollect.collectors.filling import WorkerFilling, inherited_buffer
 from hpccollect.collectors.torchrl_api.options import (
@@ -215,7 +215,7 @@ class MultiCollectorBase(
         self.frames_per_batch = opts.frames_per_batch
         self.total_frames = opts.total_frames
         self.replay_buffer = a["replay_buffer"]
-        self.update_at_each_batch = a["update_at_each_batch"]
+        self.update_at_each_batch = check_bool("update_at_each_batch", a["update_at_each_batch"])
         self.postproc, self.split_trajs = opts.postproc, opts.split_trajs
         self.storing_device = devices[0].storing
         self._policy_devices = [d.policy for d in devices]

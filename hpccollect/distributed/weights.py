@@ -144,13 +144,15 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
 
     def _fill(self, weights: TensorDictBase) -> None:
         """Copy ``weights`` into the flat buffer: one fused copy when they are laid out as the
-        trainer's policy (the usual case), the general key-matching copy otherwise."""
+        trainer's policy (the usual case), the general key-matching copy otherwise (which names
+        what does not match)."""
         try:
             leaves = self.layout.leaves(weights)
         except KeyError:
             leaves = None
         if leaves is not None and all(
-            s.shape == d.shape and s.dtype == d.dtype for s, d in zip(leaves, self.dst, strict=True)
+            s is not None and s.shape == d.shape and s.dtype == d.dtype
+            for s, d in zip(leaves, self.dst, strict=True)
         ):
             if any(s.data_ptr() != d.data_ptr() for s, d in zip(leaves, self.dst, strict=True)):
                 torch._foreach_copy_(self.dst, leaves)

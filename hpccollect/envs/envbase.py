@@ -67,12 +67,20 @@ def update_env_kwargs(env: Any, kwargs: dict) -> None:
     if not kwargs:
         return
     if not _is_batched(env):
-        raise ArgumentValueError(
-            f"create_env_kwargs were given, but create_env_fn is an env instance of type "
-            f"{type(env).__name__} that cannot take them; pass a constructor (a callable or an "
-            "EnvCreator) instead, or a SerialEnv/ParallelEnv."
+        raise kwargs_refused(
+            env,
+            "pass a constructor (a callable or an EnvCreator) instead, or a SerialEnv/ParallelEnv.",
         )
     env.update_kwargs(kwargs)
+
+
+def kwargs_refused(env: Any, fix: str) -> ArgumentValueError:
+    """The error for ``create_env_kwargs`` given with an env instance that cannot take them
+    (``fix``: what to pass instead)."""
+    return ArgumentValueError(
+        f"create_env_kwargs were given, but create_env_fn is an env instance of type "
+        f"{type(env).__name__} that cannot take them; {fix}"
+    )
 
 
 # looked up on the class: batched and transformed envs hand unknown attributes on to the envs

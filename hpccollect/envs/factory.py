@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import reprlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
 
-from hpccollect.envs.envbase import is_torchrl_env, update_env_kwargs
+from hpccollect.envs.envbase import is_torchrl_env, kwargs_refused, update_env_kwargs
 from hpccollect.envs.gym import GymEnv
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, EnvError, with_builtin
 
-__all__ = ["make_env"]
+__all__ = ["check_env_kwargs", "make_env"]
 
 _GYM = (GymEnv, gym.Env, gym.vector.VectorEnv)
 
@@ -29,13 +30,17 @@ def make_env(
     callable returning any of those (an ``EnvCreator`` too), or a list of callables: gymnasium
     envs run as one ``SyncVectorEnv``; a list of one TorchRL env constructor is that env.
     """
-    kwargs = dict(create_env_kwargs or {})
+    kwargs = check_env_kwargs(create_env_kwargs)
     encoding = {"categorical_action_encoding": categorical_action_encoding}
-    if isinstance(create_env_fn, GymEnv):
-        return create_env_fn
     if isinstance(create_env_fn, str):
         return GymEnv(create_env_fn, **encoding, **kwargs)
-    if isinstance(create_env_fn, (gym.Env, gym.vector.VectorEnv)):
+    if isinstance(create_env_fn, (GymEnv, gym.Env, gym.vector.VectorEnv)):
+        if kwargs:
+            raise kwargs_refused(
+                create_env_fn, "pass a constructor (a callable or an env id) instead."
+            )
+        if isinstance(create_env_fn, GymEnv):
+            return create_env_fn
         return GymEnv(create_env_fn, **encoding)
     if is_torchrl_env(create_env_fn):
         update_env_kwargs(create_env_fn, kwargs)
@@ -54,6 +59,31 @@ def make_env(
         f"create_env_fn must be an env id string, a gymnasium env, a TorchRL env, or a callable "
         f"returning one; got {create_env_fn!r} of type {type(create_env_fn).__name__}."
     )
+
+
+def check_env_kwargs(create_env_kwargs: Any) -> dict:
+    """``create_env_kwargs`` as a dict of keyword arguments for ``create_env_fn`` (None: none).
+
+    Args:
+        create_env_kwargs: the keyword arguments, or None.
+
+    Returns:
+        A new dict of them.
+
+    Raises:
+        ArgumentTypeError: ``create_env_kwargs`` is not a mapping of argument names.
+    """
+    if create_env_kwargs is None:
+        return {}
+    if not isinstance(create_env_kwargs, Mapping) or not all(
+        isinstance(name, str) for name in create_env_kwargs
+    ):
+        raise ArgumentTypeError(
+            f"create_env_kwargs must be a dict of keyword arguments for create_env_fn (one dict "
+            f"per worker in a list, for a collector with workers), got "
+            f"{reprlib.repr(create_env_kwargs)}."
+        )
+    return dict(create_env_kwargs)
 
 
 def _call(fn: Callable, kwargs: dict) -> Any:

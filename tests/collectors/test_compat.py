@@ -5,6 +5,7 @@ Each test pins one behaviour observed on TorchRL 0.14.1 itself (names, keys, err
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import time
 
 import gymnasium as gym
@@ -18,13 +19,21 @@ from torch import nn
 from torch.distributions import OneHotCategorical
 
 from hpccollect import (
+    DistributedDataCollector,
     GymEnv,
     MultiaSyncDataCollector,
     MultiSyncDataCollector,
     SyncDataCollector,
 )
 from hpccollect._compat import pad_keeps_names
-from hpccollect.errors import EnvError, HpcCollectError, PolicyError
+from hpccollect.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    EnvError,
+    HpcCollectError,
+    PolicyError,
+    WorkerError,
+)
 from hpccollect.storage import HDF5Writer, export_d4rl, export_minari, open_dataset
 
 pytestmark = pytest.mark.timeout(120)
@@ -335,6 +344,43 @@ def test_multi_num_threads_reset_and_threshold_one():
     assert torch.get_num_threads() == max(1, before - 1)  # TorchRL's default
     collector.shutdown()
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        # checked here, before a worker or rank starts, as the Sync collector checks them
+        (lambda: MultiSyncDataCollector([cartpole] * 2, 5, frames_per_batch=10), ArgumentTypeError,
+         "policy must be a TensorDictModule, an nn.Module, a callable or None; got int"),
+        (lambda: MultiSyncDataCollector([cartpole] * 2, None, frames_per_batch=10,
+                                        create_env_kwargs=5),
+         ArgumentTypeError, "create_env_kwargs must be a dict of keyword arguments"),
+        (lambda: MultiaSyncDataCollector([cartpole] * 2, None, frames_per_batch=10,
+                                         create_env_kwargs=[{}, [1]]),
+         ArgumentTypeError, r"create_env_kwargs must be .*got \[1\]"),
+        (lambda: MultiaSyncDataCollector([cartpole], None, frames_per_batch=10,
+                                         update_at_each_batch="yes"),
+         ArgumentTypeError, "update_at_each_batch"),
+        (lambda: DistributedDataCollector([cartpole], 5, frames_per_batch=10, launcher="mp"),
+         ArgumentTypeError, "policy must be a TensorDictModule"),
+        (lambda: SyncDataCollector(cartpole, None, frames_per_batch=10, create_env_kwargs=[1]),
+         ArgumentTypeError, "create_env_kwargs must be a dict"),
+        # an env given built cannot take them: refused, not dropped (as for TorchRL's envs)
+        (lambda: SyncDataCollector(cartpole(), None, frames_per_batch=10,
+                                   create_env_kwargs={"render_mode": "rgb_array"}),
+         ArgumentValueError, "create_env_kwargs were given, but create_env_fn is an env instance"),
+        (lambda: SyncDataCollector(GymEnv("CartPole-v1"), None, frames_per_batch=10,
+                                   create_env_kwargs={"render_mode": "rgb_array"}),
+         ArgumentValueError, "env instance of type GymEnv that cannot take them"),
+    ],
+    ids=["multi-policy", "multi-kwargs", "multi-kwargs-list", "update_at_each_batch",
+         "distributed-policy", "sync-kwargs", "gym-instance-kwargs", "gymenv-instance-kwargs"],
+)  # fmt: skip
+def test_policy_and_env_kwargs_mistakes_are_refused_before_any_process(make, error, message):
+    with pytest.raises(error, match=message) as refused:
+        make()
+    assert not isinstance(refused.value, WorkerError)  # not a worker's report of it
+    assert not mp.active_children()
 
 
 def test_multi_keywords_refused_before_any_process():

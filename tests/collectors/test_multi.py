@@ -491,8 +491,12 @@ def test_weights_per_worker(no_leaks):
     try:
         with pytest.raises(ArgumentValueError, match="one copy for all of them"):
             shared.update_policy_weights_({0: ones})
+        with pytest.raises(ArgumentValueError, match=r"shapes bias: \(3,\) for \(2,\)"):
+            shared.update_policy_weights_(nn.Linear(4, 3))  # another architecture
     finally:
         shared.shutdown()
+    with pytest.raises(RuntimeError, match="was shut down: its workers are gone"):
+        shared.update_policy_weights_()  # not the report of a worker that failed
 
 
 class _RecordingFactory:

@@ -189,8 +189,18 @@ def test_weights_reach_exactly_the_named_ranks_and_every_later_batch():
         assert batch["policy_version"][:, 0].tolist() == [1, 2]
         collector.update_policy_weights_({"module": {"bias": torch.tensor([2.0, 0.0])}})
         assert (next(it)["action"][..., 0] == 1).all()  # weights given explicitly
+        # weights of another policy are refused, naming what differs; nothing is sent
+        versions = list(collector.policy_versions)
+        with pytest.raises(ArgumentValueError, match=r"missing \[\"\('module', 'bias'\)"):
+            collector.update_policy_weights_({"foo": torch.zeros(3)})
+        with pytest.raises(ArgumentValueError, match=r"shapes \('module', 'bias'\): \(3,\)"):
+            collector.update_policy_weights_({"module": {"bias": torch.zeros(3)}})
+        assert (next(it)["action"][..., 0] == 1).all()
+        assert collector.policy_versions == versions
     finally:
         collector.shutdown()
+    with pytest.raises(RuntimeError, match="was shut down: its workers are gone"):
+        collector.update_policy_weights_()
 
 
 @pytest.mark.timeout(120)

@@ -13,7 +13,7 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from hpccollect.errors import ArgumentTypeError
-from hpccollect.policy import TensorDictCallable, WrappedPolicy, takes_tensordict
+from hpccollect.policy import TensorDictCallable, WrappedPolicy, check_policy, takes_tensordict
 
 __all__ = ["SpecRandomPolicy", "leaf_keys", "private_key", "wrap_env_policy"]
 
@@ -42,11 +42,7 @@ def wrap_env_policy(policy: Any, env: Any, trust_policy: bool = False) -> Wrappe
     weights = policy if isinstance(policy, nn.Module) else None
     if isinstance(policy, TensorDictModuleBase):
         return WrappedPolicy(policy, policy, None)
-    if not callable(policy):
-        raise ArgumentTypeError(
-            f"policy must be a TensorDictModule, an nn.Module, a callable or None; got "
-            f"{type(policy).__name__}."
-        )
+    check_policy(policy)
     if trust_policy or takes_tensordict(policy):
         return WrappedPolicy(TensorDictCallable(policy, []), weights, None)
     module = TensorDictModule(policy, **_keys_by_name(policy, env))

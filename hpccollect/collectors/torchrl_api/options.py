@@ -21,8 +21,9 @@ from tensordict.nn import InteractionType
 from hpccollect._checks import check_bool, check_callable, check_int
 from hpccollect.collectors.loops.whole_trajs import check_traj_options
 from hpccollect.collectors.torchrl_api.policy_options import check_compile
+from hpccollect.envs.factory import check_env_kwargs
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
-from hpccollect.policy import resolve_exploration_type, resolve_trust_policy
+from hpccollect.policy import check_policy, resolve_exploration_type, resolve_trust_policy
 
 __all__ = [
     "CollectorArgs",
@@ -161,7 +162,11 @@ def _checked_batch(raw: CollectorArgs) -> dict[str, Any]:
 
 
 def _checked_rest(raw: CollectorArgs, policy: Any) -> dict[str, Any]:
-    """Policy handling, output sinks and trajectory id shares."""
+    """Policy handling, env arguments, output sinks and trajectory id shares."""
+    check_policy(policy)
+    env_kwargs = raw.create_env_kwargs
+    for kwargs in env_kwargs if isinstance(env_kwargs, (list, tuple)) else [env_kwargs]:
+        check_env_kwargs(kwargs)  # one dict for every env, or one a worker
     if raw.use_buffers is not None:
         check_bool("use_buffers", raw.use_buffers)
     buffer = raw.replay_buffer

@@ -97,6 +97,7 @@ class WorkerWeights:
     _live_weights: bool
     _weights: list[TensorDictBase | None]
     _policy_devices: list[Any]
+    _closed: bool
 
     def _shares_live_weights(self, module: nn.Module | None) -> bool:
         """Whether the workers run on ``module``'s own weights (see ``weight_buffers``)."""
@@ -130,7 +131,15 @@ class WorkerWeights:
         ``worker_ids``: an index, a list of indices, or devices (the workers whose policy runs
         on that device). ``{index: weights}`` gives each named worker its own weights (TorchRL's
         per-worker weights). Blocks until every named worker has loaded the weights.
+
+        Raises:
+            RuntimeError: the collector was shut down: its workers are gone.
         """
+        if self._closed:
+            raise RuntimeError(
+                f"{type(self).__name__} was shut down: its workers are gone, and no weights can "
+                "reach them. Update the weights before shutdown(), or build a new collector."
+            )
         if per_worker_weights(policy_or_weights):
             if worker_ids is not None:
                 raise ArgumentTypeError(
