@@ -121,7 +121,9 @@ class RunConfig:
                     f"--{name.replace('_', '-')} must be a positive integer, got {value!r}."
                 )
         if self.max_steps is not None and (
-            not isinstance(self.max_steps, int) or self.max_steps < 1
+            isinstance(self.max_steps, bool)
+            or not isinstance(self.max_steps, int)
+            or self.max_steps < 1
         ):
             raise ArgumentValueError(
                 f"--max-steps must be a positive integer, got {self.max_steps!r}."

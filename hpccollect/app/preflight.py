@@ -23,7 +23,7 @@ from hpccollect.app.resume import Attempt, run_files
 from hpccollect.envs.gym import GymEnv
 from hpccollect.errors import ArgumentValueError
 from hpccollect.storage import dataset_format
-from hpccollect.storage.outputs import check_kind, check_writable
+from hpccollect.storage.outputs import check_final_name, check_kind, check_writable
 
 __all__ = ["check_output", "env_maker", "probe_policy", "record", "resolve_env"]
 
@@ -98,13 +98,8 @@ def probe_policy(cfg: RunConfig, make: Callable[[], gym.Env], seed: int | None =
 def check_output(out: Path, overwrite: bool) -> None:
     """Refuse an existing output, or an earlier run's files beside it (unless ``overwrite``),
     and an output that cannot be written."""
+    check_final_name(out)
     partial = dataset_format(out).partial_path(out)
-    suffix = partial.name[len(out.name) :]  # what a file being written has after its name
-    if out.name.endswith(suffix):
-        raise ArgumentValueError(
-            f"--out {out}: that is the name a dataset has while it is written; give the "
-            f"finished name, --out {out.with_name(out.name.removesuffix(suffix))}."
-        )
     check_kind(out, folder=False)
     earlier = [p for p in (out, partial) if p.exists()] + run_files(out)
     if earlier and not overwrite:

@@ -220,6 +220,8 @@ def start_attempt(cfg: RunConfig) -> Attempt:
             if partial.exists():
                 repair_dataset(partial)
         if run.exists() and not _is_view(run):
+            if not _pieces(folder):  # a finished run of one file stays as it is
+                _frames_left(run, _frames_in([run]), cfg)
             folder.mkdir(exist_ok=True)
             target = folder / "attempt-0.h5"
             if target.exists():
@@ -235,11 +237,26 @@ def start_attempt(cfg: RunConfig) -> Attempt:
     pieces = _pieces(folder)
     if pieces:
         _publish(run, pieces)
-    before = 0
-    for piece in pieces:
-        with read_dataset(piece) as ds:
-            before += ds.committed_steps
+    before = _frames_in(pieces)
+    left = _frames_left(run, before, cfg)
     number = 1 + max((_attempt_of(p) for p in pieces), default=0)
+    seed = (cfg.seed + number * SEED_STRIDE) % (MAX_SEED + 1)  # a valid --seed still
+    attempt_cfg = dataclasses.replace(cfg, total_frames=left, seed=seed)
+    return Attempt(run, number, attempt_cfg, cfg.seed, cfg.total_frames, before, pieces)
+
+
+def _frames_in(files: list[Path]) -> int:
+    """The frames committed in ``files``."""
+    frames = 0
+    for file in files:
+        with read_dataset(file) as ds:
+            frames += ds.committed_steps
+    return frames
+
+
+def _frames_left(run: Path, before: int, cfg: RunConfig) -> int:
+    """The frames the next attempt collects (whole batches) when ``before`` are on disk;
+    ``RunComplete`` when none is left."""
     fpb = cfg.frames_per_batch
     left = -(-(cfg.total_frames - before) // fpb) * fpb
     if left <= 0:
@@ -247,9 +264,7 @@ def start_attempt(cfg: RunConfig) -> Attempt:
             f"{run} is complete: {before} of {cfg.total_frames} frames are on disk, nothing "
             "to collect (raise --total-frames to collect more)."
         )
-    seed = (cfg.seed + number * SEED_STRIDE) % (MAX_SEED + 1)  # a valid --seed still
-    attempt_cfg = dataclasses.replace(cfg, total_frames=left, seed=seed)
-    return Attempt(run, number, attempt_cfg, cfg.seed, cfg.total_frames, before, pieces)
+    return left
 
 
 def run_files(run: Path) -> list[Path]:

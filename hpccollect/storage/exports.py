@@ -27,7 +27,7 @@ from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.hdf5_reader import H5Dataset
 from hpccollect.storage.layout import dataset_path
 from hpccollect.storage.metadata import ENV_ATTRS, recorded_env
-from hpccollect.storage.outputs import check_output_path
+from hpccollect.storage.outputs import check_final_name, check_inputs_kept, check_output_path
 from hpccollect.storage.sink import read_dataset
 
 __all__ = ["export_d4rl", "export_memmap", "export_minari"]
@@ -70,8 +70,10 @@ def export_d4rl(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bo
     Dict observations are flattened and concatenated (float32).
     """
     out = Path(out)
+    check_final_name(out)
     check_output_path(out, overwrite=overwrite)
     with read_dataset(src) as ds:
+        check_inputs_kept(out, _files(ds, src), "export")
         n = len(ds)
         if not n:
             raise ArgumentValueError(f"{src} has no committed rows to export.")
@@ -92,7 +94,7 @@ def export_d4rl(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bo
             "next_observations": nxt,
         }
         out.parent.mkdir(parents=True, exist_ok=True)
-        with h5py.File(out, "w") as f:
+        with _written_whole(out) as tmp, h5py.File(tmp, "w") as f:
             for name in _D4RL:
                 f.create_dataset(name, data=columns[name], compression="gzip", shuffle=True)
             for key in _D4RL_ATTRS:
@@ -103,6 +105,23 @@ def export_d4rl(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bo
                 _encoding(obs_space) if single is not None else "flattened"
             )
     return out
+
+
+def _files(ds: Any, src: str | os.PathLike) -> list[Path]:
+    """The files an export of ``ds`` reads (a merged view's shards too)."""
+    return list(getattr(ds, "files", [Path(src)]))
+
+
+@contextlib.contextmanager
+def _written_whole(out: Path) -> Iterator[Path]:
+    """A file beside ``out`` to write, which becomes ``out`` once written whole: a failed or
+    interrupted export leaves ``out`` as it was (the file it replaces, or none)."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _stored_categorical(stored: np.ndarray, space: gym.Space) -> bool:
@@ -135,6 +154,7 @@ def export_memmap(
     out = Path(out)
     check_output_path(out, overwrite=overwrite, folder=True)
     with read_dataset(src) as ds:
+        check_inputs_kept(out, _files(ds, src), "export")
         ds.to_tensordict().memmap(out, existsok=overwrite)
     return out
 
@@ -156,6 +176,7 @@ def export_minari(
     target = root / dataset_id
     check_output_path(target, overwrite=overwrite, folder=True)
     with read_dataset(src) as ds:
+        check_inputs_kept(target, _files(ds, src), "export", option="--dataset-id")
         obs_space, act_space = ds.observation_space, ds.action_space
         if obs_space is None:
             raise ArgumentValueError(

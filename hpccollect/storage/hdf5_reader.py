@@ -37,6 +37,8 @@ def _open(path: Path) -> h5py.File:
     """Open for reading without taking HDF5's lock (the writer of a ``.partial`` holds it)."""
     if not path.exists():
         raise ArgumentValueError(f"{path} does not exist.")
+    if path.is_dir():
+        raise ArgumentValueError(f"{path} is a directory; give a dataset file in it.")
     live = path.name.endswith(".partial")
     for attempt in range(3 if live else 1):
         try:
@@ -78,6 +80,12 @@ class H5Dataset:
         self.committed_episodes = int(attrs["committed_episodes"])
         self._episode_ids: np.ndarray | None = None
         self._readers: dict[str, tuple[h5py.Dataset, tuple[int, ...], np.ndarray]] = {}
+
+    @property
+    def files(self) -> list[Path]:
+        """The files its rows are read from: this one, and a merged view's shards."""
+        shards = json.loads(self.file.attrs.get("merged_from", "[]"))
+        return [self.path, *(self.path.parent / s for s in shards)]
 
     def _check_shards(self) -> None:
         shards = json.loads(self.file.attrs.get("merged_from", "[]"))

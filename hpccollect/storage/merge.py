@@ -25,7 +25,7 @@ from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.hdf5_reader import H5Dataset
 from hpccollect.storage.layout import EPISODE
 from hpccollect.storage.metadata import ENV_ATTRS
-from hpccollect.storage.outputs import check_output_path
+from hpccollect.storage.outputs import check_final_name, check_inputs_kept, check_output_path
 from hpccollect.storage.spaces_json import describe, space_from_json
 
 __all__ = ["merge_shards"]
@@ -59,8 +59,11 @@ def merge_shards(
     out = Path(out)
     if not shards:
         raise ArgumentValueError("merge needs at least one shard.")
+    paths = [Path(s) for s in shards]
+    _refuse_duplicates(paths)
+    check_final_name(out)
+    check_inputs_kept(out, paths, "merge")
     check_output_path(out, overwrite=overwrite)
-    _refuse_duplicates([Path(s) for s in shards], out)
     opened: list[H5Dataset] = []
     try:
         for shard in shards:
@@ -84,7 +87,7 @@ def merge_shards(
     return out
 
 
-def _refuse_duplicates(paths: list[Path], out: Path) -> None:
+def _refuse_duplicates(paths: list[Path]) -> None:
     """The same file twice (also through another path, a symlink or a hard link) is refused."""
     seen: dict[tuple[int, int], Path] = {}
     for path in paths:
@@ -97,10 +100,6 @@ def _refuse_duplicates(paths: list[Path], out: Path) -> None:
                 f"shard {path} is the same file as {seen[key]}; give each shard once."
             )
         seen[key] = path
-        if out.exists() and os.path.samefile(path, out):
-            raise ArgumentValueError(
-                f"--out {out} is one of the shards; write the merge elsewhere."
-            )
 
 
 def _check_shard(ds: H5Dataset, allow_partial: bool) -> None:

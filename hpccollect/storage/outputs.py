@@ -4,11 +4,19 @@ path of the wrong kind, or one in a directory that cannot be written, is one lin
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from hpccollect.errors import ArgumentValueError
+from hpccollect.storage.sink import dataset_format
 
-__all__ = ["check_kind", "check_output_path", "check_writable"]
+__all__ = [
+    "check_final_name",
+    "check_inputs_kept",
+    "check_kind",
+    "check_output_path",
+    "check_writable",
+]
 
 
 def check_output_path(
@@ -49,10 +57,13 @@ def check_kind(out: Path, folder: bool, option: str = "--out") -> None:
 
 def check_writable(out: Path, option: str = "--out", hint: str = "") -> None:
     """Refuse ``out`` when its directory cannot be made or written (``hint``: what else to
-    try, added to the message)."""
-    probe = out.parent / f".{out.name}.{os.getpid()}.write-test"
+    try, added to the message). Nothing is left: a directory still to be made is made by the
+    writer, once every check passed; this tries the nearest one that exists."""
+    base = out.parent
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    probe = base / f".{out.name}.{os.getpid()}.write-test"
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         os.unlink(probe)
     except OSError as err:
@@ -61,3 +72,40 @@ def check_writable(out: Path, option: str = "--out", hint: str = "") -> None:
             f"{option} {out}: cannot write in {out.parent} ({reason}); choose a writable "
             f"directory with {option}{hint}."
         ) from err
+
+
+def check_final_name(out: Path, option: str = "--out") -> None:
+    """Refuse the name a dataset has while it is written (``run.h5.partial``): every reader
+    would take the finished file for an unfinished one."""
+    partial = dataset_format(out).partial_path(out)
+    suffix = partial.name[len(out.name) :]  # what a file being written has after its name
+    if out.name.endswith(suffix):
+        raise ArgumentValueError(
+            f"{option} {out}: that is the name a dataset has while it is written; give the "
+            f"finished name, {option} {out.with_name(out.name.removesuffix(suffix))}."
+        )
+
+
+def check_inputs_kept(out: Path, inputs: Iterable[Path], what: str, option: str = "--out") -> None:
+    """Refuse an output that is one of the files a command reads, or a folder that holds one:
+    writing it would destroy what the command reads (through another path, a symlink or a
+    hard link too).
+
+    Args:
+        out: the file or folder the command writes.
+        inputs: the files it reads (for a merged view, its shards as well).
+        what: the command, for the message ("merge", "export").
+        option: the option that named ``out``.
+
+    Raises:
+        ArgumentValueError: naming ``option``, the input and what to do instead.
+    """
+    target = out.resolve()
+    for path in inputs:
+        if not path.exists():
+            continue
+        if (out.exists() and os.path.samefile(path, out)) or target in path.resolve().parents:
+            held = "is" if not out.is_dir() else "holds"
+            raise ArgumentValueError(
+                f"{option} {out} {held} {path}, which the {what} reads; write the {what} elsewhere."
+            )

@@ -117,9 +117,28 @@ def test_on_rank_failure_takes_raise_or_continue(capsys):
         ("resume", "", "--resume must be a non-empty string"),
         ("collector", 3, "--collector must be a non-empty string"),
         ("overwrite", 1, "--overwrite is true or false"),
+        ("max_steps", True, "--max-steps must be a positive integer, got True"),
     ],
 )
 def test_a_config_of_the_wrong_type_is_refused_by_its_option(name, value, says):
     """What a TOML file can give that the command line cannot: each refused, named."""
     with pytest.raises(ArgumentValueError, match=says.replace("-", r"\-")):
         RunConfig(**{name: value})
+
+
+def test_a_refused_run_or_read_leaves_no_folder_and_names_a_folder_given_as_a_file(
+    tmp_path, monkeypatch, capsys
+):
+    """A run refused after its --out was checked leaves no directory it would have made; a
+    folder given where a dataset goes is called a folder (was h5py's cut-off "file read
+    failed" line)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["collect", "--out", "new/x.h5", "--policy", "nosuch"]) == 2
+    assert not list(tmp_path.iterdir())
+    (tmp_path / "runs").mkdir()
+    for command in (["inspect", "runs"], ["export", "runs", "--format", "memmap", "--out", "m"]):
+        capsys.readouterr()
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["hpccollect: error: runs is a directory; give a dataset file in it."]
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]

@@ -159,6 +159,20 @@ def test_resume_mistakes_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, 
 
 
 @pytest.mark.timeout(120)
+def test_resuming_a_finished_run_changes_no_file(tmp_path, monkeypatch, capsys):
+    """Nothing to collect: the run's file is not moved into a shards folder under a new view
+    (it was, and an export of that view onto its shard then destroyed the data)."""
+    monkeypatch.chdir(tmp_path)
+    small_run(tmp_path, "run/data.h5")
+    kept = (tmp_path / "run" / "data.h5").read_bytes()
+    capsys.readouterr()
+    assert main(["collect", "--quiet", "--resume", "run/data.h5"]) == 0
+    assert "is complete: 400 of 400 frames are on disk" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["data.h5"]
+    assert (tmp_path / "run" / "data.h5").read_bytes() == kept
+
+
+@pytest.mark.timeout(120)
 def test_a_fresh_run_does_not_take_in_an_earlier_runs_attempts(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     small_run(tmp_path, "run/data.h5")

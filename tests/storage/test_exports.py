@@ -15,7 +15,14 @@ import pytest
 from hpccollect import SyncDataCollector
 from hpccollect.envs.gym import GymEnv
 from hpccollect.errors import ArgumentValueError
-from hpccollect.storage import HDF5Writer, export_d4rl, export_minari, open_dataset
+from hpccollect.storage import (
+    HDF5Writer,
+    export_d4rl,
+    export_memmap,
+    export_minari,
+    merge_shards,
+    open_dataset,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -168,3 +175,35 @@ def test_cli_export_refuses_a_bad_id_in_one_line(tmp_path):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hpccollect: error: --dataset-id")
+
+
+def test_an_export_never_writes_over_what_it_reads(tmp_path, monkeypatch):
+    """An export onto its own source, or onto a shard of the merged view it reads, is refused
+    before anything is written (with --overwrite too: a merged view's export once replaced
+    its shard with the D4RL file, exit 0); a D4RL export that fails part-way leaves the file
+    it was to replace as it was."""
+    a = write(tmp_path / "a.h5", lambda: gym.make("CartPole-v1"), frames=200)
+    shard = write(tmp_path / "x.shards" / "rank-0001.h5", lambda: gym.make("CartPole-v1"), 200)
+    view = merge_shards([shard], tmp_path / "x.h5")
+    before = {p: p.read_bytes() for p in (a, shard, view)}
+    refused = [
+        (lambda: export_d4rl(a, a, overwrite=True), "a.h5 is .*a.h5, which the export reads"),
+        (lambda: export_d4rl(view, shard, overwrite=True), "rank-0001.h5, which the export"),
+        (lambda: export_memmap(view, tmp_path / "x.shards", overwrite=True), "x.shards holds"),
+        (lambda: export_d4rl(a, tmp_path / "d.h5.partial"), "the name a dataset has while"),
+    ]
+    for export, message in refused:
+        with pytest.raises(ArgumentValueError, match=message):
+            export()
+    assert {p: p.read_bytes() for p in before} == before
+    old = export_d4rl(a, tmp_path / "d.h5")
+    kept = old.read_bytes()
+
+    def fails(*args, **kwargs):
+        raise OSError("the disk filled up")
+
+    monkeypatch.setattr(h5py.Group, "create_dataset", fails)
+    with pytest.raises(OSError, match="the disk filled up"):
+        export_d4rl(a, old, overwrite=True)
+    assert old.read_bytes() == kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.h5", "d.h5", "x.h5", "x.shards"]

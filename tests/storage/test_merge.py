@@ -149,9 +149,15 @@ def test_the_same_file_twice_is_refused_by_any_path(tmp_path):
         with pytest.raises(ArgumentValueError, match="same file as") as info:
             merge_shards([a, again], tmp_path / "m.h5")
         assert "\n" not in str(info.value)
-    with pytest.raises(ArgumentValueError, match="is one of the shards"):
-        merge_shards([a], a, overwrite=True)
-    assert not (tmp_path / "m.h5").exists()
+    # the output is one of the shards: said so whether or not --overwrite is given (the
+    # "already exists; pass --overwrite" of an output that is not read would lead nowhere)
+    for overwrite in (False, True):
+        for out in (a, tmp_path / "hard.h5"):
+            with pytest.raises(ArgumentValueError, match=r"a\.h5, which the merge reads; write"):
+                merge_shards([a], out, overwrite=overwrite)
+    with pytest.raises(ArgumentValueError, match=r"--out .*m\.h5\.partial: that is the name"):
+        merge_shards([a], tmp_path / "m.h5.partial")
+    assert not (tmp_path / "m.h5").exists() and not (tmp_path / "m.h5.partial").exists()
 
 
 PARTIAL = textwrap.dedent("""
