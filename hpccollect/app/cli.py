@@ -5,6 +5,7 @@ mistake prints one line and exits with code 2."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import sys
 import warnings
@@ -31,6 +32,8 @@ _USER_ERRORS = (ArgumentValueError, ArgumentTypeError, EnvError, PolicyError)
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and not args[0].startswith("-") and args[0] not in COMMANDS:
+        return _Output(True).fail(2, _unknown_command(args[0]))
     if not args or (args[0] not in COMMANDS and args[0] not in ("-h", "--help")):
         args.insert(0, "collect")
     out = _Output(args[0] == "collect")
@@ -53,6 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HpcCollectError as err:
         code, line = _describe(err)
         return out.fail(code, line)
+
+
+def _unknown_command(word: str) -> str:
+    """The line for a first word that is no command (collect takes no positional argument)."""
+    near = difflib.get_close_matches(word, COMMANDS, n=1)
+    guess = f"; did you mean {near[0]!r}?" if near else ""
+    return (
+        f"hpccollect: error: unknown command {word!r}{guess} (commands: {', '.join(COMMANDS)}; "
+        "with none, collect runs)"
+    )
 
 
 def _describe(err: BaseException) -> tuple[int, str] | None:
@@ -203,6 +216,10 @@ def _inspect(ns: argparse.Namespace) -> int:
 def _repair(ns: argparse.Namespace) -> int:
     from hpccollect.storage import read_dataset, repair_dataset
 
+    whole = _complete_already(Path(ns.file))
+    if whole is not None:
+        print(whole)
+        return 0
     out = repair_dataset(Path(ns.file))  # a missing file: ArgumentValueError, named
     with read_dataset(out) as ds:
         problems = ds.check()
@@ -211,6 +228,24 @@ def _repair(ns: argparse.Namespace) -> int:
         print("still has problems: " + "; ".join(problems), file=sys.stderr)
         return 1
     return 0
+
+
+def _complete_already(path: Path) -> str | None:
+    """What to say of a finished, sound dataset given to ``repair`` (nothing to do), or None."""
+    from hpccollect.storage import dataset_format, read_dataset
+
+    if not path.is_file() or dataset_format(path).partial_path(path).exists():
+        return None
+    try:
+        with read_dataset(path) as ds:
+            if getattr(ds, "complete", False) and not ds.check():
+                return (
+                    f"{path} is complete: {len(ds)} committed frames, {ds.committed_episodes} "
+                    "episodes; nothing to repair"
+                )
+    except HpcCollectError:
+        pass  # repair says what it finds
+    return None
 
 
 def _merge(ns: argparse.Namespace) -> int:

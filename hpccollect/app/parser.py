@@ -45,9 +45,24 @@ class _Parser(argparse.ArgumentParser):
             super()._print_message(message, file)
 
 
-def _spellings(option: str, words: tuple[str, ...]) -> tuple[str, ...]:
-    """``words`` and the earlier spellings still accepted (left out of the help)."""
-    return (*words, *RENAMED.get(option, {}))
+class _Choices(tuple):
+    """An option's words, as argparse shows them (in the help and in its "invalid choice"
+    line); the earlier spellings still accepted are taken too, not shown."""
+
+    hidden: frozenset[str]
+
+    def __new__(cls, words: tuple[str, ...], hidden: Any) -> _Choices:
+        choices = super().__new__(cls, words)
+        choices.hidden = frozenset(hidden)
+        return choices
+
+    def __contains__(self, value: object) -> bool:
+        return super().__contains__(value) or value in self.hidden
+
+
+def _spellings(option: str, words: tuple[str, ...]) -> _Choices:
+    """``words``, and the earlier spellings still accepted (left out of the help)."""
+    return _Choices(words, RENAMED.get(option, {}))
 
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:

@@ -544,3 +544,17 @@ def test_an_env_failing_in_a_worker_gets_one_line_and_exit_code_2(tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.startswith("hpccollect:")]
     assert len(lines) == 1 and "the simulator lost its licence" in lines[0], done.stderr
     assert "Worker 0 on " in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_repair_of_a_finished_dataset_says_so_and_changes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["--collector", "single", "--policy", "random", "--total-frames", "200"]
+    assert main(["collect", "--quiet", *args, "--frames-per-batch", "100", "--out", "d.h5"]) == 0
+    kept = (tmp_path / "d.h5").read_bytes()
+    capsys.readouterr()
+    assert main(["repair", "d.h5"]) == 0
+    said = capsys.readouterr().out.strip()
+    assert said.startswith("d.h5 is complete: 200 committed frames, ") and said.endswith(
+        " episodes; nothing to repair"
+    ), said
+    assert (tmp_path / "d.h5").read_bytes() == kept

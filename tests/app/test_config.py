@@ -142,3 +142,20 @@ def test_a_refused_run_or_read_leaves_no_folder_and_names_a_folder_given_as_a_fi
         err = capsys.readouterr().err.strip().splitlines()
         assert err == ["hpccollect: error: runs is a directory; give a dataset file in it."]
     assert [p.name for p in tmp_path.iterdir()] == ["runs"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["colect", "--total-frames", "100"], "unknown command 'colect'; did you mean 'collect'?"),
+        (["CartPole-v1"], "unknown command 'CartPole-v1' (commands: collect, inspect, repair"),
+        # the earlier spelling --collector sync is still taken, but not offered
+        (["--collector", "foo"], "(choose from 'single', 'multi-sync', 'multi-async') (see"),
+    ],
+)
+def test_a_mistaken_command_or_choice_says_what_there_is(tmp_path, monkeypatch, capsys, args, says):
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not list(tmp_path.iterdir())
