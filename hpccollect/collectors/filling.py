@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import shutil
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -71,12 +72,27 @@ def _first_writer_lays_out(storage: Any, may_enable: bool) -> bool:
     return True
 
 
+def _refuse_iteration(collector: Any) -> None:
+    raise RuntimeError(
+        f"{type(collector).__name__} is filling its replay_buffer (start()): call "
+        "async_shutdown(close_env=False) before iterating over it."
+    )
+
+
 class ThreadFilling:
     """``start()``/``async_shutdown()`` for a collector whose iterator runs in this process: a
     background thread runs it, extending ``replay_buffer``, until ``async_shutdown()``."""
 
     _background: BackgroundThread | None = None
     replay_buffer: Any = None
+
+    def __iter__(self) -> Iterator[Any]:
+        """The collector's batches; refused while the background thread runs the iterator
+        (two would step the same envs and policy at once)."""
+        bg = self._background
+        if bg is not None and bg.alive and bg.ident != threading.get_ident():
+            _refuse_iteration(self)
+        return super().__iter__()  # type: ignore[misc]
 
     def start(self) -> None:
         """Fill ``replay_buffer`` from a background thread until ``async_shutdown()``."""
@@ -133,6 +149,12 @@ class WorkerFilling:
 
     _filling = False
     _inherited: Any = None  # the buffer the workers were started with, if any
+
+    def __iter__(self) -> Iterator[Any]:
+        """The collector's batches; refused while the workers fill the buffer."""
+        if self._filling:
+            _refuse_iteration(self)
+        return super().__iter__()  # type: ignore[misc]
 
     def start(self) -> None:
         """Workers extend the ``replay_buffer`` themselves until ``async_shutdown()``."""

@@ -167,6 +167,8 @@ def test_replay_buffer_filled_by_workers_after_start(no_leaks):
         time.sleep(0.1)
     assert len(rb) >= 1000 and rb.is_shared
     assert rb.sample(64)["observation"].shape == (64, 4)
+    with pytest.raises(RuntimeError, match=r"filling its replay_buffer \(start\(\)\): call"):
+        next(iter(collector))
     pids = collector.worker_pids
     collector.async_shutdown(timeout=30)
     written = rb.write_count

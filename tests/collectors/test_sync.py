@@ -416,6 +416,8 @@ def test_start_and_async_shutdown_leave_no_thread():
         deadline.wait(0.05)
     sample = rb.sample(32)  # sampling while the collector thread writes
     assert sample["observation"].shape == (32, 4)
+    with pytest.raises(RuntimeError, match=r"filling its replay_buffer \(start\(\)\): call"):
+        iter(collector)  # a second iterator would step the same env and policy at once
     collector.async_shutdown(timeout=10)
     assert len(rb) >= 500
     assert threading.active_count() == before
