@@ -281,6 +281,11 @@ def load_weights_(module: nn.Module, weights: Any) -> None:
 def copy_weights_(dest: TensorDictBase, weights: Any) -> None:
     """Copy ``weights`` (any form ``to_weights`` takes) into the weights TensorDict ``dest``.
 
+    Args:
+        dest: the weights to overwrite, in place (``TensorDict.from_module(policy)``).
+        weights: a module, a TensorDict of weights or a ``state_dict`` of the same
+            architecture (a TensorDictModule's weights, under ``"module"``, fit its module's).
+
     Raises:
         ArgumentValueError: ``weights`` hold other entries than ``dest``, or entries of other
             shapes (weights of another architecture).
@@ -295,24 +300,23 @@ def copy_weights_(dest: TensorDictBase, weights: Any) -> None:
     if src_keys != dest_keys:
         missing = sorted(map(str, dest_keys - src_keys))
         unexpected = sorted(map(str, src_keys - dest_keys))
-        raise ArgumentValueError(
-            f"policy weights do not match the collector's policy: missing {missing}, "
-            f"unexpected {unexpected}. Pass weights taken from the same architecture "
-            "(TensorDict.from_module(policy) or policy.state_dict())."
-        )
+        raise _other_weights(f"missing {missing}, unexpected {unexpected}")
     wrong = [
         f"{key}: {tuple(src.get(key).shape)} for {tuple(dest.get(key).shape)}"
         for key in sorted(dest_keys, key=str)
         if src.get(key).shape != dest.get(key).shape
     ]
     if wrong:
-        raise ArgumentValueError(
-            f"policy weights do not match the collector's policy: shapes {', '.join(wrong)}. "
-            "Pass weights taken from the same architecture "
-            "(TensorDict.from_module(policy) or policy.state_dict())."
-        )
+        raise _other_weights(f"shapes {', '.join(wrong)}")
     with torch.no_grad():
         dest.update_(src.to(dest.device) if dest.device is not None else src)
+
+
+def _other_weights(what: str) -> ArgumentValueError:
+    return ArgumentValueError(
+        f"policy weights do not match the collector's policy: {what}. Pass weights taken from "
+        "the same architecture (TensorDict.from_module(policy) or policy.state_dict())."
+    )
 
 
 def _under_module(weights: TensorDictBase) -> bool:

@@ -60,11 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _unknown_command(word: str) -> str:
     """The line for a first word that is no command (collect takes no positional argument)."""
-    near = difflib.get_close_matches(word, COMMANDS, n=1)
+    near = difflib.get_close_matches(word.lower(), COMMANDS, n=1)
     guess = f"; did you mean {near[0]!r}?" if near else ""
     return (
         f"hpccollect: error: unknown command {word!r}{guess} (commands: {', '.join(COMMANDS)}; "
-        "with none, collect runs)"
+        "with none, collect runs; see --help)"
     )
 
 
@@ -233,9 +233,11 @@ def _repair(ns: argparse.Namespace) -> int:
 def _complete_already(path: Path) -> str | None:
     """What to say of a finished, sound dataset given to ``repair`` (nothing to do), or None."""
     from hpccollect.storage import dataset_format, read_dataset
+    from hpccollect.storage.unfinished import staging_path
 
-    if not path.is_file() or dataset_format(path).partial_path(path).exists():
-        return None
+    fmt = dataset_format(path)
+    if not path.is_file() or fmt.partial_path(path).exists() or staging_path(path).exists():
+        return None  # repair's to finish, or to delete (a file a killed writer was making)
     try:
         with read_dataset(path) as ds:
             if getattr(ds, "complete", False) and not ds.check():

@@ -242,9 +242,7 @@ class MPICollect:
             return probe_policy(self.cfg, env_maker(cfg), seed=cfg.seed)
         check_output(cfg.output, cfg.overwrite)  # also refuses an earlier run's shards
         if cfg.shards:
-            check_output(
-                cfg.shards_dir / shard_name(1), True
-            )  # creates the folder: the ranks write there
+            check_output(cfg.shards_dir / shard_name(1), True)  # the ranks write there
         return probe_policy(cfg, env_maker(cfg))
 
     def _check_groups(self, groups: list[list[int]] | None) -> None:

@@ -59,6 +59,9 @@ class _Choices(tuple):
     def __contains__(self, value: object) -> bool:
         return super().__contains__(value) or value in self.hidden
 
+    def __getnewargs__(self) -> tuple[tuple[str, ...], frozenset[str]]:  # copies, pickles
+        return tuple(self), self.hidden
+
 
 def _spellings(option: str, words: tuple[str, ...]) -> _Choices:
     """``words``, and the earlier spellings still accepted (left out of the help)."""

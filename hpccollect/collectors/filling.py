@@ -89,10 +89,18 @@ class ThreadFilling:
     def __iter__(self) -> Iterator[Any]:
         """The collector's batches; refused while the background thread runs the iterator
         (two would step the same envs and policy at once)."""
+        self._refuse_while_filling()
+        return super().__iter__()  # type: ignore[misc]
+
+    def next(self) -> Any:
+        """TorchRL's ``next()``; refused while the background thread runs the iterator."""
+        self._refuse_while_filling()
+        return super().next()  # type: ignore[misc]
+
+    def _refuse_while_filling(self) -> None:
         bg = self._background
         if bg is not None and bg.alive and bg.ident != threading.get_ident():
             _refuse_iteration(self)
-        return super().__iter__()  # type: ignore[misc]
 
     def start(self) -> None:
         """Fill ``replay_buffer`` from a background thread until ``async_shutdown()``."""
@@ -132,13 +140,17 @@ class ThreadFilling:
         """Stop the background thread (within ``timeout`` s, None: 60). ``abandon`` (the
         collector shuts down): with workers (``_pool``), its wait for their batch is given up
         rather than waited out."""
-        bg, self._background = self._background, None
+        bg = self._background
         if bg is None:
             return
         pool = getattr(self, "_pool", None)
         if abandon and pool is not None and bg.ident is not None:
             pool.abandon_waits_of(bg.ident)
-        bg.stop(timeout if timeout is not None else 60.0)
+        try:
+            bg.stop(timeout if timeout is not None else 60.0)
+        finally:
+            if not bg.alive:  # one that would not stop is still the collector's, and refused
+                self._background = None
 
 
 class WorkerFilling:
@@ -155,6 +167,12 @@ class WorkerFilling:
         if self._filling:
             _refuse_iteration(self)
         return super().__iter__()  # type: ignore[misc]
+
+    def next(self) -> Any:
+        """TorchRL's ``next()``; refused while the workers fill the buffer."""
+        if self._filling:
+            _refuse_iteration(self)
+        return super().next()  # type: ignore[misc]
 
     def start(self) -> None:
         """Workers extend the ``replay_buffer`` themselves until ``async_shutdown()``."""

@@ -75,8 +75,15 @@ def update_env_kwargs(env: Any, kwargs: dict) -> None:
 
 
 def kwargs_refused(env: Any, fix: str) -> ArgumentValueError:
-    """The error for ``create_env_kwargs`` given with an env instance that cannot take them
-    (``fix``: what to pass instead)."""
+    """The error for ``create_env_kwargs`` given with an env instance that cannot take them.
+
+    Args:
+        env: the env instance given as ``create_env_fn``.
+        fix: what to pass instead, for the message.
+
+    Returns:
+        The error to raise.
+    """
     return ArgumentValueError(
         f"create_env_kwargs were given, but create_env_fn is an env instance of type "
         f"{type(env).__name__} that cannot take them; {fix}"

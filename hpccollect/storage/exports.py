@@ -27,7 +27,13 @@ from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.hdf5_reader import H5Dataset
 from hpccollect.storage.layout import dataset_path
 from hpccollect.storage.metadata import ENV_ATTRS, recorded_env
-from hpccollect.storage.outputs import check_final_name, check_inputs_kept, check_output_path
+from hpccollect.storage.outputs import (
+    check_final_name,
+    check_inputs_kept,
+    check_kind,
+    check_output_path,
+    check_writable,
+)
 from hpccollect.storage.sink import read_dataset
 
 __all__ = ["export_d4rl", "export_memmap", "export_minari"]
@@ -71,9 +77,11 @@ def export_d4rl(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bo
     """
     out = Path(out)
     check_final_name(out)
-    check_output_path(out, overwrite=overwrite)
+    check_kind(out, folder=False)
+    check_writable(out)  # before anything is read
     with read_dataset(src) as ds:
         check_inputs_kept(out, _files(ds, src), "export")
+        check_output_path(out, overwrite=overwrite)
         n = len(ds)
         if not n:
             raise ArgumentValueError(f"{src} has no committed rows to export.")
@@ -152,9 +160,11 @@ def export_memmap(
 ) -> Path:
     """Every committed row as a memory-mapped TensorDict folder."""
     out = Path(out)
-    check_output_path(out, overwrite=overwrite, folder=True)
+    check_kind(out, folder=True)
+    check_writable(out)  # before anything is read
     with read_dataset(src) as ds:
         check_inputs_kept(out, _files(ds, src), "export")
+        check_output_path(out, overwrite=overwrite, folder=True)
         ds.to_tensordict().memmap(out, existsok=overwrite)
     return out
 
@@ -174,9 +184,11 @@ def export_minari(
 
     root = Path(root)
     target = root / dataset_id
-    check_output_path(target, overwrite=overwrite, folder=True)
+    check_kind(target, folder=True)
+    check_writable(target)  # before anything is read
     with read_dataset(src) as ds:
-        check_inputs_kept(target, _files(ds, src), "export", option="--dataset-id")
+        check_inputs_kept(target, _files(ds, src), "export", option="the Minari dataset")
+        check_output_path(target, overwrite=overwrite, folder=True)
         obs_space, act_space = ds.observation_space, ds.action_space
         if obs_space is None:
             raise ArgumentValueError(

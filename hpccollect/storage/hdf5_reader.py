@@ -84,11 +84,14 @@ class H5Dataset:
     @property
     def files(self) -> list[Path]:
         """The files its rows are read from: this one, and a merged view's shards."""
-        shards = json.loads(self.file.attrs.get("merged_from", "[]"))
-        return [self.path, *(self.path.parent / s for s in shards)]
+        return [self.path, *(self.path.parent / s for s in self._shard_names())]
+
+    def _shard_names(self) -> list[str]:
+        """A merged view's shards, relative to it (none for a file of its own)."""
+        return json.loads(self.file.attrs.get("merged_from", "[]"))
 
     def _check_shards(self) -> None:
-        shards = json.loads(self.file.attrs.get("merged_from", "[]"))
+        shards = self._shard_names()
         missing = [s for s in shards if not (self.path.parent / s).exists()]
         if missing:
             self.file.close()

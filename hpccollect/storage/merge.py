@@ -25,7 +25,12 @@ from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.hdf5_reader import H5Dataset
 from hpccollect.storage.layout import EPISODE
 from hpccollect.storage.metadata import ENV_ATTRS
-from hpccollect.storage.outputs import check_final_name, check_inputs_kept, check_output_path
+from hpccollect.storage.outputs import (
+    check_final_name,
+    check_inputs_kept,
+    check_kind,
+    check_output_path,
+)
 from hpccollect.storage.spaces_json import describe, space_from_json
 
 __all__ = ["merge_shards"]
@@ -62,6 +67,7 @@ def merge_shards(
     paths = [Path(s) for s in shards]
     _refuse_duplicates(paths)
     check_final_name(out)
+    check_kind(out, folder=False)
     check_inputs_kept(out, paths, "merge")
     check_output_path(out, overwrite=overwrite)
     opened: list[H5Dataset] = []

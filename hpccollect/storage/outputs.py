@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.sink import dataset_format
+from hpccollect.storage.unfinished import final_path
 
 __all__ = [
     "check_final_name",
@@ -75,14 +76,26 @@ def check_writable(out: Path, option: str = "--out", hint: str = "") -> None:
 
 
 def check_final_name(out: Path, option: str = "--out") -> None:
-    """Refuse the name a dataset has while it is written (``run.h5.partial``): every reader
-    would take the finished file for an unfinished one."""
+    """Refuse the names a dataset has while it is written (``run.h5.partial``, and
+    ``run.h5.partial.new`` while it is made): readers would take the finished file for an
+    unfinished one, and a resumed run for one to repair or delete.
+
+    Args:
+        out: the output's path.
+        option: the option that named it, for the message.
+
+    Raises:
+        ArgumentValueError: naming ``option`` and the finished name to give instead.
+    """
     partial = dataset_format(out).partial_path(out)
     suffix = partial.name[len(out.name) :]  # what a file being written has after its name
-    if out.name.endswith(suffix):
+    final = final_path(out)
+    if final == out and out.name.endswith(suffix):
+        final = out.with_name(out.name.removesuffix(suffix))
+    if final != out:
         raise ArgumentValueError(
             f"{option} {out}: that is the name a dataset has while it is written; give the "
-            f"finished name, {option} {out.with_name(out.name.removesuffix(suffix))}."
+            f"finished name, {option} {final}."
         )
 
 

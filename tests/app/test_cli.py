@@ -558,3 +558,7 @@ def test_repair_of_a_finished_dataset_says_so_and_changes_nothing(tmp_path, monk
         " episodes; nothing to repair"
     ), said
     assert (tmp_path / "d.h5").read_bytes() == kept
+    # what a writer killed while it made a file left beside it is still repair's to delete
+    (tmp_path / "d.h5.partial.new").write_bytes(b"\x89HDF\r\n\x1a\n")
+    assert main(["repair", "d.h5"]) == 0
+    assert not (tmp_path / "d.h5.partial.new").exists()

@@ -418,6 +418,8 @@ def test_start_and_async_shutdown_leave_no_thread():
     assert sample["observation"].shape == (32, 4)
     with pytest.raises(RuntimeError, match=r"filling its replay_buffer \(start\(\)\): call"):
         iter(collector)  # a second iterator would step the same env and policy at once
+    with pytest.raises(RuntimeError, match="filling its replay_buffer"):
+        collector.next()
     collector.async_shutdown(timeout=10)
     assert len(rb) >= 500
     assert threading.active_count() == before

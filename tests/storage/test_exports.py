@@ -188,9 +188,11 @@ def test_an_export_never_writes_over_what_it_reads(tmp_path, monkeypatch):
     before = {p: p.read_bytes() for p in (a, shard, view)}
     refused = [
         (lambda: export_d4rl(a, a, overwrite=True), "a.h5 is .*a.h5, which the export reads"),
+        (lambda: export_d4rl(a, a), "a.h5, which the export reads"),  # not "pass --overwrite"
         (lambda: export_d4rl(view, shard, overwrite=True), "rank-0001.h5, which the export"),
         (lambda: export_memmap(view, tmp_path / "x.shards", overwrite=True), "x.shards holds"),
         (lambda: export_d4rl(a, tmp_path / "d.h5.partial"), "the name a dataset has while"),
+        (lambda: export_d4rl(a, tmp_path / "d.h5.partial.new"), r"name, --out \S*d\.h5\."),
     ]
     for export, message in refused:
         with pytest.raises(ArgumentValueError, match=message):

@@ -155,8 +155,11 @@ def test_the_same_file_twice_is_refused_by_any_path(tmp_path):
         for out in (a, tmp_path / "hard.h5"):
             with pytest.raises(ArgumentValueError, match=r"a\.h5, which the merge reads; write"):
                 merge_shards([a], out, overwrite=overwrite)
-    with pytest.raises(ArgumentValueError, match=r"--out .*m\.h5\.partial: that is the name"):
-        merge_shards([a], tmp_path / "m.h5.partial")
+    for name in ("m.h5.partial", "m.h5.partial.new"):
+        with pytest.raises(ArgumentValueError, match=r"that is the name .*, --out \S*m\.h5\.$"):
+            merge_shards([a], tmp_path / name)
+    with pytest.raises(ArgumentValueError, match="is a directory; give a file path"):
+        merge_shards([a], tmp_path)  # the folder of the shards: not "holds a.h5"
     assert not (tmp_path / "m.h5").exists() and not (tmp_path / "m.h5.partial").exists()
 
 
