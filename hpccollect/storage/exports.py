@@ -28,10 +28,10 @@ from hpccollect.storage.hdf5_reader import H5Dataset
 from hpccollect.storage.layout import dataset_path
 from hpccollect.storage.metadata import ENV_ATTRS, recorded_env
 from hpccollect.storage.outputs import (
+    check_absent,
     check_final_name,
     check_inputs_kept,
     check_kind,
-    check_output_path,
     check_writable,
 )
 from hpccollect.storage.sink import read_dataset
@@ -77,11 +77,7 @@ def export_d4rl(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bo
     """
     out = Path(out)
     check_final_name(out)
-    check_kind(out, folder=False)
-    check_writable(out)  # before anything is read
-    with read_dataset(src) as ds:
-        check_inputs_kept(out, _files(ds, src), "export")
-        check_output_path(out, overwrite=overwrite)
+    with _read_for(src, out, overwrite=overwrite, folder=False) as ds:
         n = len(ds)
         if not n:
             raise ArgumentValueError(f"{src} has no committed rows to export.")
@@ -115,9 +111,19 @@ def export_d4rl(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bo
     return out
 
 
-def _files(ds: Any, src: str | os.PathLike) -> list[Path]:
-    """The files an export of ``ds`` reads (a merged view's shards too)."""
-    return list(getattr(ds, "files", [Path(src)]))
+@contextlib.contextmanager
+def _read_for(
+    src: str | os.PathLike, out: Path, *, overwrite: bool, folder: bool, option: str = "--out"
+) -> Iterator[Any]:
+    """``src`` opened for an export into ``out``, once ``out`` is checked: of its kind, in a
+    folder that can be written (before anything is read), none of the files ``src`` reads (a
+    merged view's shards too), and new unless ``overwrite``."""
+    check_kind(out, folder, option)
+    check_writable(out, option)
+    with read_dataset(src) as ds:
+        check_inputs_kept(out, list(getattr(ds, "files", [Path(src)])), "export", option)
+        check_absent(out, overwrite)
+        yield ds
 
 
 @contextlib.contextmanager
@@ -160,11 +166,7 @@ def export_memmap(
 ) -> Path:
     """Every committed row as a memory-mapped TensorDict folder."""
     out = Path(out)
-    check_kind(out, folder=True)
-    check_writable(out)  # before anything is read
-    with read_dataset(src) as ds:
-        check_inputs_kept(out, _files(ds, src), "export")
-        check_output_path(out, overwrite=overwrite, folder=True)
+    with _read_for(src, out, overwrite=overwrite, folder=True) as ds:
         ds.to_tensordict().memmap(out, existsok=overwrite)
     return out
 
@@ -184,11 +186,7 @@ def export_minari(
 
     root = Path(root)
     target = root / dataset_id
-    check_kind(target, folder=True)
-    check_writable(target)  # before anything is read
-    with read_dataset(src) as ds:
-        check_inputs_kept(target, _files(ds, src), "export", option="the Minari dataset")
-        check_output_path(target, overwrite=overwrite, folder=True)
+    with _read_for(src, target, overwrite=overwrite, folder=True, option="--dataset-id") as ds:
         obs_space, act_space = ds.observation_space, ds.action_space
         if obs_space is None:
             raise ArgumentValueError(

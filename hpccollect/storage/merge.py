@@ -26,10 +26,11 @@ from hpccollect.storage.hdf5_reader import H5Dataset
 from hpccollect.storage.layout import EPISODE
 from hpccollect.storage.metadata import ENV_ATTRS
 from hpccollect.storage.outputs import (
+    check_absent,
     check_final_name,
     check_inputs_kept,
     check_kind,
-    check_output_path,
+    check_writable,
 )
 from hpccollect.storage.spaces_json import describe, space_from_json
 
@@ -69,7 +70,8 @@ def merge_shards(
     check_final_name(out)
     check_kind(out, folder=False)
     check_inputs_kept(out, paths, "merge")
-    check_output_path(out, overwrite=overwrite)
+    check_absent(out, overwrite)
+    check_writable(out)
     opened: list[H5Dataset] = []
     try:
         for shard in shards:

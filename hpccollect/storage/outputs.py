@@ -12,38 +12,18 @@ from hpccollect.storage.sink import dataset_format
 from hpccollect.storage.unfinished import final_path
 
 __all__ = [
+    "check_absent",
     "check_final_name",
     "check_inputs_kept",
     "check_kind",
-    "check_output_path",
     "check_writable",
 ]
 
 
-def check_output_path(
-    out: str | os.PathLike, *, overwrite: bool, folder: bool = False, option: str = "--out"
-) -> Path:
-    """Refuse an output that exists (unless ``overwrite``), is of the other kind, or lies in
-    a directory that cannot be written.
-
-    Args:
-        out: the file (or, with ``folder``, the folder) to write.
-        overwrite: whether an existing ``out`` may be replaced.
-        folder: ``out`` is a folder (a memory-mapped TensorDict, a Minari dataset), not a file.
-        option: the option that named ``out``, for the message.
-
-    Returns:
-        ``out`` as a path.
-
-    Raises:
-        ArgumentValueError: naming ``option`` and what to give instead.
-    """
-    out = Path(out)
-    check_kind(out, folder, option)
+def check_absent(out: Path, overwrite: bool) -> None:
+    """Refuse an output that exists, unless ``overwrite`` (it is then replaced)."""
     if out.exists() and not overwrite:
         raise ArgumentValueError(f"{out} already exists; pass --overwrite to replace it.")
-    check_writable(out, option)
-    return out
 
 
 def check_kind(out: Path, folder: bool, option: str = "--out") -> None:
