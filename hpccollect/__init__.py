@@ -9,39 +9,84 @@ TorchRL 0.14.1 renamed its collectors (``Collector``, ``AsyncCollector``, ``Mult
 ``DistributedSyncCollector``); those names are the same classes here, importable from
 ``hpccollect``, ``hpccollect.collectors`` and ``hpccollect.collectors.distributed``.
 
-Importing hpccollect loads neither mpi4py nor the distributed layer: the distributed names load
-it when first used (see ``hpccollect.distributed``). It imports tensordict without importing
+Importing hpccollect imports nothing else: each public name loads its module when first used,
+so ``python -m hpccollect`` answers ``--help`` and reports a mistake on its command line before
+torch loads (on every rank of an ``mpiexec`` job). The distributed names load the distributed
+layer and mpi4py only when used. tensordict, whoever imports it first, loads without
 ``torch._dynamo``, which halves a rank's or worker's start-up; dynamo gets tensordict's
 ``torch.compile`` registrations when it is first imported (see ``hpccollect._startup``).
 """
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
 
-import hpccollect._startup  # noqa: F401  (first: it imports tensordict, see its docstring)
+from hpccollect._lazy import lazy_exports
+from hpccollect._startup import defer_dynamo
 from hpccollect._version import __version__
-from hpccollect.collectors import (
-    AsyncCollector,
-    BaseCollector,
-    Collector,
-    DataCollectorBase,
-    Interruptor,
-    LocalWeightsUpdaterBase,
-    MultiAsyncCollector,
-    MultiaSyncDataCollector,
-    MultiCollector,
-    MultiSyncCollector,
-    MultiSyncDataCollector,
-    RemoteWeightsUpdaterBase,
-    SyncDataCollector,
-    WeightUpdaterBase,
-    aSyncDataCollector,
-    split_trajectories,
-)
 from hpccollect.collectors.torchrl_api.execution import register_execution
-from hpccollect.envs import GymEnv
-from hpccollect.policy import ExplorationType, RandomPolicy
-from hpccollect.storage import ReplayBuffer
+
+if TYPE_CHECKING:
+    from hpccollect.collectors import (
+        AsyncCollector,
+        BaseCollector,
+        Collector,
+        DataCollectorBase,
+        Interruptor,
+        LocalWeightsUpdaterBase,
+        MultiAsyncCollector,
+        MultiaSyncDataCollector,
+        MultiCollector,
+        MultiSyncCollector,
+        MultiSyncDataCollector,
+        RemoteWeightsUpdaterBase,
+        SyncDataCollector,
+        WeightUpdaterBase,
+        aSyncDataCollector,
+        split_trajectories,
+    )
+    from hpccollect.distributed import (
+        DistributedCollector,
+        DistributedDataCollector,
+        DistributedSyncCollector,
+    )
+    from hpccollect.envs import GymEnv
+    from hpccollect.policy import ExplorationType, RandomPolicy
+    from hpccollect.storage import ReplayBuffer
+
+defer_dynamo()
+
+_COLLECTORS = (
+    "AsyncCollector",
+    "BaseCollector",
+    "Collector",
+    "DataCollectorBase",
+    "Interruptor",
+    "LocalWeightsUpdaterBase",
+    "MultiAsyncCollector",
+    "MultiCollector",
+    "MultiSyncCollector",
+    "MultiSyncDataCollector",
+    "MultiaSyncDataCollector",
+    "RemoteWeightsUpdaterBase",
+    "SyncDataCollector",
+    "WeightUpdaterBase",
+    "aSyncDataCollector",
+    "split_trajectories",
+)
+_DISTRIBUTED = ("DistributedCollector", "DistributedDataCollector", "DistributedSyncCollector")
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        **{name: f"hpccollect.collectors:{name}" for name in _COLLECTORS},
+        **{name: f"hpccollect.distributed:{name}" for name in _DISTRIBUTED},
+        "ExplorationType": "hpccollect.policy:ExplorationType",
+        "GymEnv": "hpccollect.envs:GymEnv",
+        "RandomPolicy": "hpccollect.policy:RandomPolicy",
+        "ReplayBuffer": "hpccollect.storage:ReplayBuffer",
+        # ``import hpccollect; hpccollect.distributed``
+        "distributed": "hpccollect.distributed",
+        "launchers": "hpccollect.launchers",
+    },
+)
 
 # ``Collector(backend=...)`` builds the distributed layer's collectors too; registered here, by
 # name, so that neither layer imports the other and the distributed one loads on first use
@@ -52,19 +97,6 @@ register_execution(
     "hpccollect.distributed.rpc:RPCCollector",
     defaults_from="hpccollect.distributed:DistributedDataCollector",
 )
-
-_DISTRIBUTED = ("DistributedCollector", "DistributedDataCollector", "DistributedSyncCollector")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DISTRIBUTED:
-        from hpccollect import distributed
-
-        return getattr(distributed, name)
-    if name in ("distributed", "launchers"):  # ``import hpccollect; hpccollect.distributed``
-        return importlib.import_module(f"hpccollect.{name}")
-    raise AttributeError(f"module 'hpccollect' has no attribute {name!r}")
-
 
 __all__ = [
     "AsyncCollector",

@@ -12,7 +12,8 @@ one through its entry-point group (``GROUPS``), read once, when the registry is 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
@@ -22,6 +23,7 @@ __all__ = [
     "add_object",
     "check_target",
     "entry_points",
+    "lazy_exports",
     "load_target",
     "loaded_objects",
     "with_entry_points",
@@ -98,3 +100,35 @@ def loaded_objects(kind: str, registry: dict, cls: type) -> dict:
                 )
             registry[name] = found
     return registry
+
+
+def lazy_exports(
+    package: str, targets: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` (PEP 562) for names it re-exports, each
+    imported on first use: importing the package costs nothing, so ``python -m hpccollect``
+    reads its command line and reports a mistake before torch loads.
+
+    Args:
+        package: the package's ``__name__``.
+        targets: public name -> ``"module:attr"`` (``"module"`` alone: the module itself).
+
+    Returns:
+        ``(__getattr__, __dir__)``, to be bound at the package's top level; the table is
+        ``__getattr__.targets`` (the layer checks read it).
+    """
+
+    def __getattr__(name: str) -> Any:
+        target = targets.get(name)
+        if target is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = load_target(target) if ":" in target else importlib.import_module(target)
+        setattr(sys.modules[package], name, value)  # later lookups skip this function
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*vars(sys.modules[package]), *targets})
+
+    __getattr__.targets = dict(targets)  # type: ignore[attr-defined]
+
+    return __getattr__, __dir__

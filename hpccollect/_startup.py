@@ -4,8 +4,9 @@ While tensordict imports, it marks a few of its functions for ``torch.compile`` 
 ``torch.compiler.allow_in_graph`` and ``torch.compiler.assume_constant_result``. Each call
 imports ``torch._dynamo`` first, which takes about 1.2 s of the 2.6 s a collector rank or
 worker spends importing before it collects (torch 2.13, tensordict 0.15, this project's
-2-core machine). Nothing needs dynamo until something compiles, so importing this module (the
-first thing ``import hpccollect`` does) imports tensordict with the two functions replaced:
+2-core machine). Nothing needs dynamo until something compiles, so tensordict's first import after
+``import hpccollect`` (``defer_dynamo``), whoever makes it, runs with the two functions
+replaced:
 
 * ``assume_constant_result`` only sets ``fn._dynamo_marked_constant``; that is done at once.
 * ``allow_in_graph`` records ``fn``. The records are handed to the real ``allow_in_graph``
@@ -19,18 +20,20 @@ hpccollect), or where the environment sets ``HPCCOLLECT_EAGER_DYNAMO=1``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["import_tensordict"]
+__all__ = ["defer_dynamo"]
 
 _DYNAMO = "torch._dynamo"
+_TENSORDICT = "tensordict"
 _lock = threading.Lock()
 _pending: list[Any] = []
 
@@ -88,31 +91,60 @@ def _mark_constant(fn: Callable) -> Callable:
     return fn
 
 
-def import_tensordict() -> None:
-    """Import tensordict, leaving ``torch._dynamo`` unimported (see the module's docstring).
-
-    Safe to call any number of times, from any thread: it does nothing once tensordict is
-    imported.
-    """
-    if "tensordict" in sys.modules or _DYNAMO in sys.modules:
-        return
-    if os.environ.get("HPCCOLLECT_EAGER_DYNAMO", "") not in ("", "0"):
-        import tensordict
-
-        return
+@contextlib.contextmanager
+def _marks_recorded() -> Iterator[None]:
+    """While tensordict imports: its marks recorded, not handed to dynamo (see above)."""
     import torch.compiler
 
-    finder = _RegisterWhenDynamoLoads()
-    sys.meta_path.insert(0, finder)
+    sys.meta_path.insert(0, _RegisterWhenDynamoLoads())
     originals = torch.compiler.allow_in_graph, torch.compiler.assume_constant_result
     torch.compiler.allow_in_graph = _record
     torch.compiler.assume_constant_result = _mark_constant
     try:
-        import tensordict  # noqa: F401
+        yield
     finally:
         torch.compiler.allow_in_graph, torch.compiler.assume_constant_result = originals
         if _DYNAMO in sys.modules:  # something imported dynamo meanwhile, finder already gone
             _register_pending()
 
 
-import_tensordict()
+class _WhenTensordictLoads(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: it makes tensordict's first import run under
+    ``_marks_recorded``, then takes itself off ``sys.meta_path``."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _TENSORDICT:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        if _DYNAMO in sys.modules:  # nothing left to save
+            return None
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_with_marks_recorded(module: ModuleType) -> None:
+            with _marks_recorded():
+                exec_module(module)
+
+        spec.loader.exec_module = exec_with_marks_recorded  # type: ignore[method-assign]
+        return spec
+
+
+def defer_dynamo() -> None:
+    """Make tensordict's first import, whoever makes it, leave ``torch._dynamo`` unimported
+    (see the module's docstring); ``import hpccollect`` calls it. It imports nothing itself.
+
+    Does nothing where tensordict or dynamo is already imported, where
+    ``HPCCOLLECT_EAGER_DYNAMO=1``, or where it was already called.
+    """
+    if _TENSORDICT in sys.modules or _DYNAMO in sys.modules:
+        return
+    if os.environ.get("HPCCOLLECT_EAGER_DYNAMO", "") not in ("", "0"):
+        return
+    with _lock:
+        if not any(isinstance(finder, _WhenTensordictLoads) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _WhenTensordictLoads())

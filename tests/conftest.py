@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 # isort: split
-# first: hpccollect imports tensordict without torch._dynamo, 1.2 s less start-up for each job
-# script that imports this module (hpccollect/_startup.py)
+# first: tensordict, imported after hpccollect, comes without torch._dynamo, 1.2 s less start-up
+# for each job script that imports this module (hpccollect/_startup.py)
 import hpccollect  # noqa: F401
 
 # isort: split

@@ -5,6 +5,7 @@ count; those under ``TYPE_CHECKING`` do not) and no import from a lower layer up
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import hpccollect
@@ -160,6 +161,14 @@ def _registrations(source: str) -> list[str]:
     return found
 
 
+def _lazy_exports(module: str) -> list[str]:
+    """The modules whose names ``module`` re-exports through ``lazy_exports``: imports made on
+    first use, by name, likewise."""
+    getattr_ = vars(importlib.import_module(module)).get("__getattr__")
+    targets = getattr(getattr_, "targets", {})
+    return [target.partition(":")[0] for target in targets.values()]
+
+
 def test_what_is_registered_by_name_exists_and_is_not_above_who_registers_it():
     """A registration by name (``register_launcher``, ``register_execution``, ...) is an import
     made on first use: it names a module of the package that exists, in the registering
@@ -167,9 +176,11 @@ def test_what_is_registered_by_name_exists_and_is_not_above_who_registers_it():
     modules = _modules()
     named = {
         module: _registrations(path.read_text())
+        + (_lazy_exports(module) if "lazy_exports(" in path.read_text() else [])
         for module, path in modules.items()
-        if "register_" in path.read_text()
+        if "register_" in path.read_text() or "lazy_exports(" in path.read_text()
     }
+    assert len(_lazy_exports("hpccollect.collectors")) > 20
     assert sum(len(targets) for targets in named.values()) >= 8  # launchers, execution, ...
     missing = [t for targets in named.values() for t in targets if t not in modules]
     assert not missing, missing

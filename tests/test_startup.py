@@ -1,5 +1,6 @@
-"""``import hpccollect`` imports tensordict without ``torch._dynamo`` (half of a process's
-start-up), and dynamo still gets every one of tensordict's ``torch.compile`` marks."""
+"""``import hpccollect`` imports nothing heavy; tensordict, imported after it, comes without
+``torch._dynamo`` (half of a process's start-up), and dynamo still gets every one of
+tensordict's ``torch.compile`` marks."""
 
 from __future__ import annotations
 
@@ -46,13 +47,15 @@ def _marks(first: str, eager: bool) -> dict:
 
 def test_dynamo_gets_the_marks_tensordict_gives_it_when_imported_alone():
     reference = _marks("import tensordict", eager=False)
-    deferred = _marks("import hpccollect", eager=False)
-    eager = _marks("import hpccollect", eager=True)
+    deferred = _marks("import hpccollect, tensordict", eager=False)
+    eager = _marks("import hpccollect, tensordict", eager=True)
+    by_name = _marks("from hpccollect import SyncDataCollector", eager=False)
 
     assert reference["before"] and eager["before"]  # what the import costs without hpccollect
-    assert not deferred["before"], "import hpccollect imported torch._dynamo"
+    assert not deferred["before"], "tensordict imported after hpccollect imported torch._dynamo"
+    assert not by_name["before"], "the collectors imported torch._dynamo"
     assert reference["allowed"] and reference["constant"]
-    for marks in (deferred, eager):
+    for marks in (deferred, eager, by_name):
         assert marks["allowed"] == reference["allowed"]
         assert marks["constant"] == reference["constant"]
 
@@ -71,3 +74,29 @@ def test_collecting_does_not_import_dynamo_either():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, check=True
     ).stdout
     assert out.split()[-2:] == ["200", "False"]
+
+
+def test_import_hpccollect_and_its_command_line_load_no_torch():
+    """The package's names load on first use: ``python -m hpccollect`` reads its command line,
+    answers --help and reports a mistake in it (on every rank of an mpiexec job) before torch
+    loads, in a fraction of a second where torch takes seconds."""
+    code = (
+        "import sys\n"
+        "import hpccollect\n"
+        "from hpccollect.app.cli import main\n"
+        "alone = sorted(m for m in ('torch', 'tensordict', 'numpy') if m in sys.modules)\n"
+        "codes = [main(argv) for argv in (['collect', '--total-frames', '-5'], ['colect'],"
+        " ['export', 'a.h5', '--format', 'd4rl'], ['collect', '--backend', 'mpi',"
+        " '--gather', '0'])]\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit as end:\n"
+        "    codes.append(end.code)\n"
+        "print(alone, codes, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.splitlines()[-1] == "[] [2, 2, 2, 2, 0] False", out.stderr
+    assert "--total-frames must be a positive integer" in out.stderr
+    assert "unknown command 'colect'" in out.stderr

@@ -1,6 +1,7 @@
 """``python -m hpccollect``: runs the command ``parser.py`` reads and prints its outcome; the work
 is in the job (``lifecycle.py``, ``local_job.py``, ``mpi_job.py``) and ``storage``. A user
-mistake prints one line and exits with code 2."""
+mistake prints one line and exits with code 2, found before torch loads where the command line
+alone shows it (the jobs and storage are imported by the command that runs)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from pathlib import Path
 from hpccollect.app.config import RunConfig, load_toml
 from hpccollect.app.parser import COMMANDS, UsageError, build_parser
 from hpccollect.app.progress import show_warning_line
-from hpccollect.app.resume import RUN_OPTIONS, RunComplete, resumed_config
 from hpccollect.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -70,14 +70,16 @@ def _unknown_command(word: str) -> str:
 
 def _describe(err: BaseException) -> tuple[int, str] | None:
     """The exit code and the one line for an error the command line reports, else None."""
-    if isinstance(err, RunComplete):
-        return 0, f"hpccollect: {err}"
     if isinstance(err, _USER_ERRORS):
         text = str(err).splitlines()[0] if str(err) else type(err).__name__
         return 2, f"hpccollect: error: {text}"
-    if isinstance(err, HpcCollectError):
-        return 1, f"hpccollect: failed: {err}"
-    return None
+    if not isinstance(err, HpcCollectError):
+        return None
+    from hpccollect.app.resume import RunComplete
+
+    if isinstance(err, RunComplete):
+        return 0, f"hpccollect: {err}"
+    return 1, f"hpccollect: failed: {err}"
 
 
 class _Output:
@@ -88,7 +90,7 @@ class _Output:
         self.speaks = True
         self.job = None  # the distributed collect job, once MPI runs
         if collect:
-            from hpccollect.app.mpi_job import launched_rank
+            from hpccollect.transport.rendezvous import launched_rank
 
             self.speaks = launched_rank() == 0
 
@@ -106,6 +108,8 @@ def _collect(ns: argparse.Namespace, out: _Output) -> int:
     toml = load_toml(ns.config) if ns.config else {}
     resolve = None
     if options.get("resume") is not None:  # the run's options are checked once read (rank 0)
+        from hpccollect.app.resume import RUN_OPTIONS, resumed_config
+
         resolve = functools.partial(resumed_config, options["resume"], [toml, options])
         options = {k: v for k, v in options.items() if k in RUN_OPTIONS}
         toml = {k: v for k, v in toml.items() if k.replace("-", "_") in RUN_OPTIONS}

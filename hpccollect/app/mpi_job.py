@@ -45,16 +45,16 @@ from hpccollect.app.signals import StopSignals
 from hpccollect.app.summary import Summary
 from hpccollect.collectors.workers.reports import DEFAULT_REPORT_INTERVAL, ReportTally
 from hpccollect.distributed import DistributedDataCollector
-from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
+from hpccollect.errors import ArgumentValueError, StorageError
 from hpccollect.launchers import get_launcher
 from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
 from hpccollect.storage import Sink, dataset_format, open_sink
 from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 from hpccollect.transport.mpi4py_group import mpi4py_comm
 from hpccollect.transport.mpi_job_end import abort_job
-from hpccollect.transport.rendezvous import detect, launched_ranks
+from hpccollect.transport.rendezvous import launched_ranks
 
-__all__ = ["MPICollect", "launched_rank", "open_shard", "shard_name", "wants_mpi"]
+__all__ = ["MPICollect", "open_shard", "shard_name", "wants_mpi"]
 
 _SHARD_WAIT = 60.0  # s rank 0 waits for the ranks to close their shards after shutdown
 _POLL = 0.02
@@ -66,15 +66,6 @@ def wants_mpi(cfg: RunConfig) -> bool:
     if cfg.launcher is not None:
         return cfg.launcher != "none"
     return launched_ranks() > 1
-
-
-def launched_rank() -> int:
-    """This process's rank as the launcher's variables say (0 without a launcher): before MPI
-    starts, only rank 0 reports argument errors, which every rank finds alike."""
-    try:
-        return detect(master_addr="127.0.0.1").rank
-    except HpcCollectError:
-        return 0
 
 
 def shard_name(rank: int, attempt: Attempt | None = None) -> str:

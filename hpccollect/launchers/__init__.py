@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpccollect._lazy import check_target, load_target, with_entry_points
+from hpccollect._lazy import check_target, lazy_exports, load_target, with_entry_points
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
-from hpccollect.launchers.base import Launcher, LaunchRequest
-from hpccollect.launchers.mp import MPLauncher
-from hpccollect.transport.base import PeerLife
+
+if TYPE_CHECKING:
+    from hpccollect.launchers.base import Launcher, LaunchRequest
+    from hpccollect.launchers.mp import MPLauncher
+    from hpccollect.launchers.mpi import MPILauncher
+    from hpccollect.transport.base import PeerLife
 
 __all__ = [
     "LAUNCHERS",
@@ -96,6 +99,8 @@ def get_launcher(
     Returns:
         The launcher, built by its class's ``from_request``.
     """
+    from hpccollect.launchers.base import Launcher, LaunchRequest
+
     if isinstance(launcher, Launcher):
         return launcher
     if not isinstance(launcher, str):
@@ -128,11 +133,16 @@ register_launcher(  # inside a main of submitit_delayed_launcher: its pre-launch
 LAUNCHERS = tuple(_LAUNCHERS)
 
 
-def __getattr__(name: str) -> Any:
-    """``MPILauncher``, imported on first use (``launcher="mpi"``'s class, built directly to
-    gather: ``MPILauncher(gather="node")``)."""
-    if name == "MPILauncher":
-        from hpccollect.launchers.mpi import MPILauncher
-
-        return MPILauncher
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the classes, imported on first use: naming the launchers (``job_launchers``) loads none of
+# them, and ``MPILauncher`` (built directly to gather: ``MPILauncher(gather="node")``) loads
+# mpi4py only then
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Launcher": "hpccollect.launchers.base:Launcher",
+        "LaunchRequest": "hpccollect.launchers.base:LaunchRequest",
+        "MPLauncher": "hpccollect.launchers.mp:MPLauncher",
+        "MPILauncher": "hpccollect.launchers.mpi:MPILauncher",
+        "PeerLife": "hpccollect.transport.base:PeerLife",
+    },
+)

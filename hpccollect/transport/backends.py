@@ -4,7 +4,9 @@ branch on its name; a new transport is one module with a ``Backend``, registered
 ``register_backend("mine", "my_module:BACKEND")`` (or an ``hpccollect.transports`` entry point).
 
 A process group here is the part of torch's ``ProcessGroup`` API the rank channels and the
-weight sender use (``ProcessGroup`` in ``transport/base.py``).
+weight sender use (``ProcessGroup`` in ``transport/base.py``). torch is imported when a backend
+is first asked whether this process has it, or opens a group: naming the backends (``python -m
+hpccollect --help``) loads none of it.
 """
 
 from __future__ import annotations
@@ -18,12 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
 from hpccollect._lazy import add_object, loaded_objects
 from hpccollect.errors import ArgumentValueError
-from hpccollect.transport.wire import HELLO
 
 __all__ = [
     "Backend",
@@ -116,6 +114,8 @@ def check_backend(name: Any) -> str:
 
 def _torch_has(name: str) -> Callable[[], bool]:
     def has() -> bool:
+        import torch.distributed as dist
+
         check = getattr(dist, f"is_{name}_available", None)
         return dist.is_available() and check is not None and bool(check())
 
@@ -133,6 +133,8 @@ def _gloo(store: Any, rank: int, world_size: int, name: str) -> Any:
     broadcast's tree, not one to each of the job's ranks (64 x 64 at 64 ranks), and the group
     is made without waiting for all of those. ``TORCH_GLOO_LAZY_INIT=0`` in the environment
     keeps torch's full mesh."""
+    import torch.distributed as dist
+
     chosen = os.environ.get(_LAZY)
     os.environ[_LAZY] = chosen if chosen is not None else "1"  # before the device is made
     try:
@@ -155,6 +157,10 @@ def _connect_pairs_in_use(
     The rank links count on a connection that is there from the start (a send to a rank that
     posted no receive goes out; a rank whose connection closes is seen at once), as torch's
     full mesh gave them; pairs that never talk stay unconnected."""
+    import torch
+
+    from hpccollect.transport.wire import HELLO
+
     token = torch.zeros(1, dtype=torch.uint8)
     if name == "broadcast":
         works = [group.broadcast([token])]
@@ -171,6 +177,8 @@ def _gloo_device(store: Any) -> Any:
     node: nothing listens on other interfaces), so gloo never binds an address its peers cannot
     reach (torch's default resolves the host name, which may give loopback);
     ``GLOO_SOCKET_IFNAME`` chooses instead."""
+    import torch.distributed as dist
+
     host = getattr(getattr(store, "underlying_store", store), "host", "")
     if os.environ.get("GLOO_SOCKET_IFNAME") or not host:
         return dist.ProcessGroupGloo.create_default_device()
@@ -183,10 +191,14 @@ def _gloo_device(store: Any) -> Any:
 
 
 def _ucc(store: Any, rank: int, world_size: int, name: str) -> Any:
+    import torch.distributed as dist
+
     return dist.ProcessGroupUCC(store, rank, world_size, IDLE)
 
 
 def _nccl(store: Any, rank: int, world_size: int, name: str) -> Any:
+    import torch.distributed as dist
+
     return dist.ProcessGroupNCCL(store, rank, world_size)
 
 
@@ -198,6 +210,8 @@ def _mpi_available() -> bool:
 def _mpi(store: Any, rank: int, world_size: int, name: str, comm: Any = None) -> Any:
     """``comm``: the communicator the ranks meet in (None: ``MPI.COMM_WORLD``); one other than
     the world always goes over mpi4py (torch's MPI group spans world ranks)."""
+    import torch.distributed as dist
+
     if comm is None and dist.is_mpi_available():
         return dist.ProcessGroupMPI.create(list(range(world_size)))
     from hpccollect.transport.mpi4py_group import MPIGroup, mpi4py_comm

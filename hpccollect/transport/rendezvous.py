@@ -31,7 +31,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpccollect.errors import ArgumentTypeError, ArgumentValueError, CollectorTimeoutError
+from hpccollect.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    CollectorTimeoutError,
+    HpcCollectError,
+)
 from hpccollect.transport.addresses import checked_addr, interface_address, resolve_host
 from hpccollect.transport.mpi_waits import wait_request
 from hpccollect.transport.nodelist import expand_nodelist
@@ -41,6 +46,7 @@ __all__ = [
     "detect",
     "env_port",
     "expand_nodelist",
+    "launched_rank",
     "launched_ranks",
     "share_from_root",
 ]
@@ -115,6 +121,16 @@ def detect(
 def env_port(environ: Mapping[str, str] | None = None) -> int | None:
     """The port ``MASTER_PORT`` (or ``TCP_PORT``) fixes for rank 0, or None."""
     return _port(None, os.environ if environ is None else environ)
+
+
+def launched_rank() -> int:
+    """This process's rank as the launcher's variables say (0 without a launcher, or where
+    they do not make sense): before MPI starts, only rank 0 reports the argument errors that
+    every rank finds alike."""
+    try:
+        return detect(master_addr="127.0.0.1").rank
+    except HpcCollectError:
+        return 0
 
 
 def launched_ranks(environ: Mapping[str, str] | None = None) -> int:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from hpccollect.collectors.workers.cadence import DEFAULT_REPORT_INTERVAL
 from hpccollect.storage.sink import EpisodeReturns, Sink
 
 __all__ = [
@@ -47,9 +48,6 @@ __all__ = [
     "quiet_reports",
     "report_template",
 ]
-
-#: seconds between a collector rank's reports to rank 0, unless its asked batches end sooner
-DEFAULT_REPORT_INTERVAL = 2.0
 
 RECENT = 100  # returns a report carries: what a progress line's mean is taken over
 _COUNTS = ("rank", "frames", "batches", "episodes", "committed_episodes", "committed_steps")
