@@ -5,7 +5,8 @@ Each row is measured twice in the same run, in fresh processes: "eager" with
 hpccollect deferred it) and "deferred" (the default; see ``hpccollect/_startup.py``). The
 variable reaches every worker and rank the measured process starts. Rows:
 
-* ``import``: ``python -c "import hpccollect"``, wall time of the whole process.
+* ``import``: ``python -c "import hpccollect, tensordict"``, wall time of the whole process
+  (``import hpccollect`` alone imports neither torch nor tensordict).
 * ``2 workers``: a ``MultiSyncDataCollector`` of two CartPole workers, construction to its
   first batch (the workers' start-up is most of it), measured inside the process.
 * ``mpiexec -n 3``: ``python -m hpccollect collect`` of 2 x 200 CartPole frames under
@@ -81,7 +82,9 @@ def main() -> None:
         script = os.path.join(tmp, "workers.py")
         Path(script).write_text(_WORKERS)
         cases = {
-            "import": lambda eager: _wall([sys.executable, "-c", "import hpccollect"], eager, tmp),
+            "import": lambda eager: _wall(
+                [sys.executable, "-c", "import hpccollect, tensordict"], eager, tmp
+            ),
             "2 workers": lambda eager: _workers(script, eager, tmp),
         }
         if mpiexec:

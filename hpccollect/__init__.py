@@ -82,9 +82,6 @@ __getattr__, __dir__ = lazy_exports(
         "GymEnv": "hpccollect.envs:GymEnv",
         "RandomPolicy": "hpccollect.policy:RandomPolicy",
         "ReplayBuffer": "hpccollect.storage:ReplayBuffer",
-        # ``import hpccollect; hpccollect.distributed``
-        "distributed": "hpccollect.distributed",
-        "launchers": "hpccollect.launchers",
     },
 )
 

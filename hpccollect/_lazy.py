@@ -12,6 +12,7 @@ one through its entry-point group (``GROUPS``), read once, when the registry is 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -112,6 +113,7 @@ def lazy_exports(
     Args:
         package: the package's ``__name__``.
         targets: public name -> ``"module:attr"`` (``"module"`` alone: the module itself).
+            The package's submodules are attributes too, imported on first use.
 
     Returns:
         ``(__getattr__, __dir__)``, to be bound at the package's top level; the table is
@@ -120,6 +122,9 @@ def lazy_exports(
 
     def __getattr__(name: str) -> Any:
         target = targets.get(name)
+        if target is None and not name.startswith("__"):  # a submodule, as an eager import
+            submodule = f"{package}.{name}"  # made it an attribute
+            target = submodule if importlib.util.find_spec(submodule) is not None else None
         if target is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = load_target(target) if ":" in target else importlib.import_module(target)

@@ -21,6 +21,7 @@ hpccollect), or where the environment sets ``HPCCOLLECT_EAGER_DYNAMO=1``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.abc
 import importlib.util
 import os
@@ -48,28 +49,57 @@ def _register_pending() -> None:
         torch.compiler.allow_in_graph(fn)
 
 
-class _RegisterWhenDynamoLoads(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: it makes the loader of ``torch._dynamo`` register the records
-    once the module has run, then takes itself off ``sys.meta_path``."""
+class _AroundImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: it makes module ``name`` run inside ``around()`` (a context
+    manager) the first time it is imported. It stays on ``sys.meta_path`` (one comparison per
+    import after that): taking it off while another thread walks the list could make that
+    thread skip a finder. A look-up alone (``importlib.util.find_spec``) leaves it armed."""
+
+    def __init__(self, name: str, around: Callable[[], contextlib.AbstractContextManager]) -> None:
+        self.name, self.around, self.done = name, around, False
+        self._looking = threading.local()
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _DYNAMO:
+        if fullname != self.name or self.done or getattr(self._looking, "now", False):
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self._looking.now = True
+        try:
+            spec = importlib.util.find_spec(fullname)  # what the finders after this one find
+        finally:
+            self._looking.now = False
         if spec is None or spec.loader is None:
             return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_register(module: ModuleType) -> None:
-            exec_module(module)
-            _register_pending()
-
-        spec.loader.exec_module = exec_then_register  # type: ignore[method-assign]
+        spec = copy.copy(spec)
+        spec.loader = _AroundLoader(spec.loader, self)
         return spec
+
+
+class _AroundLoader(importlib.abc.Loader):
+    """``inner``, whose module runs inside its finder's ``around()``; the module keeps
+    ``inner`` as its loader."""
+
+    def __init__(self, inner: Any, finder: _AroundImport) -> None:
+        self.inner, self.finder = inner, finder
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self.inner
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.inner
+        self.finder.done = True
+        with self.finder.around():
+            self.inner.exec_module(module)
+
+
+@contextlib.contextmanager
+def _then_register_pending() -> Iterator[None]:
+    """Around dynamo's first import: the records handed to it once it has run."""
+    yield
+    _register_pending()
 
 
 def _record(fn: Callable) -> Callable:
@@ -93,10 +123,9 @@ def _mark_constant(fn: Callable) -> Callable:
 
 @contextlib.contextmanager
 def _marks_recorded() -> Iterator[None]:
-    """While tensordict imports: its marks recorded, not handed to dynamo (see above)."""
+    """Around tensordict's first import: its marks recorded, not handed to dynamo (above)."""
     import torch.compiler
 
-    sys.meta_path.insert(0, _RegisterWhenDynamoLoads())
     originals = torch.compiler.allow_in_graph, torch.compiler.assume_constant_result
     torch.compiler.allow_in_graph = _record
     torch.compiler.assume_constant_result = _mark_constant
@@ -104,34 +133,8 @@ def _marks_recorded() -> Iterator[None]:
         yield
     finally:
         torch.compiler.allow_in_graph, torch.compiler.assume_constant_result = originals
-        if _DYNAMO in sys.modules:  # something imported dynamo meanwhile, finder already gone
+        if _DYNAMO in sys.modules:  # something imported dynamo meanwhile
             _register_pending()
-
-
-class _WhenTensordictLoads(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: it makes tensordict's first import run under
-    ``_marks_recorded``, then takes itself off ``sys.meta_path``."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _TENSORDICT:
-            return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        if _DYNAMO in sys.modules:  # nothing left to save
-            return None
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_with_marks_recorded(module: ModuleType) -> None:
-            with _marks_recorded():
-                exec_module(module)
-
-        spec.loader.exec_module = exec_with_marks_recorded  # type: ignore[method-assign]
-        return spec
 
 
 def defer_dynamo() -> None:
@@ -146,5 +149,8 @@ def defer_dynamo() -> None:
     if os.environ.get("HPCCOLLECT_EAGER_DYNAMO", "") not in ("", "0"):
         return
     with _lock:
-        if not any(isinstance(finder, _WhenTensordictLoads) for finder in sys.meta_path):
-            sys.meta_path.insert(0, _WhenTensordictLoads())
+        if not any(isinstance(finder, _AroundImport) for finder in sys.meta_path):
+            sys.meta_path[:0] = [
+                _AroundImport(_TENSORDICT, _marks_recorded),
+                _AroundImport(_DYNAMO, _then_register_pending),
+            ]

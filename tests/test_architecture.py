@@ -194,6 +194,27 @@ def test_what_is_registered_by_name_exists_and_is_not_above_who_registers_it():
     assert not upward, upward
 
 
+def test_a_package_whose_names_load_on_first_use_declares_them_for_type_checkers():
+    """``lazy_exports`` packages import under ``TYPE_CHECKING`` exactly the names they load on
+    first use (type checkers and editors read those), and list each in ``__all__``."""
+    packages = [m for m, path in _modules().items() if "lazy_exports(" in path.read_text()]
+    assert {"hpccollect", "hpccollect.collectors", "hpccollect.launchers"} <= set(packages)
+    for package in packages:
+        tree = ast.parse(_modules()[package].read_text())
+        declared = set()
+        for branch in ast.walk(tree):
+            if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test):
+                for node in ast.walk(branch):
+                    if isinstance(node, ast.ImportFrom):
+                        declared |= {alias.asname or alias.name for alias in node.names}
+                    elif isinstance(node, ast.Assign):
+                        declared |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        module = importlib.import_module(package)
+        lazy = set(vars(module)["__getattr__"].targets)
+        assert declared == lazy, (package, declared ^ lazy)
+        assert lazy <= set(module.__all__), (package, lazy - set(module.__all__))
+
+
 def test_the_checks_see_a_cycle_and_an_upward_import():
     """The checks themselves can fail."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]

@@ -87,16 +87,20 @@ def test_import_hpccollect_and_its_command_line_load_no_torch():
         "alone = sorted(m for m in ('torch', 'tensordict', 'numpy') if m in sys.modules)\n"
         "codes = [main(argv) for argv in (['collect', '--total-frames', '-5'], ['colect'],"
         " ['export', 'a.h5', '--format', 'd4rl'], ['collect', '--backend', 'mpi',"
-        " '--gather', '0'])]\n"
+        " '--gather', '0'], ['collect', '--backend', 'gloo'])]\n"
         "try:\n"
         "    main(['--help'])\n"
         "except SystemExit as end:\n"
         "    codes.append(end.code)\n"
         "print(alone, codes, 'torch' in sys.modules)\n"
+        "print(hpccollect.envs.__name__, hpccollect.collectors.sync.__name__)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
-    assert out.stdout.splitlines()[-1] == "[] [2, 2, 2, 2, 0] False", out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-2] == "[] [2, 2, 2, 2, 2, 0] False", out.stderr
+    # a submodule is still an attribute of its package, as when the package imported it
+    assert lines[-1] == "hpccollect.envs hpccollect.collectors.sync"
     assert "--total-frames must be a positive integer" in out.stderr
     assert "unknown command 'colect'" in out.stderr

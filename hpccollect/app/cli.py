@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hpccollect.app.config import RunConfig, load_toml
+from hpccollect.app.config import RUN_OPTIONS, RunConfig, load_toml, wants_mpi
 from hpccollect.app.parser import COMMANDS, UsageError, build_parser
 from hpccollect.app.progress import show_warning_line
 from hpccollect.errors import (
@@ -23,6 +23,7 @@ from hpccollect.errors import (
     HpcCollectError,
     PolicyError,
 )
+from hpccollect.transport.rendezvous import launched_rank
 
 __all__ = ["main"]
 
@@ -75,9 +76,8 @@ def _describe(err: BaseException) -> tuple[int, str] | None:
         return 2, f"hpccollect: error: {text}"
     if not isinstance(err, HpcCollectError):
         return None
-    from hpccollect.app.resume import RunComplete
-
-    if isinstance(err, RunComplete):
+    resume = sys.modules.get("hpccollect.app.resume")  # what raises RunComplete imported it
+    if resume is not None and isinstance(err, resume.RunComplete):
         return 0, f"hpccollect: {err}"
     return 1, f"hpccollect: failed: {err}"
 
@@ -90,8 +90,6 @@ class _Output:
         self.speaks = True
         self.job = None  # the distributed collect job, once MPI runs
         if collect:
-            from hpccollect.transport.rendezvous import launched_rank
-
             self.speaks = launched_rank() == 0
 
     def fail(self, code: int, line: str) -> int:
@@ -108,14 +106,10 @@ def _collect(ns: argparse.Namespace, out: _Output) -> int:
     toml = load_toml(ns.config) if ns.config else {}
     resolve = None
     if options.get("resume") is not None:  # the run's options are checked once read (rank 0)
-        from hpccollect.app.resume import RUN_OPTIONS, resumed_config
-
-        resolve = functools.partial(resumed_config, options["resume"], [toml, options])
+        resolve = functools.partial(_resumed, options["resume"], [toml, options])
         options = {k: v for k, v in options.items() if k in RUN_OPTIONS}
         toml = {k: v for k, v in toml.items() if k.replace("-", "_") in RUN_OPTIONS}
     cfg = RunConfig.from_sources(toml, options)
-    from hpccollect.app.mpi_job import wants_mpi
-
     if wants_mpi(cfg):  # rank 0 alone reads a run to resume, during its start-up checks
         return _collect_distributed(cfg, ns.quiet, out, resolve)
     out.speaks = True  # --launcher none: every process runs its own job
@@ -145,6 +139,14 @@ def _collect(ns: argparse.Namespace, out: _Output) -> int:
             progress.close()
     print("\n".join(summary.lines()), flush=True)
     return 0
+
+
+def _resumed(run: str, sources: list[dict]) -> RunConfig:
+    """The configuration of the run to resume (``resume.resumed_config``; it reads datasets,
+    so it is imported when a run is resumed)."""
+    from hpccollect.app.resume import resumed_config
+
+    return resumed_config(run, sources)
 
 
 def _on_resume(progress) -> Callable:

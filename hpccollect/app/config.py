@@ -19,6 +19,7 @@ from hpccollect.errors import ArgumentValueError, HpcCollectError
 from hpccollect.launchers import job_launchers
 from hpccollect.launchers.mpi_gather import check_gather
 from hpccollect.transport.backends import backend_names
+from hpccollect.transport.rendezvous import launched_ranks
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,10 +31,12 @@ __all__ = [
     "COLLECTORS",
     "LAUNCHERS",
     "MAX_SEED",
+    "RUN_OPTIONS",
     "RunConfig",
     "current_spelling",
     "data_dir",
     "load_toml",
+    "wants_mpi",
 ]
 
 COLLECTORS = tuple(COLLECTOR_KINDS)
@@ -57,6 +60,19 @@ DISTRIBUTED_OPTIONS = (
     "report_interval",
 )
 RANK_FAILURES = ("raise", "continue")
+#: what a process needs before rank 0 has read the run: how the job runs
+RUN_OPTIONS = (
+    "resume",
+    "launcher",
+    "backend",
+    "master_addr",
+    "interface",
+    "worker_timeout",
+    "on_rank_failure",
+    "liveness_timeout",
+    "report_interval",
+    "gather",
+)
 #: how a job's multi-* collectors start their workers: forked from a server of the job's own
 #: (one import of torch, not one a worker; TorchRL's default is spawn)
 WORKER_START = "forkserver"
@@ -368,3 +384,11 @@ def _nearest(value: int, candidates: list[int]) -> list[int]:
     below = [c for c in candidates if c < value]
     above = [c for c in candidates if c > value]
     return ([max(below)] if below else []) + ([min(above)] if above else [])
+
+
+def wants_mpi(cfg: RunConfig) -> bool:
+    """Whether ``collect`` runs distributed: ``--launcher``, else whether a launcher (mpiexec,
+    srun, torchrun) started more than one rank."""
+    if cfg.launcher is not None:
+        return cfg.launcher != "none"
+    return launched_ranks() > 1

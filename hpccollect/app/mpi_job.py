@@ -43,7 +43,8 @@ from hpccollect.app.preflight import check_output, env_maker, probe_policy, reco
 from hpccollect.app.resume import Attempt, remove_run_files, start_attempt
 from hpccollect.app.signals import StopSignals
 from hpccollect.app.summary import Summary
-from hpccollect.collectors.workers.reports import DEFAULT_REPORT_INTERVAL, ReportTally
+from hpccollect.collectors.workers.cadence import DEFAULT_REPORT_INTERVAL
+from hpccollect.collectors.workers.reports import ReportTally
 from hpccollect.distributed import DistributedDataCollector
 from hpccollect.errors import ArgumentValueError, StorageError
 from hpccollect.launchers import get_launcher
@@ -54,18 +55,10 @@ from hpccollect.transport.mpi4py_group import mpi4py_comm
 from hpccollect.transport.mpi_job_end import abort_job
 from hpccollect.transport.rendezvous import launched_ranks
 
-__all__ = ["MPICollect", "open_shard", "shard_name", "wants_mpi"]
+__all__ = ["MPICollect", "open_shard", "shard_name"]
 
 _SHARD_WAIT = 60.0  # s rank 0 waits for the ranks to close their shards after shutdown
 _POLL = 0.02
-
-
-def wants_mpi(cfg: RunConfig) -> bool:
-    """Whether ``collect`` runs distributed: ``--launcher``, else whether a launcher (mpiexec,
-    srun, torchrun) started more than one rank."""
-    if cfg.launcher is not None:
-        return cfg.launcher != "none"
-    return launched_ranks() > 1
 
 
 def shard_name(rank: int, attempt: Attempt | None = None) -> str:

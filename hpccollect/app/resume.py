@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpccollect.app.config import MAX_SEED, RunConfig, current_spelling
+from hpccollect.app.config import MAX_SEED, RUN_OPTIONS, RunConfig, current_spelling
 from hpccollect.errors import ArgumentValueError, HpcCollectError, StorageError
 from hpccollect.storage import (
     drop_staging,
@@ -68,19 +68,6 @@ _RECORDED = (
     "seed",
     "policy",
     "compression",
-)
-#: what a process needs before rank 0 has read the run: how the job runs
-RUN_OPTIONS = (
-    "resume",
-    "launcher",
-    "backend",
-    "master_addr",
-    "interface",
-    "worker_timeout",
-    "on_rank_failure",
-    "liveness_timeout",
-    "report_interval",
-    "gather",
 )
 #: what the data is: given again, they must equal the record
 _FIXED = ("env", "env_kwargs", "imports", "policy", "max_steps", "seed")

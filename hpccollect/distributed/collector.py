@@ -28,8 +28,9 @@ from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
 from hpccollect.collectors.torchrl_api.keyword_docs import DISTRIBUTED, with_args
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
+from hpccollect.collectors.workers.cadence import DEFAULT_REPORT_INTERVAL
 from hpccollect.collectors.workers.gathering import AsyncGathering, SyncGathering
-from hpccollect.collectors.workers.reports import DEFAULT_REPORT_INTERVAL, Reporting
+from hpccollect.collectors.workers.reports import Reporting
 from hpccollect.collectors.workers.worker import WorkerSpec
 from hpccollect.distributed.arguments import (
     RANK_DEVICES,

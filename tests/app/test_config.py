@@ -10,8 +10,7 @@ import pytest
 
 from hpccollect import MultiaSyncDataCollector, MultiSyncDataCollector, SyncDataCollector
 from hpccollect.app.cli import main
-from hpccollect.app.config import COLLECTORS, LAUNCHERS, RunConfig
-from hpccollect.app.mpi_job import wants_mpi
+from hpccollect.app.config import COLLECTORS, LAUNCHERS, RunConfig, wants_mpi
 from hpccollect.collectors.torchrl_api.kinds import COLLECTOR_KINDS, collector_kind
 from hpccollect.distributed.arguments import check_collector_class
 from hpccollect.errors import ArgumentValueError

@@ -34,11 +34,9 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from hpccollect.collectors.workers.cadence import DEFAULT_REPORT_INTERVAL
 from hpccollect.storage.sink import EpisodeReturns, Sink
 
 __all__ = [
-    "DEFAULT_REPORT_INTERVAL",
     "RECENT",
     "RankReporter",
     "ReportTally",
