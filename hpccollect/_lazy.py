@@ -22,6 +22,7 @@ from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 __all__ = [
     "GROUPS",
     "add_object",
+    "called_on_use",
     "check_target",
     "entry_points",
     "lazy_exports",
@@ -51,6 +52,19 @@ def load_target(target: str) -> Any:
     """The object ``"module:attr"`` names, its module imported now."""
     module, _, attr = check_target(target).partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def called_on_use(target: str) -> Callable[..., Any]:
+    """A function that calls ``"module:attr"``'s callable, its module imported at the first
+    call: a plug-in's function or class given where a callable is asked for, loading nothing.
+    """
+    check_target(target)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return load_target(target)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = target.partition(":")[2]
+    return call
 
 
 def entry_points(kind: str) -> dict[str, str]:

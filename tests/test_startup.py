@@ -104,3 +104,34 @@ def test_import_hpccollect_and_its_command_line_load_no_torch():
     assert lines[-1] == "hpccollect.envs hpccollect.collectors.sync"
     assert "--total-frames must be a positive integer" in out.stderr
     assert "unknown command 'colect'" in out.stderr
+
+
+def test_inspect_repair_and_merge_of_a_dataset_load_no_torch(tmp_path):
+    """Describing, checking, repairing and merging datasets need h5py and numpy, not torch:
+    ``inspect`` of a file takes a fraction of a second."""
+    from hpccollect import SyncDataCollector
+    from hpccollect.storage import HDF5Writer
+
+    collector = SyncDataCollector("CartPole-v1", None, frames_per_batch=100, total_frames=200)
+    with HDF5Writer(tmp_path / "run.h5", env="CartPole-v1") as writer:
+        for batch in collector:
+            writer.extend(batch)
+    collector.shutdown()
+    code = (
+        "import sys\n"
+        "from hpccollect.app.cli import main\n"
+        "codes = [main(argv.split()) for argv in ('inspect run.h5', 'repair run.h5',"
+        " 'merge run.h5 --out all.h5', 'inspect all.h5')]\n"
+        "print(codes, 'torch' in sys.modules, 'tensordict' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert out.stdout.splitlines()[-1] == "[0, 0, 0, 0] False False", out.stderr
+    assert out.stdout.count("integrity         ok") == 2
+    assert "nothing to repair" in out.stdout and "merged 1 shards into" in out.stdout

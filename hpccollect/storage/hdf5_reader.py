@@ -1,5 +1,8 @@
 """Reading HDF5 shards and merged files back as TensorDicts, lazily, and checking them.
 
+torch and tensordict are imported when rows are first read as tensors: opening, describing
+and checking a dataset (``inspect``, ``repair``, ``merge``) needs only h5py and numpy.
+
 Only committed rows are visible: a file cut short by a crash shows every whole episode it
 committed and nothing else. Files are opened without HDF5's file lock, so a file still being
 written (``*.partial``) can be read: an open ``H5Dataset`` shows the rows committed when it was
@@ -9,28 +12,48 @@ opened; reopen it to see newer ones.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
-import torch
-from tensordict import TensorDict
 
-from hpccollect._compat import register_tensordict_collate
 from hpccollect.errors import ArgumentValueError
 from hpccollect.storage.layout import EPISODE, Key, keymap_from_json
 from hpccollect.storage.spaces_json import space_from_json
 
-__all__ = ["H5Dataset", "TransitionDataset", "open_dataset"]
+if TYPE_CHECKING:
+    import torch
+    from tensordict import TensorDict
 
-# TransitionDataset's minibatches go through DataLoader's default collate_fn, in every worker
-# process too (a spawned worker imports this module to unpickle the dataset)
-register_tensordict_collate()
+__all__ = ["H5Dataset", "open_dataset"]
+
+
+@functools.cache
+def _torch() -> tuple[Any, Any]:
+    """``(torch, TensorDict)``, imported when rows are first read as tensors; TensorDict
+    batches then pass through DataLoader's default ``collate_fn`` too."""
+    import torch
+    from tensordict import TensorDict
+
+    from hpccollect._compat import register_tensordict_collate
+
+    register_tensordict_collate()
+    return torch, TensorDict
+
+
+def _as_array(index: Any) -> np.ndarray:
+    """``index`` (a tensor too: where torch is not imported, it is none) as a numpy array."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(index, torch.Tensor):
+        index = index.cpu()
+    return np.asarray(index)
 
 
 def _open(path: Path) -> h5py.File:
@@ -142,6 +165,7 @@ class H5Dataset:
         return list(self.keymap.values())
 
     def __getitem__(self, index: Any) -> TensorDict:
+        torch, TensorDict = _torch()
         rows = self._rows(index)
         single = isinstance(rows, (int, np.integer))
         out = TensorDict({}, batch_size=[] if single else [_count(rows, self.committed_steps)])
@@ -157,7 +181,8 @@ class H5Dataset:
         times faster than h5py's fancy indexing for small rows), then the rows are put back in
         the order asked.
         """
-        rows = np.asarray(rows.cpu() if isinstance(rows, torch.Tensor) else rows, dtype=np.int64)
+        torch, TensorDict = _torch()
+        rows = _as_array(rows).astype(np.int64, copy=False)
         n = self.committed_steps
         if rows.ndim != 1:
             raise IndexError(f"read_rows takes a 1-d list of row numbers, got shape {rows.shape}")
@@ -203,6 +228,7 @@ class H5Dataset:
         """``batch_size`` rows drawn uniformly with replacement (``generator`` for repeatability)."""
         if len(self) == 0:
             raise IndexError(f"{self.path} has no committed rows to sample from")
+        torch, _ = _torch()
         rows = torch.randint(len(self), (batch_size,), generator=generator)
         return self.read_rows(rows)
 
@@ -217,7 +243,7 @@ class H5Dataset:
             if step != 1:
                 return np.arange(start, stop, step)
             return slice(start, stop)
-        rows = np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index)
+        rows = _as_array(index)
         if rows.dtype == bool:
             rows = np.flatnonzero(rows)
         rows = np.where(rows < 0, rows + n, rows)
@@ -393,46 +419,3 @@ def open_dataset(path: str | os.PathLike) -> H5Dataset:
         episode, ``len(ds)`` the rows committed when it was opened.
     """
     return H5Dataset(path)
-
-
-class TransitionDataset(torch.utils.data.Dataset):
-    """A ``torch.utils.data.Dataset`` of transitions (one TensorDict row each).
-
-    A ``DataLoader`` with a ``batch_size`` calls ``__getitems__`` with the whole minibatch, which
-    reads it with one HDF5 read per dataset (``H5Dataset.read_rows``) into one TensorDict; keep
-    the default ``collate_fn`` (``collate_fn=torch.stack`` would re-stack it row by row). The file
-    is opened lazily in each process, so ``num_workers > 0`` works. ``in_memory=True`` loads the
-    committed rows into memory once per process: for files that fit in RAM, the fastest.
-    """
-
-    def __init__(self, path: str | os.PathLike, *, in_memory: bool = False) -> None:
-        self.path = Path(path)
-        with H5Dataset(self.path) as ds:
-            self._len = len(ds)
-        self.in_memory = in_memory
-        self._ds: H5Dataset | TensorDict | None = None
-        self._pid: int | None = None
-
-    def __len__(self) -> int:
-        return self._len
-
-    def _source(self) -> H5Dataset | TensorDict:
-        if self._ds is None or self._pid != os.getpid():
-            ds = H5Dataset(self.path)
-            if self.in_memory:
-                with ds:
-                    ds = ds[: self._len]
-            self._ds, self._pid = ds, os.getpid()
-        return self._ds
-
-    def __getitem__(self, index: int) -> TensorDict:
-        return self._source()[index]
-
-    def __getitems__(self, indices: list[int]) -> TensorDict:
-        source = self._source()
-        if isinstance(source, TensorDict):
-            return source[torch.as_tensor(indices, dtype=torch.long)]
-        return source.read_rows(indices)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_ds": None, "_pid": None}  # each process opens its own

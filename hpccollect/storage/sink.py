@@ -15,13 +15,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-from tensordict import TensorDictBase
 
 from hpccollect._lazy import add_object, loaded_objects
 from hpccollect.errors import ArgumentValueError, StorageError
+
+if TYPE_CHECKING:
+    from tensordict import TensorDictBase
 
 __all__ = [
     "EpisodeReturns",

@@ -1,15 +1,16 @@
-"""How long ``python -m hpccollect`` takes to answer ``--help`` or report a mistake on its command
-line, alone and on every rank of an ``mpiexec`` job, against importing torch in the same run.
+"""How long ``python -m hpccollect`` takes for what needs no torch: ``--help``, a mistake on
+its command line (alone and on every rank of an ``mpiexec`` job), and ``inspect`` of a dataset,
+against importing torch in the same run.
 
-A mistake is reported before anything heavy is imported: the package's names load on first
-use (``hpccollect._lazy.lazy_exports``). The reference is what every process paid before:
-``python -c "import torch"``, which the command line used to do before it read its arguments.
+These import nothing heavy: the package's names load on first use
+(``hpccollect._lazy.lazy_exports``), and reading a dataset's description needs h5py and numpy
+only. The reference is what every such command paid before: ``python -c "import torch"``.
 With ``--old DIR`` (a checkout of an earlier commit, e.g. ``git worktree add /tmp/old
 070980f``) the same commands also run with ``PYTHONPATH=DIR``, that code's hpccollect.
 
 Each figure is the median wall time of ``--repeats`` fresh runs.
 
-    python benchmarks/cli_mistake.py --repeats 5 [--old /tmp/old] [--ranks 8]
+    python benchmarks/cli_start.py --repeats 5 [--old /tmp/old] [--ranks 8]
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "cli_mistake.json"
+RESULTS = HERE / "results" / "cli_start.json"
 MISTAKE = ["-m", "hpccollect", "collect", "--total-frames", "-5"]
 
 
@@ -67,6 +68,21 @@ def main() -> None:
         cases[f"mpiexec -n {args.ranks}: collect --total-frames -5"] = [mpiexec, *n, py, *MISTAKE]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        collect = ["collect", "--total-frames", "2000", "--out", "run.h5", "--quiet"]
+        subprocess.run(
+            [py, "-m", "hpccollect", *collect],
+            cwd=tmp,
+            check=True,
+            timeout=300,
+            capture_output=True,
+        )
+        cases["inspect run.h5 (2,000 CartPole frames)"] = [
+            py,
+            "-m",
+            "hpccollect",
+            "inspect",
+            "run.h5",
+        ]
         for case, cmd in cases.items():
             row = {"case": case, "now_s": _median_wall(cmd, args.repeats, tmp, None)}
             if args.old and "reference" not in case:
