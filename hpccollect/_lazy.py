@@ -55,16 +55,24 @@ def load_target(target: str) -> Any:
 
 
 def called_on_use(target: str) -> Callable[..., Any]:
-    """A function that calls ``"module:attr"``'s callable, its module imported at the first
-    call: a plug-in's function or class given where a callable is asked for, loading nothing.
-    """
-    check_target(target)
+    """A callable that calls ``"module:attr"``'s, its module imported at the first call: a
+    plug-in's function or class given where a callable is asked for, loading nothing. It
+    pickles by its target."""
+    return _CalledOnUse(check_target(target))
 
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return load_target(target)(*args, **kwargs)
 
-    call.__name__ = call.__qualname__ = target.partition(":")[2]
-    return call
+class _CalledOnUse:
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return load_target(self.target)(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Callable[[str], Any], tuple[str]]:
+        return called_on_use, (self.target,)
+
+    def __repr__(self) -> str:
+        return f"called_on_use({self.target!r})"
 
 
 def entry_points(kind: str) -> dict[str, str]:

@@ -15,7 +15,6 @@ import contextlib
 import functools
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,12 +47,9 @@ def _torch() -> tuple[Any, Any]:
     return torch, TensorDict
 
 
-def _as_array(index: Any) -> np.ndarray:
-    """``index`` (a tensor too: where torch is not imported, it is none) as a numpy array."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(index, torch.Tensor):
-        index = index.cpu()
-    return np.asarray(index)
+def _as_array(index: Any, torch: Any) -> np.ndarray:
+    """``index`` (a tensor too, on any device) as a numpy array."""
+    return np.asarray(index.cpu() if isinstance(index, torch.Tensor) else index)
 
 
 def _open(path: Path) -> h5py.File:
@@ -166,7 +162,7 @@ class H5Dataset:
 
     def __getitem__(self, index: Any) -> TensorDict:
         torch, TensorDict = _torch()
-        rows = self._rows(index)
+        rows = self._rows(index, torch)
         single = isinstance(rows, (int, np.integer))
         out = TensorDict({}, batch_size=[] if single else [_count(rows, self.committed_steps)])
         for path, key in self.keymap.items():
@@ -182,7 +178,7 @@ class H5Dataset:
         the order asked.
         """
         torch, TensorDict = _torch()
-        rows = _as_array(rows).astype(np.int64, copy=False)
+        rows = _as_array(rows, torch).astype(np.int64, copy=False)
         n = self.committed_steps
         if rows.ndim != 1:
             raise IndexError(f"read_rows takes a 1-d list of row numbers, got shape {rows.shape}")
@@ -232,7 +228,7 @@ class H5Dataset:
         rows = torch.randint(len(self), (batch_size,), generator=generator)
         return self.read_rows(rows)
 
-    def _rows(self, index: Any) -> Any:
+    def _rows(self, index: Any, torch: Any) -> Any:
         n = self.committed_steps
         if isinstance(index, (int, np.integer)):
             if not -n <= index < n:
@@ -243,7 +239,9 @@ class H5Dataset:
             if step != 1:
                 return np.arange(start, stop, step)
             return slice(start, stop)
-        rows = _as_array(index)
+        rows = _as_array(index, torch)
+        if rows.ndim == 0:  # a 0-d tensor or array: one row
+            return self._rows(int(rows), torch)
         if rows.dtype == bool:
             rows = np.flatnonzero(rows)
         rows = np.where(rows < 0, rows + n, rows)

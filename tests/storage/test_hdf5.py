@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from hpccollect.storage import (
     HDF5Writer,
     ReplayBuffer,
     TransitionDataset,
+    dataset_format,
     export_d4rl,
     export_memmap,
     export_minari,
@@ -222,6 +224,10 @@ def test_reader_indexing_and_torch_dataset(tmp_path):
         assert torch.equal(ds[[7, 2, 2]]["observation"], whole["observation"][[7, 2, 2]])
         assert torch.equal(ds[10:20:3]["action"], whole["action"][10:20:3])
         assert torch.equal(ds[-1]["observation"], whole["observation"][-1])
+        for one in (torch.tensor(5), np.int64(5), np.array(5)):  # a 0-d index: one row
+            assert ds[one].batch_size == () and torch.equal(
+                ds[one]["observation"], ds[5]["observation"]
+            )
         with pytest.raises(IndexError):
             ds[300]
         assert len(ds.returns()) == ds.committed_episodes
@@ -231,6 +237,18 @@ def test_reader_indexing_and_torch_dataset(tmp_path):
     assert first.batch_size == (32,) and torch.equal(
         first["observation"], whole["observation"][:32]
     )
+
+
+def test_the_registered_format_pickles_and_loads_its_parts_when_called(tmp_path):
+    """The HDF5 format's parts are named, not imported, until called (inspect needs no
+    torch); the format still pickles, by those names."""
+    fmt = pickle.loads(pickle.dumps(dataset_format(name="hdf5")))
+    assert repr(fmt.writer) == "called_on_use('hpccollect.storage.hdf5_writer:HDF5Writer')"
+    with fmt.writer(tmp_path / "w.h5", env="CartPole-v1") as writer:
+        for batch in collect("CartPole-v1", 100, 100):
+            writer.extend(batch)
+    with fmt.open(tmp_path / "w.h5") as ds:
+        assert len(ds) == 100 and ds.check() == []
 
 
 WRITER_SCRIPT = textwrap.dedent("""
