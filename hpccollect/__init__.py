@@ -54,47 +54,6 @@ if TYPE_CHECKING:
 
 defer_dynamo()
 
-_COLLECTORS = (
-    "AsyncCollector",
-    "BaseCollector",
-    "Collector",
-    "DataCollectorBase",
-    "Interruptor",
-    "LocalWeightsUpdaterBase",
-    "MultiAsyncCollector",
-    "MultiCollector",
-    "MultiSyncCollector",
-    "MultiSyncDataCollector",
-    "MultiaSyncDataCollector",
-    "RemoteWeightsUpdaterBase",
-    "SyncDataCollector",
-    "WeightUpdaterBase",
-    "aSyncDataCollector",
-    "split_trajectories",
-)
-_DISTRIBUTED = ("DistributedCollector", "DistributedDataCollector", "DistributedSyncCollector")
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        **{name: f"hpccollect.collectors:{name}" for name in _COLLECTORS},
-        **{name: f"hpccollect.distributed:{name}" for name in _DISTRIBUTED},
-        "ExplorationType": "hpccollect.policy:ExplorationType",
-        "GymEnv": "hpccollect.envs:GymEnv",
-        "RandomPolicy": "hpccollect.policy:RandomPolicy",
-        "ReplayBuffer": "hpccollect.storage:ReplayBuffer",
-    },
-)
-
-# ``Collector(backend=...)`` builds the distributed layer's collectors too; registered here, by
-# name, so that neither layer imports the other and the distributed one loads on first use
-register_execution("distributed", "hpccollect.distributed:DistributedDataCollector")
-register_execution("submitit", "hpccollect.distributed:DistributedDataCollector")
-register_execution(
-    "rpc",
-    "hpccollect.distributed.rpc:RPCCollector",
-    defaults_from="hpccollect.distributed:DistributedDataCollector",
-)
-
 __all__ = [
     "AsyncCollector",
     "BaseCollector",
@@ -121,3 +80,32 @@ __all__ = [
     "aSyncDataCollector",
     "split_trajectories",
 ]
+
+#: where each public name lives, the collectors' package when not said
+_HOMES = {
+    "DistributedCollector": "hpccollect.distributed",
+    "DistributedDataCollector": "hpccollect.distributed",
+    "DistributedSyncCollector": "hpccollect.distributed",
+    "ExplorationType": "hpccollect.policy",
+    "GymEnv": "hpccollect.envs",
+    "RandomPolicy": "hpccollect.policy",
+    "ReplayBuffer": "hpccollect.storage",
+}
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        name: f"{_HOMES.get(name, 'hpccollect.collectors')}:{name}"
+        for name in __all__
+        if name != "__version__"
+    },
+)
+
+# ``Collector(backend=...)`` builds the distributed layer's collectors too; registered here, by
+# name, so that neither layer imports the other and the distributed one loads on first use
+register_execution("distributed", "hpccollect.distributed:DistributedDataCollector")
+register_execution("submitit", "hpccollect.distributed:DistributedDataCollector")
+register_execution(
+    "rpc",
+    "hpccollect.distributed.rpc:RPCCollector",
+    defaults_from="hpccollect.distributed:DistributedDataCollector",
+)

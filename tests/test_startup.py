@@ -34,15 +34,15 @@ print(json.dumps({"before": before, "allowed": sorted(allowed), "constant": sort
 
 def _marks(first: str, eager: bool) -> dict:
     env = {**os.environ, "HPCCOLLECT_EAGER_DYNAMO": "1" if eager else "0"}
-    out = subprocess.run(
-        [sys.executable, "-c", _MARKS.replace("FIRST", first)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=True,
-    ).stdout
+    out = _python(_MARKS.replace("FIRST", first), env=env).stdout
     return json.loads(out.splitlines()[-1])
+
+
+def _python(code: str, **kw) -> subprocess.CompletedProcess:
+    """``code`` run in a fresh interpreter (it must exit 0)."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, check=True, **kw
+    )
 
 
 def test_dynamo_gets_the_marks_tensordict_gives_it_when_imported_alone():
@@ -70,10 +70,7 @@ def test_collecting_does_not_import_dynamo_either():
         "c.shutdown()\n"
         "print(n, 'torch._dynamo' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, check=True
-    ).stdout
-    assert out.split()[-2:] == ["200", "False"]
+    assert _python(code).stdout.split()[-2:] == ["200", "False"]
 
 
 def test_import_hpccollect_and_its_command_line_load_no_torch():
@@ -95,9 +92,7 @@ def test_import_hpccollect_and_its_command_line_load_no_torch():
         "print(alone, codes, 'torch' in sys.modules)\n"
         "print(hpccollect.envs.__name__, hpccollect.collectors.sync.__name__)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
+    out = _python(code)
     lines = out.stdout.splitlines()
     assert lines[-2] == "[] [2, 2, 2, 2, 2, 0] False", out.stderr
     # a submodule is still an attribute of its package, as when the package imported it
@@ -124,14 +119,7 @@ def test_inspect_repair_and_merge_of_a_dataset_load_no_torch(tmp_path):
         " 'merge run.h5 --out all.h5', 'inspect all.h5')]\n"
         "print(codes, 'torch' in sys.modules, 'tensordict' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        cwd=tmp_path,
-    )
+    out = _python(code, cwd=tmp_path)
     assert out.stdout.splitlines()[-1] == "[0, 0, 0, 0] False False", out.stderr
     assert out.stdout.count("integrity         ok") == 2
     assert "nothing to repair" in out.stdout and "merged 1 shards into" in out.stdout
