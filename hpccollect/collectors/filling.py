@@ -72,35 +72,43 @@ def _first_writer_lays_out(storage: Any, may_enable: bool) -> bool:
     return True
 
 
-def _refuse_iteration(collector: Any) -> None:
-    raise RuntimeError(
-        f"{type(collector).__name__} is filling its replay_buffer (start()): call "
-        "async_shutdown(close_env=False) before iterating over it."
-    )
+class _RefusedWhileFilling:
+    """``iter()`` and ``next()`` refused while ``start()`` fills the replay buffer: the filling
+    steps the same envs and policy. Each way of filling says whether it fills now
+    (``_filling_now``), and asks the next one in the collector's classes too."""
+
+    def __iter__(self) -> Iterator[Any]:
+        """The collector's batches; refused while ``start()`` fills the replay buffer."""
+        self._refuse_while_filling()
+        return super().__iter__()  # type: ignore[misc]
+
+    def next(self) -> Any:
+        """TorchRL's ``next()``; refused while ``start()`` fills the replay buffer."""
+        self._refuse_while_filling()
+        return super().next()  # type: ignore[misc]
+
+    def _filling_now(self) -> bool:
+        return False
+
+    def _refuse_while_filling(self) -> None:
+        if self._filling_now():
+            raise RuntimeError(
+                f"{type(self).__name__} is filling its replay_buffer (start()): call "
+                "async_shutdown(close_env=False) before iterating over it."
+            )
 
 
-class ThreadFilling:
+class ThreadFilling(_RefusedWhileFilling):
     """``start()``/``async_shutdown()`` for a collector whose iterator runs in this process: a
     background thread runs it, extending ``replay_buffer``, until ``async_shutdown()``."""
 
     _background: BackgroundThread | None = None
     replay_buffer: Any = None
 
-    def __iter__(self) -> Iterator[Any]:
-        """The collector's batches; refused while the background thread runs the iterator
-        (two would step the same envs and policy at once)."""
-        self._refuse_while_filling()
-        return super().__iter__()  # type: ignore[misc]
-
-    def next(self) -> Any:
-        """TorchRL's ``next()``; refused while the background thread runs the iterator."""
-        self._refuse_while_filling()
-        return super().next()  # type: ignore[misc]
-
-    def _refuse_while_filling(self) -> None:
-        bg = self._background
-        if bg is not None and bg.alive and bg.ident != threading.get_ident():
-            _refuse_iteration(self)
+    def _filling_now(self) -> bool:
+        bg = self._background  # the thread itself runs the iterator
+        running = bg is not None and bg.alive and bg.ident != threading.get_ident()
+        return running or super()._filling_now()
 
     def start(self) -> None:
         """Fill ``replay_buffer`` from a background thread until ``async_shutdown()``."""
@@ -153,7 +161,7 @@ class ThreadFilling:
                 self._background = None
 
 
-class WorkerFilling:
+class WorkerFilling(_RefusedWhileFilling):
     """``start()``/``async_shutdown()`` for local worker processes: each extends the
     ``replay_buffer`` itself (``Command.FILL_BUFFER``) until told to stop: hpccollect's buffer
     sent then, in shared memory, or a TorchRL buffer the workers got when they started (see
@@ -162,17 +170,8 @@ class WorkerFilling:
     _filling = False
     _inherited: Any = None  # the buffer the workers were started with, if any
 
-    def __iter__(self) -> Iterator[Any]:
-        """The collector's batches; refused while the workers fill the buffer."""
-        if self._filling:
-            _refuse_iteration(self)
-        return super().__iter__()  # type: ignore[misc]
-
-    def next(self) -> Any:
-        """TorchRL's ``next()``; refused while the workers fill the buffer."""
-        if self._filling:
-            _refuse_iteration(self)
-        return super().next()  # type: ignore[misc]
+    def _filling_now(self) -> bool:
+        return self._filling or super()._filling_now()
 
     def start(self) -> None:
         """Workers extend the ``replay_buffer`` themselves until ``async_shutdown()``."""
