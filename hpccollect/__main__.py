@@ -2,7 +2,10 @@
 
 import sys
 
+from hpccollect._exit import freeze_survivors
 from hpccollect.app.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    freeze_survivors()  # the command is done: its exit skips torch's objects
+    sys.exit(code)

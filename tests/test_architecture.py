@@ -21,6 +21,7 @@ LAYERS = [
         "_checks",
         "_lazy",
         "_signals",
+        "_exit",
         "_launchers",
         "errors",
         "protocol",

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hpccollect._exit import freeze_survivors
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.rank import RankArgs, serve_rank
@@ -262,6 +263,7 @@ def _serve(args: RankArgs) -> None:
     preemption, the time limit), and a rank that kept collecting until SIGKILL (``KillWait``
     later) would pass for alive."""
     serve_rank(args, stop_on_sigterm=True)
+    freeze_survivors()  # the rank is done: its exit skips torch's objects
 
 
 def _asked_cluster(value: Any) -> str | None:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from hpccollect._exit import freeze_survivors
 from hpccollect._lazy import load_target
 from hpccollect._signals import ignore_stop_signals
 from hpccollect.collectors.loops.buffers import store
@@ -111,6 +112,7 @@ def worker_main(
     # decides when to stop and sends SHUTDOWN; if it is gone, recv() ends with EOF.
     ignore_stop_signals()
     serve(PipeChannel(conn), payload, weights, interruptor, env, buffer)
+    freeze_survivors()  # the worker is done: its exit (spawned, a teardown) skips torch's objects
 
 
 def serve(
