@@ -94,6 +94,23 @@ def test_collects_through_the_local_executor(tmp_path: Path) -> None:
     assert len(_log_files(tmp_path)) == 2
 
 
+#: an env maker whose module, in a job's process, writes at exit how many objects were frozen
+_ENV_MAKER = """
+import atexit, gc, os
+import gymnasium as gym
+
+def _said():
+    with open(os.path.join({folder!r}, f"frozen-{{os.getpid()}}"), "w") as f:
+        f.write(str(gc.get_freeze_count()))
+
+if os.getpid() != {test_pid}:
+    atexit.register(_said)
+
+def make():
+    return gym.make("CartPole-v1")
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("launcher", ["submitit", "submitit_delayed"])
@@ -101,10 +118,12 @@ def test_env_makers_from_the_callers_path_load_in_the_jobs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str
 ) -> None:
     """An env maker from a module found through a path the caller added (a script's directory,
-    ``sys.path.insert``) loads in the jobs, as it does in ``launcher="mp"``'s processes."""
+    ``sys.path.insert``) loads in the jobs, as it does in ``launcher="mp"``'s processes. Each
+    job's rank ends without Python's last collection over torch's objects: at its exit it has
+    frozen them (``hpccollect/_exit.py``)."""
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "hpc_local_envs.py").write_text(
-        "import gymnasium as gym\n\ndef make():\n    return gym.make('CartPole-v1')\n"
+        _ENV_MAKER.format(folder=str(tmp_path), test_pid=os.getpid())
     )
     monkeypatch.syspath_prepend(str(tmp_path / "mods"))
     import hpc_local_envs
@@ -121,8 +140,12 @@ def test_env_makers_from_the_callers_path_load_in_the_jobs(
     )
     try:
         assert _check_batches(collector) == 200
+        jobs = collector.launcher.jobs
     finally:
         collector.shutdown()
+    assert all(job._process.poll() is not None for job in jobs)
+    frozen = [int(path.read_text()) for path in tmp_path.glob("frozen-*")]
+    assert len(frozen) == 2 and min(frozen) > 10_000, frozen
 
 
 @pytest.mark.slow
