@@ -2,8 +2,8 @@
 same run: the processes hpccollect runs itself end without the interpreter's last collection
 over torch's objects (``hpccollect/_exit.py``).
 
-Each case runs ``--repeats`` times; each figure is the median CPU time (user and system) of the
-whole process tree, and its wall time. The reference rows show what the exit of a process
+Each case runs ``--repeats`` times (with ``--old``, the two codes alternating); each figure is
+the median CPU time (user and system) of the whole process tree, and its wall time. The reference rows show what the exit of a process
 that imported torch costs: ``import torch`` alone, then the same with ``gc.freeze()`` last.
 With ``--old DIR`` (a checkout of an earlier commit, e.g. ``git worktree add /tmp/old HEAD~1``)
 the hpccollect rows also run with ``PYTHONPATH=DIR``, that code's hpccollect.
@@ -38,20 +38,17 @@ if __name__ == "__main__":
 """
 
 
-def _median(cmd: list[str], repeats: int, cwd: str, pythonpath: str | None) -> tuple[float, float]:
-    """(CPU s, wall s) of ``cmd``'s process tree, medians over ``repeats`` runs."""
+def _once(cmd: list[str], cwd: str, pythonpath: str | None) -> tuple[float, float]:
+    """(CPU s, wall s) of one run of ``cmd``'s process tree."""
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
-    cpu, wall = [], []
-    for _ in range(repeats):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t = time.perf_counter()
-        subprocess.run(cmd, cwd=cwd, env=env, timeout=300, check=True, capture_output=True)
-        wall.append(time.perf_counter() - t)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-    return statistics.median(cpu), statistics.median(wall)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, env=env, timeout=300, check=True, capture_output=True)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, wall
 
 
 def main() -> None:
@@ -76,17 +73,27 @@ def main() -> None:
             "single.h5",
             "--overwrite",
         ],
-        "collect (2 forked workers), 2,000 frames": [*collect, "--out", "multi.h5", "--overwrite"],
+        "collect (2 workers from its fork server), 2,000 frames": [
+            *collect,
+            "--out",
+            "multi.h5",
+            "--overwrite",
+        ],
         "a script: MultiSyncDataCollector, 2 spawned workers": [py, "spawned.py"],
     }
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "spawned.py").write_text(SPAWNED)
         for case, cmd in cases.items():
-            cpu, wall = _median(cmd, args.repeats, tmp, None)
-            row = {"case": case, "now_cpu_s": cpu, "now_wall_s": wall}
-            if args.old and "reference" not in case:
-                row["old_cpu_s"], row["old_wall_s"] = _median(cmd, args.repeats, tmp, args.old)
+            codes = [None] if not args.old or "reference" in case else [None, args.old]
+            runs: dict = {code: [] for code in codes}
+            for _ in range(args.repeats):  # the codes alternate, so drift weighs on both
+                for code in codes:
+                    runs[code].append(_once(cmd, tmp, code))
+            row = {"case": case}
+            for code, name in zip(codes, ("now", "old"), strict=False):
+                row[f"{name}_cpu_s"] = statistics.median(cpu for cpu, _ in runs[code])
+                row[f"{name}_wall_s"] = statistics.median(wall for _, wall in runs[code])
             rows.append(row)
     print(f"{'case':52s} {'CPU now':>8s} {'CPU old':>8s} {'wall now':>9s} {'wall old':>9s}")
     for row in rows:

@@ -2,10 +2,7 @@
 
 import sys
 
-from hpccollect._exit import freeze_survivors
-from hpccollect.app.cli import main
+from hpccollect.app.cli import run
 
 if __name__ == "__main__":
-    code = main()
-    freeze_survivors()  # the command is done: its exit skips torch's objects
-    sys.exit(code)
+    sys.exit(run())

@@ -1,19 +1,20 @@
-"""The end of a process that hpccollect runs itself, without the interpreter's last pass over
-every object torch made.
+"""Ends a process that hpccollect runs itself without Python's last collections over torch's
+objects.
 
-When Python exits, its cyclic garbage collector walks every object still tracked, and with
-torch and tensordict imported that walk, with what it sets off, takes about 0.4 s of CPU
-(torch 2.13, Python 3.11, this project's 2-core machine), which is a quarter of a short
-process's life. A job pays it once per process: the command line, every worker, every rank,
-every fork server. ``gc.freeze()`` moves the objects alive now out of the collector's sight,
-so that last pass skips them.
+When Python exits, its cyclic garbage collector runs several full collections over every
+object still tracked; with torch and tensordict imported that takes about 0.4 s of CPU (a
+full ``gc.collect()`` takes 80-90 ms with torch 2.13 and Python 3.11 on this project's 2-core
+machine), a quarter of a short process's life. ``freeze_survivors`` collects once, so that the
+garbage cycles of the run still have their finalizers run, then freezes what is left
+(``gc.freeze``), so that the collections at exit skip it.
 
-Only the processes whose whole life is hpccollect's call ``freeze_survivors``, and only once
-their work is done and their files closed: ``python -m hpccollect`` after its command, a
-worker after its collector, a job's fork server once it has imported what its processes
-share (``collectors/workers/server_frozen.py``). Nothing there needs a frozen object's
-``__del__`` at exit: objects freed by their reference count still run it, and Python does not
-promise it to objects alive at exit in any case. A user's own script is never frozen.
+Three kinds of process call it, each once its work is done and its files are closed: the
+command line after its command (``hpccollect.app.cli.run``), a Multi collector's worker after
+its collector (a spawned one exits through Python's teardown; a forked one leaves through
+``os._exit``), and a submitit job's rank after it served. A user's own script is never
+frozen. What freezing gives up: an object still reachable when it is called, in a cycle that
+only the teardown of the modules breaks, no longer has its ``__del__`` run at exit, which
+Python does not promise for objects alive at exit in any case.
 """
 
 from __future__ import annotations
@@ -24,6 +25,6 @@ __all__ = ["freeze_survivors"]
 
 
 def freeze_survivors() -> None:
-    """Leave every object alive now out of the collections to come, the one at exit among
-    them."""
+    """Collect the garbage cycles, then leave every object alive out of later collections."""
+    gc.collect()
     gc.freeze()

@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from hpccollect._exit import freeze_survivors
 from hpccollect.app.config import RUN_OPTIONS, RunConfig, load_toml, wants_mpi
 from hpccollect.app.parser import COMMANDS, UsageError, build_parser
 from hpccollect.app.progress import show_warning_line
@@ -25,7 +26,7 @@ from hpccollect.errors import (
 )
 from hpccollect.transport.rendezvous import launched_rank
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 _USER_ERRORS = (ArgumentValueError, ArgumentTypeError, EnvError, PolicyError)
 
@@ -57,6 +58,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HpcCollectError as err:
         code, line = _describe(err)
         return out.fail(code, line)
+
+
+def run() -> int:
+    """``python -m hpccollect`` and the ``hpccollect`` command: ``main()``, then the process ends
+    without Python's last collections over torch's objects (``hpccollect._exit``).
+
+    Returns:
+        The exit code.
+    """
+    code = main()
+    freeze_survivors()
+    return code
 
 
 def _unknown_command(word: str) -> str:

@@ -263,7 +263,7 @@ def _serve(args: RankArgs) -> None:
     preemption, the time limit), and a rank that kept collecting until SIGKILL (``KillWait``
     later) would pass for alive."""
     serve_rank(args, stop_on_sigterm=True)
-    freeze_survivors()  # the rank is done: its exit skips torch's objects
+    freeze_survivors()
 
 
 def _asked_cluster(value: Any) -> str | None:

@@ -112,7 +112,7 @@ def worker_main(
     # decides when to stop and sends SHUTDOWN; if it is gone, recv() ends with EOF.
     ignore_stop_signals()
     serve(PipeChannel(conn), payload, weights, interruptor, env, buffer)
-    freeze_survivors()  # the worker is done: its exit (spawned, a teardown) skips torch's objects
+    freeze_survivors()
 
 
 def serve(
