@@ -9,9 +9,10 @@ garbage cycles of the run still have their finalizers run, then freezes what is 
 (``gc.freeze``), so that the collections at exit skip it.
 
 Three kinds of process call it, each once its work is done and its files are closed: the
-command line after its command (``hpccollect.app.cli.run``), a Multi collector's worker after
-its collector (a spawned one exits through Python's teardown; a forked one leaves through
-``os._exit``), and a submitit job's rank after it served. A user's own script is never
+command line after its command (``hpccollect.app.cli.run``), a Multi collector's worker at
+the exit that follows its collector (an ``atexit`` hook: a spawned one exits through Python's
+teardown; a forked one leaves through ``os._exit`` and skips both), and a submitit job's rank
+after it served. A user's own script is never
 frozen. What freezing gives up: an object still reachable when it is called, in a cycle that
 only the teardown of the modules breaks, no longer has its ``__del__`` run at exit, which
 Python does not promise for objects alive at exit in any case.

@@ -19,6 +19,7 @@ What the collector must offer: ``_shared_batch()`` (the batch buffers, made once
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
@@ -112,7 +113,9 @@ def worker_main(
     # decides when to stop and sends SHUTDOWN; if it is gone, recv() ends with EOF.
     ignore_stop_signals()
     serve(PipeChannel(conn), payload, weights, interruptor, env, buffer)
-    freeze_survivors()
+    # at exit: a spawned worker exits through Python's teardown, a forked one skips it
+    # (os._exit), and would pay the freeze's collection for nothing
+    atexit.register(freeze_survivors)
 
 
 def serve(
