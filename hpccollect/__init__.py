@@ -100,8 +100,14 @@ __getattr__, __dir__ = lazy_exports(
     },
 )
 
-# ``Collector(backend=...)`` builds the distributed layer's collectors too; registered here, by
-# name, so that neither layer imports the other and the distributed one loads on first use
+# what ``Collector(backend=...)`` builds, registered here by name: the collectors named import
+# the registry (the single-process one dispatches through it), and the distributed layer loads
+# on first use
+register_execution(
+    "process",
+    "hpccollect.collectors.multi:MultiCollector",
+    defaults_from="hpccollect.collectors.multi_base:MultiCollectorBase",
+)
 register_execution("distributed", "hpccollect.distributed:DistributedDataCollector")
 register_execution("submitit", "hpccollect.distributed:DistributedDataCollector")
 register_execution(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 import hpccollect
@@ -79,9 +80,40 @@ def _runtime_imports(path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+def _named_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of the package that ``path`` names as ``"module:attr"`` strings outside
+    docstrings (registrations, lazy tables, targets): imports made later, by name."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in docstrings or not isinstance(node, ast.Constant):
+            continue
+        if isinstance(node.value, str) and _NAMED.match(node.value):
+            name = node.value.partition(":")[0]
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+_NAMED = re.compile(r"^hpccollect(\.\w+)*:\w+$")
+
+
 def _graph() -> dict[str, set[str]]:
+    """Each module's imports: those it makes, and those it makes by name."""
     modules = _modules()
-    return {name: _runtime_imports(path, modules) - {name} for name, path in modules.items()}
+    return {
+        name: (_runtime_imports(path, modules) | _named_imports(path, modules)) - {name}
+        for name, path in modules.items()
+    }
 
 
 def _layer(module: str) -> int:
@@ -221,6 +253,22 @@ def test_the_checks_see_a_cycle_and_an_upward_import():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
     assert _layer("hpccollect.transport.base") < _layer("hpccollect.collectors.workers.pool")
     assert _registrations('register_x("a", "m.n:A", defaults_from="m.o:B")') == ["m.n", "m.o"]
+
+
+def test_an_import_by_name_counts_in_the_graph(tmp_path):
+    """A ``"module:attr"`` string is an edge of the import graph (two cycles hid there: the
+    execution registry with the collectors it named, and the gathered job's rank 0 with the
+    gatherer's collector); a docstring that names one is not."""
+    source = tmp_path / "a.py"
+    source.write_text(
+        '"""Names hpccollect.errors:ArgumentValueError."""\n'
+        'TARGET = "hpccollect.storage.merge:merge_shards"\n'
+        'register("x", "hpccollect.collectors.multi:MultiCollector")\n'
+    )
+    modules = _modules()
+    found = _named_imports(source, modules)
+    assert found == {"hpccollect.storage.merge", "hpccollect.collectors.multi"}
+    assert "hpccollect.collectors.torchrl_api.execution" in _graph()["hpccollect"]
 
 
 def test_the_transport_layer_knows_nothing_above_it():

@@ -57,7 +57,7 @@ from hpccollect.transport.base import Channel
 from hpccollect.transport.groups import RankGroups
 from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 
-__all__ = ["DistributedDataCollector", "DistributedSyncCollector"]
+__all__ = ["DistributedDataCollector", "DistributedSyncCollector", "GroupGatherer"]
 
 
 @with_args(**DISTRIBUTED)
@@ -261,7 +261,7 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
         self, index: int, create_env_fn: Any, policy: Any, kwargs: dict, threads: int
     ) -> WorkerSpec:
         if self._gathered is not None:
-            return self._gathered.spec(index, policy, kwargs, threads)
+            return self._gathered.spec(index, policy, kwargs, threads, GroupGatherer)
         k = self.num_workers_per_collector
         env = create_env_fn
         if k > 1 or issubclass(self.collector_class, MultiCollectorBase):
@@ -460,3 +460,46 @@ class DistributedSyncCollector(DistributedDataCollector):
 def _hand_to_launcher(launcher: Any, workers: list[int]) -> None:
     """Hand the workers a pool left running to ``launcher`` as ranks (worker i is rank i + 1)."""
     launcher.left_running([i + 1 for i in workers])
+
+
+class GroupGatherer(DistributedDataCollector):
+    """A gatherer rank's collector: ``DistributedDataCollector(sync=True)`` over the ranks of
+    its group (its launcher: the group's communicator, split by ``MPILauncher(gather=...)``),
+    each of whose rounds, stacked ``[ranks, T]``, it sends rank 0 as one batch. Weights, seeds,
+    resets and state from rank 0 reach its ranks through it. Rank 0 builds it on each gatherer
+    (``Gathered.spec``); a script never does.
+
+    Args:
+        create_env_fn: one env constructor per rank of the group.
+        policy: the policy, as rank 0 sent it.
+        frames_per_batch: the group's frames per round.
+        traj_id_offset: the first trajectory id of the group's share (from rank 0).
+        traj_id_stride: the step between the group's trajectory ids (from rank 0).
+        **kwargs: ``DistributedDataCollector``'s keywords, as rank 0 passes them on.
+    """
+
+    def __init__(
+        self,
+        create_env_fn: list,
+        policy: Any = None,
+        *,
+        frames_per_batch: int,
+        traj_id_offset: int = 0,
+        traj_id_stride: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        from hpccollect.launchers.mpi import MPILauncher
+        from hpccollect.launchers.mpi_gather import gatherer_group
+
+        self._traj_ids = {"traj_id_offset": traj_id_offset, "traj_id_stride": traj_id_stride}
+        super().__init__(
+            create_env_fn,
+            policy,
+            frames_per_batch=frames_per_batch,
+            sync=True,
+            launcher=MPILauncher(comm=gatherer_group()),
+            **kwargs,
+        )
+
+    def _base_kwargs(self) -> dict[str, Any]:
+        return self._traj_ids

@@ -1,5 +1,5 @@
 """Gathering among an MPI job's ranks, rank 0's side (the split itself is the launcher's,
-``hpccollect/launchers/mpi_gather.py``; a gatherer's collector is ``gatherer.py``'s).
+``hpccollect/launchers/mpi_gather.py``; a gatherer's collector is ``collector.py``'s ``GroupGatherer``).
 
 Rank 0's ``DistributedDataCollector`` collects from the gatherers as from any rank: ``Gathered``
 says what each is sent, and ``GatheredRows`` makes what it yields and stores laid out as without
@@ -51,10 +51,6 @@ _REFUSED = {
     "0's updates",
     "trajs_per_batch": "whole trajectories are cut on the ranks that collect them",
 }
-
-#: a gatherer's collector, imported on the gatherer (it is a ``DistributedDataCollector``,
-#: which imports this module)
-_GATHERER = "hpccollect.distributed.gatherer:GroupGatherer"
 
 #: a gatherer waits for its ranks' batches this much of rank 0's ``worker_timeout``, so that a
 #: rank that never delivers is named, not the gatherer waiting for it
@@ -141,9 +137,12 @@ class Gathered:
             )
         return firsts, kwargs, [size * per_rank for size in self.sizes]
 
-    def spec(self, index: int, policy: Any, kwargs: dict, threads: int) -> WorkerSpec:
-        """What gatherer ``index`` builds: a ``GroupGatherer`` over its group, with its share of
-        each round (``kwargs``: what rank 0 would send a rank)."""
+    def spec(
+        self, index: int, policy: Any, kwargs: dict, threads: int, gatherer: type
+    ) -> WorkerSpec:
+        """What gatherer ``index`` builds: a ``gatherer`` (the distributed collector's
+        ``GroupGatherer``) over its group, with its share of each round (``kwargs``: what rank
+        0 would send a rank)."""
         # the random frames each rank would take without gathering, for each of the group's
         irf = self._init_random_frames
         share = -(-irf // self.ranks) * self.sizes[index] if irf > 0 else irf
@@ -155,7 +154,7 @@ class Gathered:
             "policy_factory": kwargs.get("policy_factory"),
             "collector_kwargs": self._kwargs[index],
         }
-        return WorkerSpec(self._envs[index], policy, {**self._arguments, **own}, threads, _GATHERER)
+        return WorkerSpec(self._envs[index], policy, {**self._arguments, **own}, threads, gatherer)
 
     def in_rank_order(self, batch: TensorDictBase) -> TensorDictBase:
         """A sync round (its gatherers' rows one after the other) with its rows in rank order."""

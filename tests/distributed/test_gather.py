@@ -16,6 +16,7 @@ import torch
 from mpirun import assert_gone, job_pids
 from tensordict import TensorDict
 
+from hpccollect.distributed.collector import GroupGatherer
 from hpccollect.distributed.gathered import Gathered
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 from hpccollect.launchers.mpi_gather import check_gather, gather_groups
@@ -119,7 +120,8 @@ def test_ranks_not_in_blocks_get_their_own_envs_and_their_rows_come_back_in_rank
         ["env3", "env4", "env5", "env6"], [{"r": 3}, {"r": 4}, {"r": 5}, {"r": 6}], 64, True
     )
     assert fns == ["env3", "env4"] and kwargs == [{}, {}] and fpb == [32, 32]
-    spec = gathered.spec(1, None, {"frames_per_batch": 32}, 1)
+    spec = gathered.spec(1, None, {"frames_per_batch": 32}, 1, GroupGatherer)
+    assert spec.collector_class is GroupGatherer
     assert spec.create_env_fn == ["env4", "env6"]
     assert spec.kwargs["collector_kwargs"] == [{"r": 4}, {"r": 6}]
     assert spec.kwargs["init_random_frames"] == 6  # 3 a rank, as 10 over 4 ranks would be

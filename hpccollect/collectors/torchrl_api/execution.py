@@ -23,7 +23,8 @@ __all__ = ["ByExecution", "execution_names", "register_execution"]
 
 #: execution backend -> ("module:Class" it builds, "module:Class" whose constructor's defaults
 #: it has); each is imported on its first use, so a local collector never loads the
-#: distributed layer (whose backends ``hpccollect/__init__.py`` registers)
+#: distributed layer. ``hpccollect/__init__.py`` registers them all: the collectors they
+#: name import this module (the single-process collector is built by its metaclass)
 _EXECUTIONS: dict[str, tuple[str, str]] = {}
 _ALIASES = {"multiprocessing": "process"}  # TorchRL's long spelling, kept as an alias there
 _THEIRS = {"ray": "RayCollector"}
@@ -211,14 +212,6 @@ def execution_names() -> tuple[str, ...]:
 def _target(backend: str) -> tuple[type, Callable]:
     target, defaults = _executions()[backend]
     return load_target(target), load_target(defaults).__init__
-
-
-# the distributed layer's, which sits above this one, are registered by ``hpccollect`` itself
-register_execution(
-    "process",
-    "hpccollect.collectors.multi:MultiCollector",
-    defaults_from="hpccollect.collectors.multi_base:MultiCollectorBase",
-)
 
 
 def _drop_defaults_the_target_has_otherwise(cls: type, init: Callable, kwargs: dict) -> None:
