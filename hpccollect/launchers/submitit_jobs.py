@@ -127,13 +127,8 @@ class JobWatch:
         """Update ``jobs``' states; end those that are over."""
         slurm = [j for j in jobs if j.slurm]
         for job in jobs:
-            if not job.slurm:
-                code = job.job._process.poll() if job.job._process is not None else -1
-                if code is not None:
-                    job.end(
-                        f"(submitit local job {job.id}) ended with exit code {code} (log: "
-                        f"{job.log()})"
-                    )
+            if not job.slurm and job.job.done():  # the local controller's process ended
+                job.end(f"(submitit local job {job.id}) ended, {job.job.state} (log: {job.log()})")
         if not slurm:
             return
         try:
@@ -182,17 +177,26 @@ def cancel(job: WatchedJob, wait: float = 5.0) -> None:
             time.sleep(0.2)
         job.end(f"(submitit job {job.id}) was cancelled (log: {job.log()})")
         return
-    process = job.job._process
-    if process is not None and process.poll() is None:
-        for pid in _children(process.pid):
+    # a local job's id is its controller's pid; done() reaps the controller once it ended
+    if not job.job.done():
+        for pid in _children(int(job.id)):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        try:
-            process.wait(wait)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(wait)
+        if not _ends(job.job, wait):
+            with contextlib.suppress(OSError):
+                os.kill(int(job.id), signal.SIGKILL)
+            _ends(job.job, wait)
     job.end(f"(submitit local job {job.id}) was cancelled (log: {job.log()})")
+
+
+def _ends(job: Any, timeout: float) -> bool:
+    """Whether submitit local job ``job`` is done within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not job.done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _queue_state(job_id: str) -> str:

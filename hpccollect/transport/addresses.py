@@ -17,6 +17,7 @@ __all__ = [
     "free_port",
     "host_addresses",
     "interface_address",
+    "interface_with",
     "resolve_host",
 ]
 
@@ -44,6 +45,20 @@ def interface_address(name: str) -> str:
         f"interface={name!r} has no IPv4 address on {socket.gethostname()} ({why}); the "
         f"interfaces here are: {there}. Pass one of them, or master_addr= an address."
     )
+
+
+def interface_with(address: str) -> str | None:
+    """The name of this host's network interface whose IPv4 address is ``address``, or None
+    (any address of ``127.0.0.0/8`` is loopback's, ``"lo"``)."""
+    if address.startswith("127."):
+        address = "127.0.0.1"
+    for _, name in socket.if_nameindex():
+        try:
+            if interface_address(name) == address:
+                return name
+        except ArgumentValueError:
+            continue
+    return None
 
 
 def address_towards(peer: str) -> str:

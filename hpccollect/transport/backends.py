@@ -16,7 +16,7 @@ import datetime
 import importlib.util
 import ipaddress
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +125,8 @@ def _torch_has(name: str) -> Callable[[], bool]:
 #: torch's switch (read when gloo's device is made) that connects a pair of ranks at its first
 #: message instead of every rank to every other one as the group is made
 _LAZY = "TORCH_GLOO_LAZY_INIT"
+#: torch's switch that names the network interface gloo listens on
+_IFNAME = "GLOO_SOCKET_IFNAME"
 
 
 def _gloo(store: Any, rank: int, world_size: int, name: str) -> Any:
@@ -132,21 +134,31 @@ def _gloo(store: Any, rank: int, world_size: int, name: str) -> Any:
     rank then holds a connection to rank 0 (messages) and to its few neighbours in the
     broadcast's tree, not one to each of the job's ranks (64 x 64 at 64 ranks), and the group
     is made without waiting for all of those. ``TORCH_GLOO_LAZY_INIT=0`` in the environment
-    keeps torch's full mesh."""
+    keeps torch's full mesh. Gloo listens on the interface that reaches rank 0's store
+    (``_gloo_interface``). Both are torch's environment switches, read as the group is made:
+    set for that moment, where the caller's environment does not set them itself."""
     import torch.distributed as dist
 
-    chosen = os.environ.get(_LAZY)
-    os.environ[_LAZY] = chosen if chosen is not None else "1"  # before the device is made
-    try:
-        options = dist.ProcessGroupGloo._Options()
-        options._timeout = IDLE
-        options._devices = [_gloo_device(store)]
-        group = dist.ProcessGroupGloo(store, rank, world_size, options)
-    finally:
-        if chosen is None:
-            del os.environ[_LAZY]
+    settings = {_LAZY: "1"}
+    interface = _gloo_interface(store)
+    if interface is not None:
+        settings[_IFNAME] = interface
+    with _environment(settings):
+        group = dist.ProcessGroupGloo(store, rank, world_size, IDLE)
     _connect_pairs_in_use(group, rank, world_size, name, store.timeout)
     return group
+
+
+@contextlib.contextmanager
+def _environment(settings: dict[str, str]) -> Iterator[None]:
+    """Within the block, each of ``settings`` that the environment lacks is set."""
+    added = [key for key in settings if key not in os.environ]
+    os.environ.update({key: settings[key] for key in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def _connect_pairs_in_use(
@@ -172,22 +184,20 @@ def _connect_pairs_in_use(
         work.wait(timeout)
 
 
-def _gloo_device(store: Any) -> Any:
-    """Gloo's listening device: on the interface that reaches rank 0's store (loopback on one
-    node: nothing listens on other interfaces), so gloo never binds an address its peers cannot
-    reach (torch's default resolves the host name, which may give loopback);
-    ``GLOO_SOCKET_IFNAME`` chooses instead."""
-    import torch.distributed as dist
-
+def _gloo_interface(store: Any) -> str | None:
+    """The interface gloo should listen on: the one that reaches rank 0's store (loopback on
+    one node: nothing listens on other interfaces), so gloo never binds an address its peers
+    cannot reach (torch's default resolves the host name, which may give loopback). None:
+    torch's default (no store address, or none of this host's interfaces has the address)."""
     host = getattr(getattr(store, "underlying_store", store), "host", "")
-    if os.environ.get("GLOO_SOCKET_IFNAME") or not host:
-        return dist.ProcessGroupGloo.create_default_device()
+    if not host:
+        return None
+    from hpccollect.transport.addresses import address_towards, interface_with
+
     with contextlib.suppress(ValueError):
         if ipaddress.ip_address(host).is_loopback:
-            return dist.ProcessGroupGloo.create_device(hostname=host)
-    from hpccollect.transport.addresses import address_towards
-
-    return dist.ProcessGroupGloo.create_device(hostname=address_towards(host))
+            return interface_with(host)
+    return interface_with(address_towards(host))
 
 
 def _ucc(store: Any, rank: int, world_size: int, name: str) -> Any:

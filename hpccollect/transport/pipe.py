@@ -124,4 +124,8 @@ class PipeChannel(Channel):
 
 
 def _started(process: Any) -> bool:
-    return getattr(process, "_popen", None) is not None
+    """Whether ``process`` was started (its sentinel exists only then)."""
+    try:
+        return process.sentinel is not None
+    except ValueError:  # not started, or closed
+        return False
