@@ -57,6 +57,7 @@ from hpccollect import (
 )
 from hpccollect.protocol import Command, Layout, Reply, message
 from hpccollect.transport.batches import FlatLayout
+from hpccollect.transport.control import ControlListener, connect
 from hpccollect.transport.groups import RankGroups, open_store
 from hpccollect.transport.rank_channel import RankChannel
 
@@ -239,9 +240,11 @@ def _transport_sender(
     """Rank 1 of the transport part: sends every batch kind of ``plan``, then stops."""
     torch.set_num_threads(1)
     store = open_store(HOST, port, 2, False, timeout)
+    link = connect_link(store, 1, timeout)
     groups = RankGroups.open("gloo", store, 1, 2)
     init_default_group(store, 1, 2, timeout)
-    channel = groups.channel(0, send_timeout=timeout)
+    channel = groups.channel(0, link, send_timeout=timeout)
+    channel.start_reading()
     try:
         for kind, count in plan:
             _send_kind(channel, store, kind, count, (repeats, frames, timeout))
@@ -251,6 +254,16 @@ def _transport_sender(
         groups.close()
         channel.close()
         dist.destroy_process_group()
+
+
+#: where rank 0 of the transport part publishes its control listener's port and token
+CONTROL_KEY = "bench/control"
+
+
+def connect_link(store: Any, rank: int, timeout: float) -> Any:
+    """Rank ``rank``'s control connection to rank 0, whose port and token are in ``store``."""
+    port, token = store.get(CONTROL_KEY).decode().split()
+    return connect((HOST, int(port)), rank, bytes.fromhex(token), timeout, None)
 
 
 def expect(channel: RankChannel, kind: Any, timeout: float, peer: Any = None) -> Any:
@@ -314,14 +327,18 @@ def transport(args: argparse.Namespace) -> None:
     )
     sender.start()
     groups = channel = None
+    listener = ControlListener(HOST)
+    store.set(CONTROL_KEY, f"{listener.address[1]} {listener.token.hex()}")
     try:
+        link = listener.accept([1], args.timeout)[1]
         groups = RankGroups.open("gloo", store, 0, 2)
         init_default_group(store, 0, 2, args.timeout)
-        channel = groups.channel(1, send_timeout=args.timeout)
+        channel = groups.channel(1, link, send_timeout=args.timeout)
         results = {kind: _receive_kind(channel, store, kind, n, args, sender) for kind, n in plan}
         expect(channel, Command.SHUTDOWN, args.timeout, sender)
         channel.send(message(Command.SHUTDOWN, True))
     finally:
+        listener.close()
         join_all([sender], 30)
         if groups is not None:
             groups.close()

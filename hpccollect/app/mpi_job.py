@@ -50,7 +50,7 @@ from hpccollect.errors import ArgumentValueError, StorageError
 from hpccollect.launchers import get_launcher
 from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
 from hpccollect.storage import Sink, dataset_format, open_sink
-from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
+from hpccollect.transport.control import DEFAULT_LIVENESS_TIMEOUT
 from hpccollect.transport.mpi4py_group import mpi4py_comm
 from hpccollect.transport.mpi_job_end import abort_job
 from hpccollect.transport.rendezvous import launched_ranks

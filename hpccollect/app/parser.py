@@ -18,7 +18,7 @@ from hpccollect.app.config import (
 )
 from hpccollect.collectors.torchrl_api.kinds import collector_kinds
 from hpccollect.collectors.workers.cadence import DEFAULT_REPORT_INTERVAL
-from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
+from hpccollect.transport.control import DEFAULT_LIVENESS_TIMEOUT
 
 __all__ = ["COMMANDS", "EXIT_CODES", "UsageError", "build_parser"]
 

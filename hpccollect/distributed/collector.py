@@ -52,10 +52,10 @@ from hpccollect.distributed.weights import RankWeightsSender
 from hpccollect.errors import ArgumentValueError
 from hpccollect.launchers.rank import start_ranks
 from hpccollect.transport.at_exit import done_at_exit, shut_down_at_exit
-from hpccollect.transport.backends import check_backend
+from hpccollect.transport.backends import backend_named, check_backend, rank_device
 from hpccollect.transport.base import Channel
+from hpccollect.transport.control import DEFAULT_LIVENESS_TIMEOUT
 from hpccollect.transport.groups import RankGroups
-from hpccollect.transport.heartbeat import DEFAULT_LIVENESS_TIMEOUT
 
 __all__ = ["DistributedDataCollector", "DistributedSyncCollector", "GroupGatherer"]
 
@@ -212,7 +212,8 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
         )
         if gathered is not None:
             fns = self._gather_from(gathered, fns, arguments)
-        self._transport_device = "cpu"
+        # where batches and weights travel (a GPU for nccl: they never touch the host)
+        self._transport_device = rank_device(backend_named(self.backend).device, 0)
         self._lock = threading.RLock()  # the background thread of start() and the caller
         n = len(fns)
         self.policy_versions = [0] * n

@@ -29,8 +29,8 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
     sending its own weights copies nothing. ``source`` may also be a TensorDict of weights
     (``DistributedWeightUpdater``'s ``policy_weights``), copied into the buffer at each update.
 
-    Sending to every rank still collecting is one broadcast (each rank's receiving thread joins
-    it at once, into a buffer of its own); to some ranks, or once a rank is lost,
+    Sending to every rank still collecting is one broadcast, announced on each rank's link
+    (the rank's reading thread joins it at once, into a buffer of its own); to some ranks, or once a rank is lost,
     point-to-point sends. Returns when the weights are sent, without waiting for the ranks to
     load them: a rank loads every update it was sent before it starts the next batch (messages
     arrive in order), and an update that lands in its buffer while it still loads an earlier
@@ -104,6 +104,11 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
                 raise self.pool.death_error(i) from err
             self.pool.defer(i, Reply.ACK)
         if broadcast:
+            for i in ids:  # each rank's link announces it: its reading thread joins it
+                try:
+                    self.pool.channels[i].announce_broadcast(self.flat.numel())
+                except ConnectionError as err:
+                    raise self.pool.death_error(i) from err
             try:
                 self._see_through(self.groups.broadcast.broadcast(self.flat, 0), ids)
             except WorkerError:
@@ -122,8 +127,6 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
                     host=self.pool.channels[ids[0]].host,
                     rank=self.pool.channels[ids[0]].rank,
                 ) from err
-            for i in ids:
-                self.pool.channels[i].broadcast_sent()
         for i, work in zip([] if broadcast else ids, works, strict=True):
             try:
                 self.pool.channels[i].wait_sent(work)

@@ -1,9 +1,9 @@
 """A rank's whole start-up, both sides of it, however the ranks were started.
 
-Rank 0 (``start_ranks``): listen, have the launcher start the collector ranks, wait until each
-is about to join, and join the process groups with them; a rank that ends during any of it is
-reported at once, never after ``start_timeout``. A collector rank (``serve_rank``): join the
-job (its readiness under ``ready_key``), then serve rank 0's commands with the worker loop every
+Rank 0 (``start_ranks``): listen, have the launcher start the collector ranks, take each one's
+control connection, and join the process groups with them; a rank that ends during any of it
+is reported at once, never after ``start_timeout``. A collector rank (``serve_rank``): open its
+control connection, join the groups, then serve rank 0's commands with the worker loop every
 collector worker runs (``collectors/workers/worker.py``)."""
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from typing import Any
 from hpccollect._signals import ignore_stop_signals
 from hpccollect.collectors.workers.worker import serve
 from hpccollect.errors import CollectorTimeoutError, WorkerError
-from hpccollect.transport.backends import backend_named
+from hpccollect.transport.backends import backend_named, rank_device
+from hpccollect.transport.control import ControlListener, connect
 from hpccollect.transport.groups import RankGroups, open_store
 from hpccollect.transport.rank_channel import RankChannel
 
-__all__ = ["LOST_RANK0_STATUS", "RankArgs", "ready_key", "serve_rank", "start_ranks"]
+__all__ = ["LOST_RANK0_STATUS", "RankArgs", "serve_rank", "start_ranks"]
 
 _STUCK_EXIT = 3.0  # s a rank that lost rank 0 gives its own threads to end
 LOST_RANK0_STATUS = 3  # the exit status of a collector rank whose rank 0 was lost
@@ -46,11 +47,8 @@ class RankArgs:
     device: str = "cpu"  # where wire buffers live (cuda for nccl)
     send_timeout: float = 600.0
     liveness_timeout: float | None = None  # s rank 0 may stay silent before this rank ends
-
-
-def ready_key(rank: int) -> str:
-    """The store key a rank sets when it is about to join the process groups."""
-    return f"hpccollect/ready/{rank}"
+    control: tuple[str, int] = ("", 0)  # where rank 0 takes this rank's control connection
+    token: bytes = b""  # the job's token, which that connection starts with
 
 
 def serve_rank(
@@ -78,12 +76,18 @@ def serve_rank(
     ignore_stop_signals()
     if stop_on_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    link = connect(args.control, args.rank, args.token, args.start_timeout, args.liveness_timeout)
+    device = rank_device(args.device, args.rank)  # its GPU, current before its groups are made
     store = None
-    if args.host is not None:
-        store = open_store(args.host, args.port, args.world_size, False, args.start_timeout)
-        store.set(ready_key(args.rank), socket.gethostname())
-    groups = RankGroups.open(args.backend, store, args.rank, args.world_size, comm)
-    channel = groups.channel(0, device=args.device, send_timeout=args.send_timeout)
+    try:
+        if args.host is not None:
+            store = open_store(args.host, args.port, args.world_size, False, args.start_timeout)
+        groups = RankGroups.open(args.backend, store, args.rank, args.world_size, comm)
+    except BaseException:
+        link.close()
+        raise
+    channel = groups.channel(0, link, device=device, send_timeout=args.send_timeout)
+    channel.start_reading()
     channel.start_heartbeats(args.liveness_timeout)
     served = threading.Event()
     lost: list[str] = []
@@ -174,19 +178,26 @@ def start_ranks(
     """Start one collector rank per payload (a pickled ``WorkerSpec``) and join them; the
     job's groups and one ``RankChannel`` per rank, beating to its rank every few seconds when
     ``liveness_timeout`` is set (both ends then notice a silent peer within it). On failure
-    nothing started is left running."""
+    nothing started is left running.
+
+    Each rank first opens its control connection to rank 0 (``control.py``): a rank that ends
+    before or while the process groups are joined is seen by its connection's end (or its
+    process, where the launcher has one) and reported at once."""
     n = len(payloads)
-    # a backend that meets in the launcher's own world (MPI) needs no address and no store
+    address = launcher.address()
+    # a backend that meets in the launcher's own world (MPI) needs no store
     needs_store = backend_named(backend).needs_store or not launcher.mpi_world
-    address = launcher.address() if needs_store else None
-    store = open_store(address, port, n + 1, True, start_timeout) if address else None
+    listener = ControlListener(address)
+    store = None
     processes: list = []
+    links: dict[int, Any] = {}
     try:
+        store = open_store(address, port, n + 1, True, start_timeout) if needs_store else None
         ranks = [
             RankArgs(
                 rank=i + 1,
                 world_size=n + 1,
-                host=address,
+                host=address if store is not None else None,
                 port=store.port if store is not None else 0,
                 backend=backend,
                 payload=payload,
@@ -194,24 +205,43 @@ def start_ranks(
                 device=str(device),
                 send_timeout=send_timeout,
                 liveness_timeout=liveness_timeout,
+                control=listener.address,
+                token=listener.token,
             )
             for i, payload in enumerate(payloads)
         ]
         processes = launcher.start(ranks)
         named = getattr(launcher, "world_ranks", None)  # a gathered MPI job's ranks, as MPI's
-        if store is not None:
-            _await_ranks(store, processes, start_timeout, f"{address}:{store.port}", named)
+
+        def watch(waiting: set[int]) -> None:
+            _check_started(processes, [r - 1 for r in waiting])
+
+        def late(waiting: list[int]) -> CollectorTimeoutError:
+            return CollectorTimeoutError(
+                f"collector ranks {[named[r] if named else r for r in waiting]} did not join "
+                f"within start_timeout={start_timeout:g} s; pass a larger start_timeout if "
+                f"they start slowly, or check that they can reach "
+                f"{listener.address[0]}:{listener.address[1]}."
+            )
+
+        links = listener.accept(range(1, n + 1), start_timeout, liveness_timeout, watch, late)
         comm = getattr(launcher, "split_comm", None) if launcher.mpi_world else None
-        groups = _open_groups(backend, store, processes, start_timeout, comm)
+        groups = _open_groups(backend, store, processes, links, start_timeout, comm)
     except BaseException:
+        for link in links.values():
+            link.close()
         for process in processes:
             if process is not None:
                 process.kill()
                 process.close()
         launcher.close()
         raise
+    finally:
+        listener.close()
     channels = [
-        groups.channel(i + 1, process=process, device=device, send_timeout=send_timeout)
+        groups.channel(
+            i + 1, links[i + 1], process=process, device=device, send_timeout=send_timeout
+        )
         for i, process in enumerate(processes)
     ]
     for channel in channels if named else ():
@@ -221,38 +251,17 @@ def start_ranks(
     return groups, channels
 
 
-def _await_ranks(
+def _open_groups(
+    backend: str,
     store: Any,
     processes: Sequence[Any],
+    links: dict[int, Any],
     timeout: float,
-    address: str,
-    named: Sequence[int] | None = None,
-) -> None:
-    """Return once every rank is about to join. ``named``: each rank's number in the job's
-    own numbering (by its number here), where the two differ (a gathered MPI job)."""
-    deadline = time.monotonic() + timeout
-    waiting = set(range(len(processes)))
-    while waiting:
-        for i in sorted(waiting):
-            if store.check([ready_key(i + 1)]):
-                waiting.discard(i)
-        _check_started(processes, waiting)
-        if waiting and time.monotonic() > deadline:
-            late = sorted(named[r + 1] if named else r + 1 for r in waiting)
-            raise CollectorTimeoutError(
-                f"collector ranks {late} did not join within "
-                f"start_timeout={timeout:g} s; pass a larger start_timeout if they start "
-                f"slowly, or check that they can reach {address}."
-            )
-        if waiting:
-            time.sleep(0.02)
-
-
-def _open_groups(
-    backend: str, store: Any, processes: Sequence[Any], timeout: float, comm: Any = None
+    comm: Any = None,
 ) -> RankGroups:
     """Join the process groups in a thread, watching the ranks meanwhile (the joining thread
-    is abandoned when one ends: it cannot be interrupted)."""
+    is abandoned when one ends: it cannot be interrupted); a rank whose control connection
+    closed has ended."""
     result: dict[str, Any] = {}
 
     def join() -> None:
@@ -267,6 +276,16 @@ def _open_groups(
     while thread.is_alive():
         thread.join(0.05)
         _check_started(processes)
+        for rank, link in links.items():
+            if link.ended():
+                raise WorkerError(
+                    f"collector rank {rank} closed its connection while joining the job; its "
+                    "own output says why.",
+                    worker=rank - 1,
+                    host=getattr(processes[rank - 1], "host", "?") if processes else "?",
+                    num_workers=len(processes),
+                    rank=rank,
+                )
         if time.monotonic() > deadline:
             raise CollectorTimeoutError(
                 f"the collector ranks did not join the process groups within "

@@ -29,6 +29,7 @@ __all__ = [
     "backend_named",
     "backend_names",
     "check_backend",
+    "rank_device",
     "register_backend",
 ]
 
@@ -52,6 +53,8 @@ class Backend:
         unsupported: why hpccollect cannot use it even where it is available (None: it can).
         needs_store: whether its groups meet through rank 0's TCP store (False: the
             launcher's own world, an MPI job's).
+        device: where the tensors it moves live (``"cuda"`` for nccl: batches and weights
+            then never pass through the host).
     """
 
     name: str
@@ -60,6 +63,7 @@ class Backend:
     missing: str
     unsupported: str | None = None
     needs_store: bool = True
+    device: str = "cpu"
 
 
 _BACKENDS: dict[str, Backend | str] = {}  # a Backend, or "module:attr" naming one
@@ -125,6 +129,9 @@ def _torch_has(name: str) -> Callable[[], bool]:
 #: torch's switch (read when gloo's device is made) that connects a pair of ranks at its first
 #: message instead of every rank to every other one as the group is made
 _LAZY = "TORCH_GLOO_LAZY_INIT"
+#: the tag of the pairs' first exchange (``_connect_pairs_in_use``): the rank channels' own
+#: transfers use 0 and 1
+HELLO = 3
 #: torch's switch that names the network interface gloo listens on
 _IFNAME = "GLOO_SOCKET_IFNAME"
 
@@ -171,8 +178,6 @@ def _connect_pairs_in_use(
     full mesh gave them; pairs that never talk stay unconnected."""
     import torch
 
-    from hpccollect.transport.wire import HELLO
-
     token = torch.zeros(1, dtype=torch.uint8)
     if name == "broadcast":
         works = [group.broadcast([token])]
@@ -207,9 +212,22 @@ def _ucc(store: Any, rank: int, world_size: int, name: str) -> Any:
 
 
 def _nccl(store: Any, rank: int, world_size: int, name: str) -> Any:
+    """An NCCL group on this process's GPU (``rank_device``: one GPU per rank)."""
     import torch.distributed as dist
 
     return dist.ProcessGroupNCCL(store, rank, world_size)
+
+
+def rank_device(device: str, rank: int) -> str:
+    """The device rank ``rank`` moves tensors on: ``"cuda"`` becomes one GPU of its node's
+    own, ``cuda:(rank % GPUs)`` (NCCL refuses two ranks on one GPU), made the current one."""
+    if device != "cuda":
+        return device
+    import torch
+
+    chosen = f"cuda:{rank % max(1, torch.cuda.device_count())}"
+    torch.cuda.set_device(chosen)
+    return chosen
 
 
 def _mpi_available() -> bool:
@@ -245,12 +263,7 @@ register_backend(
         _torch_has("nccl"),
         _nccl,
         "install a CUDA build of torch on a machine with NVIDIA GPUs",
-        unsupported=(
-            "backend='nccl' is not supported by hpccollect's transport yet (its control "
-            "messages need receives larger than the send, which NCCL does not allow); use "
-            "backend='gloo': batches travel as CPU tensors, and each rank's policy and env may "
-            "still run on its GPU (policy_device, env_device)."
-        ),
+        device="cuda",
     )
 )
 register_backend(Backend("ucc", _torch_has("ucc"), _ucc, "build torch with UCC (USE_C10D_UCC=1)"))

@@ -7,14 +7,15 @@ which every registered backend offers, ``backends.py``).``pipe.py`` has the loca
 The pool (``collectors/workers/pool.py``) and the worker loop (``collectors/workers/worker.py``) use only these
 interfaces. Contract: ``send``/``recv`` raise ``ConnectionError`` when the peer is gone;
 ``handles()`` are objects that ``multiprocessing.connection.wait`` accepts and that become ready
-when a message arrives or the peer ends (a transport without such objects gives a pipe its
-receiving thread writes to).
+when a message arrives or the peer ends.
 """
 
 from __future__ import annotations
 
 import abc
 import datetime
+import math
+import select
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -23,13 +24,13 @@ import torch
 
 from hpccollect.protocol import Message
 from hpccollect.transport import wait_cut
-from hpccollect.transport.doorbell import ready
 
 __all__ = [
     "Channel",
     "PeerLife",
     "ProcessGroup",
     "Work",
+    "ready",
     "wait_ready",
 ]
 
@@ -102,17 +103,10 @@ class Channel(abc.ABC):
     """
 
     local: bool = False
-    #: rung when a message reaches its inbox from another thread (``doorbell.py``), or None
-    bell: Any = None
-    #: its messages are seen by ``poll`` only, not by waiting on ``handles()`` (which then
-    #: tell only the peer's end and wake-ups)
+    #: its messages may wait in an inbox of its own, read from its connection by ``poll`` or
+    #: by a thread: waiters look at ``pending()`` first (its ``handles`` tell only that
+    #: something came on the connection, or that the peer ended)
     polled: bool = False
-    #: what looks at this channel and the others that share it at once, or None: an object
-    #: with ``whole`` (every channel that shares it is seen by it), ``least`` (the fewest
-    #: channels worth waiting on through it) and ``wait(timeout, wanted)``, which returns the
-    #: channels ``wanted`` accepts that ``recv`` can return from, at a cost that does not grow
-    #: with the channels (``link_look.py``)
-    look: Any = None
     rank: int | None = None
     life: PeerLife
 
@@ -123,6 +117,11 @@ class Channel(abc.ABC):
     @abc.abstractmethod
     def poll(self, timeout: float) -> bool:
         """Whether ``recv()`` can return (a message, or the peer's end) within ``timeout`` s."""
+
+    def pending(self) -> bool:
+        """Whether ``recv()`` returns at once without a look at the connection (a
+        ``polled`` channel's inbox holds something)."""
+        return False
 
     @abc.abstractmethod
     def recv(self) -> Message:
@@ -180,46 +179,43 @@ class Channel(abc.ABC):
 def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
     """The channels of ``channels`` with something to receive within ``timeout`` s (maybe none).
 
-    Polled channels are looked at with ``poll(0)``. Where each has a ``bell`` (rung when a
-    message reaches its inbox; one bell may serve many channels), the wait sleeps on the bells
-    and the other channels' handles; otherwise it looks again after pauses of tens of us, up
-    to 1 ms (``wait_cut.paced``: the latency an idle wait adds)."""
-    owners: dict[int, Channel] = {}
-    bells: dict[int, Any] = {}
-    handles = []
-    spin = False
-    for channel in channels:
-        bell = getattr(channel, "bell", None)
-        if channel.polled and bell is None:
-            spin = True
-            continue
-        for handle in channel.handles():
-            if handle is bell:
-                if id(bell) not in bells:
-                    bells[id(bell)] = bell
-                    handles.append(bell)
-            else:
-                owners[id(handle)] = channel
-                handles.append(handle)
-    polled = [c for c in channels if c.polled]
-
-    def look(block: float) -> list[Channel]:
-        seen = {id(c): c for c in polled if c.poll(0)}
-        rang = False
-        for handle in ready(handles, 0.0 if seen else block) if handles else ():
-            if id(handle) in bells:
-                handle.clear()
-                rang = True
-            else:
-                seen[id(owners[id(handle)])] = owners[id(handle)]
-        if rang:
-            seen.update({id(c): c for c in polled if c.poll(0)})
-        return [c for c in channels if id(c) in seen]
-
-    if spin:
-        return wait_cut.paced(lambda: look(0.0), timeout)
+    A channel whose messages may wait in an inbox (``polled``) is ready at once when
+    ``pending()`` says so; otherwise every channel's handles (its connection, its peer's
+    process) are watched in one ``poll``, which a stop signal may cut short (``wait_cut``). A
+    channel whose connection woke is ready when ``poll(0)`` says so (a heartbeat alone is
+    taken and waited past); one whose peer's process ended is ready (``recv`` says how)."""
     deadline = time.monotonic() + timeout
     while True:
-        found = look(max(0.0, deadline - time.monotonic()))
+        found = [c for c in channels if c.polled and c.pending()]
+        if found:
+            return found
+        owners: dict[int, Channel] = {}
+        handles = []
+        for channel in channels:
+            for handle in channel.handles():
+                owners[id(handle)] = channel
+                handles.append(handle)
+        woke = ready(handles, max(0.0, deadline - time.monotonic()))
+        ended = {id(owners[id(h)]) for h in woke if h is owners[id(h)].life.sentinel}
+        seen = {id(owners[id(h)]) for h in woke}
+        found = [
+            c for c in channels if id(c) in seen and (not c.polled or id(c) in ended or c.poll(0))
+        ]
         if found or time.monotonic() >= deadline:
             return found
+
+
+def ready(handles: Sequence[Any], timeout: float | None) -> list[Any]:
+    """Those of ``handles`` (file descriptors, or objects with ``fileno()``: connections,
+    process sentinels, pipes) ready to read or closed, within ``timeout`` s (None: no limit).
+
+    What ``multiprocessing.connection.wait`` does on Linux, in one ``poll`` object; a stop
+    signal may cut the main thread's wait short (``wait_cut``)."""
+    poller = select.poll()
+    by_fd: dict[int, Any] = {}
+    for handle in handles:
+        fd = handle if isinstance(handle, int) else handle.fileno()
+        by_fd[fd] = handle
+        poller.register(fd, select.POLLIN)
+    ms = None if timeout is None else math.ceil(max(0.0, timeout) * 1e3)
+    return [by_fd[fd] for fd, _ in wait_cut.poll(poller, ms)]

@@ -1,5 +1,6 @@
-"""The process groups of a job: the rendezvous store, and the two groups a collector job uses
-(messages and batches; weight broadcasts), opened through the registered backend.
+"""The data plane of a job: the rendezvous store, and the two groups a collector job moves
+tensors on (batches and weights to some ranks; weight broadcasts), opened through the
+registered backend.
 
 The groups are private to the collector (not torch's default group), so a trainer that uses
 torch.distributed for itself is not disturbed, and several collectors can live one after another
@@ -20,11 +21,8 @@ import torch.distributed as dist
 
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.transport.backends import backend_named
-from hpccollect.transport.notices import KEY, NoticeBoard, Notifier
-from hpccollect.transport.polled import PolledRankChannel
+from hpccollect.transport.control import Link
 from hpccollect.transport.rank_channel import RankChannel
-from hpccollect.transport.receiver import Receiver
-from hpccollect.transport.waited import WaitedRankChannel
 
 __all__ = ["RankGroups", "open_store"]
 
@@ -69,29 +67,19 @@ def open_store(
 
 @dataclass
 class RankGroups:
-    """This process's place in a collector job: its rank, the store, and the process groups."""
+    """This process's place in a collector job's data plane: its rank, the store, and the
+    process groups batches and weights travel on (each transfer announced on the link's
+    control connection first, ``rank_channel.py``)."""
 
     rank: int
     world_size: int
     backend: str
     store: Any
-    messages: Any = None  # point-to-point: commands, replies, batches, weights to some ranks
+    messages: Any = None  # point-to-point: batches, weights to some ranks
     broadcast: Any = None  # weights to every rank at once
     _closed: bool = field(default=False, repr=False)
-    #: a collector rank's notice connection to rank 0 (``notices.py``), where rank 0 has one
-    notifier: Notifier | None = None
-    _receiver: Receiver | NoticeBoard | None = field(default=None, repr=False)
     _links: list[RankChannel] = field(default_factory=list, repr=False)
     _droppers: list[threading.Thread] = field(default_factory=list, repr=False)  # see _drop
-
-    @property
-    def receiver(self) -> Receiver | NoticeBoard:
-        """What receives for this process's links where the messages group cannot be polled:
-        rank 0's ``NoticeBoard`` (made as the groups open), else a ``Receiver`` (made with the
-        first such link)."""
-        if self._receiver is None:
-            self._receiver = Receiver()
-        return self._receiver
 
     @classmethod
     def open(
@@ -106,80 +94,48 @@ class RankGroups:
         for name in ("messages", "broadcast"):
             prefixed = None if store is None else dist.PrefixStore(f"hpccollect/{name}", store)
             setattr(groups, name, chosen.open_group(prefixed, rank, world_size, name, **mpi))
-        host = getattr(store, "host", None)
-        if not groups.polled and host:
-            groups._open_notices(host)
         return groups
 
-    def _open_notices(self, host: str) -> None:
-        """Set up the notices (``notices.py``): rank 0 listens and publishes its port in the
-        store, every other rank connects."""
-        timeout = self.store.timeout.total_seconds()
-        if self.rank == 0:
-            self._receiver = NoticeBoard(host)
-            self.store.set(KEY, str(self._receiver.port))
-        else:
-            self.notifier = Notifier(host, int(self.store.get(KEY)), self.rank, timeout)
-
     def channel(
-        self, peer: int, *, process: Any = None, device: Any = "cpu", send_timeout: float = 600.0
+        self,
+        peer: int,
+        link: Link,
+        *,
+        process: Any = None,
+        device: Any = "cpu",
+        send_timeout: float = 600.0,
     ) -> RankChannel:
-        """This process's end of the link with rank ``peer`` (see ``RankChannel`` for the
-        arguments): polled where the messages group can be polled (the mpi4py transport),
-        otherwise waited in (``waited.py``: rank 0 once a rank's notice came, a collector rank
-        from a thread)."""
-        kind = PolledRankChannel if self.polled else WaitedRankChannel
-        link = kind(self, peer, process=process, device=device, send_timeout=send_timeout)
-        self._links.append(link)
-        return link
-
-    @property
-    def polled(self) -> bool:
-        """Whether the groups' receives can be polled (the mpi4py transport), not only waited."""
-        return getattr(self.messages, "can_poll", False)
-
-    def stop_sent(self) -> None:
-        """On rank 0, once it has told every rank to stop (or lost it): no weights are
-        broadcast again, so the broadcast group is aborted now. That lets each rank's thread
-        waiting in the next broadcast go: over gloo, such a wait ends only from rank 0's side,
-        and a rank's own abort of the group waits for it (until rank 0 kills the rank, 10 s
-        into its shutdown). Groups that can be polled need none of it: there, rank 0's abort
-        waits for the ranks to close their end, which they do once they have stopped."""
-        if self.rank != 0 or self.broadcast is None or self.polled:
-            return  # polled groups (mpi4py): a rank ends its own waits, and rank 0 sees it end
-        if all(link.told_to_stop_or_lost() for link in self._links):
-            aborted, self.broadcast = [self.broadcast], None
-            _abort(aborted)
-            self._drop(aborted)
+        """This process's end of the link with rank ``peer`` over its control connection
+        ``link`` (see ``RankChannel`` for the arguments)."""
+        channel = RankChannel(
+            self, peer, link, process=process, device=device, send_timeout=send_timeout
+        )
+        self._links.append(channel)
+        return channel
 
     def _drop(self, aborted: list[Any]) -> None:
         """Release the ``aborted`` groups (the list's only holder is this call's caller) in a
         thread of their own, which ``close()`` waits for a moment: releasing a gloo group
-        joins gloo's threads, and never returns where one of them cannot end. A broadcast
-        cut short by a lost rank holds one until that rank has ended; a receive that was
-        posted and then dropped unwaited (a Ctrl-C that came between the post and the line
-        that keeps it) holds gloo's loop for good once its message comes, and the process
-        hung at its exit."""
+        joins gloo's threads, which a transfer cut short by a lost rank may hold until that
+        rank has ended."""
         dropper = threading.Thread(target=aborted.clear, name="hpccollect-drop", daemon=True)
         self._droppers.append(dropper)
         dropper.start()
 
     def close(self) -> None:
-        """Abort both groups (ends receives still pending on them), drop the links' posted
+        """Abort both groups (ends transfers still pending on them), drop the links' posted
         receives, and release the groups (``_drop``) and the store."""
         if self._closed:
             return
         self._closed = True
-        polled = self.polled
+        mpi = not backend_named(self.backend).needs_store
         groups = [group for group in (self.messages, self.broadcast) if group is not None]
-        # first, so that a receiving thread that takes one more message posts no new receive
         self.messages = self.broadcast = self.store = None
         _abort(groups)  # a loop here would keep the last group past _drop
-        if self._receiver is not None:
-            self._receiver.close()  # the posted receives go while their groups hold gloo's context
-        if self.notifier is not None:
-            self.notifier.close()
-        if polled:
+        for link in self._links:  # their receives posted for batches end with the groups
+            link.unexpect()
+        self._links.clear()
+        if mpi:
             groups.clear()  # mpi4py's: released here, in the thread that uses MPI
         else:
             self._drop(groups)

@@ -1,10 +1,9 @@
 """``backend="mpi"`` through mpi4py, for torch builds without an MPI backend (the PyPI wheels).
 
-It offers the part of a torch process group that ``RankChannel`` and the weight sender use
-(``send``, ``recv``, ``broadcast``, ``abort``; each returning a work to ``wait`` on), so the
-protocol, the batch buffers and the weight fan-out are the ones gloo uses: messages and
-batches are buffer-based ``Isend``/``Irecv`` of the wire buffers themselves (nothing pickled),
-weights an ``Ibcast``.
+It offers the part of a torch process group that the data plane uses (``send``, ``recv``,
+``broadcast``, ``abort``; each returning a work to ``wait`` on), so the batch buffers and the
+weight fan-out are the ones gloo uses: batches are buffer-based ``Isend``/``Irecv`` of the
+buffers themselves (nothing pickled), weights an ``Ibcast``.
 
 Waits never block inside MPI: MPICH's blocking calls spin a whole core while they wait, which a
 rank 0 sharing a node with its collector ranks would steal from them. An idle wait probes, then
@@ -28,7 +27,7 @@ from typing import Any
 
 import torch
 
-from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
+from hpccollect.errors import ArgumentValueError
 from hpccollect.transport.at_exit import when_transports_close
 from hpccollect.transport.mpi_job_end import end_job_at_exit, unlink_node_segment
 from hpccollect.transport.mpi_waits import IDLE_SLEEP, SPIN, Pace, wait_request
@@ -216,14 +215,16 @@ def _world_ranks(comm: Any) -> list[int]:
 
 
 class MPIGroup:
-    """A private duplicate of ``comm`` with the process-group calls the transport needs.
+    """A private duplicate of ``comm`` with the process-group calls the data plane needs
+    (``send``, ``recv``, ``broadcast``, ``abort``).
 
-    Unlike a torch group, its receives can be polled (``can_poll``: ``try_recv``, and
-    ``stopped`` for a peer that is gone), so a channel can receive on its caller's thread
-    instead of handing each message over from a receiving thread (that hand-over costs more
-    than a small batch's transfer)."""
+    Attributes:
+        progresses_alone: False: a message moves only while both ends are inside MPI (a
+            receive posted and left does not take it), so a transfer is announced first and
+            received as it comes (``RankChannel._send_batch``).
+    """
 
-    can_poll = True
+    progresses_alone = False
 
     def __init__(self, comm: Any, name: str, max_sleep: float = IDLE_SLEEP) -> None:
         self.comm = comm.Dup()
@@ -233,7 +234,7 @@ class MPIGroup:
         self.pace = Pace(max_sleep)
         self._closed: str | None = None
         self._gone: dict[int, str] = {}  # peers that said goodbye
-        self._lock = threading.Lock()  # one thread at a time looks for goodbyes
+        self._lock = threading.Lock()  # one thread at a time takes a goodbye
         self._notices: list[Any] = []
         #: one entry per call inside the group, of any thread (``list.append`` and ``pop`` are
         #: atomic: a counter with no lock, cheap enough for the hot path); ``quiesce`` waits
@@ -245,10 +246,6 @@ class MPIGroup:
         #: each member's rank in the MPI job, for messages (a gathered job's group numbers its
         #: members from 0)
         self.world_ranks = _world_ranks(self.comm)
-        from mpi4py import MPI
-
-        self._any, self._status = MPI.ANY_SOURCE, MPI.Status  # for probes from any peer
-        self._arrival = MPI.Status()  # ``arrived``'s (the collecting thread's)
         _GROUPS.add(self)
 
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
@@ -259,101 +256,6 @@ class MPIGroup:
     def recv(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> _Work:
         self._check_open(peer)
         return _Receive(self, self._buffer(tensors), peer, tag)
-
-    def wire(self, tensor: torch.Tensor) -> Any:
-        """The array through which MPI reads or writes ``tensor``'s memory in place, for
-        ``send_now`` and ``try_recv``. Unlike ``send``'s and ``recv``'s arrays it is not kept
-        here: an array holds its buffer, and a channel reuses a buffer only once nothing else
-        holds it (``Spares``).
-
-        Args:
-            tensor: a contiguous CPU tensor.
-
-        Returns:
-            The array; the caller keeps it while it uses the buffer (a channel makes it once
-            per buffer).
-        """
-        if not tensor.is_contiguous():
-            raise ValueError("the MPI transport moves contiguous tensors only")
-        return tensor.numpy()
-
-    def send_now(self, array: Any, peer: int, tag: int, timeout: float | None) -> None:
-        """``send(...).wait(timeout)`` of a ``wire`` array in one call, making no work object
-        when the send completes within a first spin (the sending half of the hot path)."""
-        calls = self.calls
-        calls.append(None)
-        try:
-            why = self._closed or self._gone.get(peer)
-            if why is not None:
-                raise RuntimeError(why)
-            request = self.comm.Isend(array, peer, tag)
-            if not request.Test() and not _spin(request, array):
-                _Send(self, array, peer, tag, request)._wait(timeout)
-        finally:
-            calls.pop()
-
-    def try_recv(
-        self, array: Any, peer: int, tag: int, spin: float = 0.0, timeout: float | None = None
-    ) -> bool:
-        """Receive the next message from ``peer`` into a ``wire`` array if it is here or
-        comes within ``spin`` s, seeing its transfer through (within ``timeout`` s once it has
-        begun); whether one came. A channel that polls calls this on every look, so the usual
-        case makes no work object. What a peer sent before its goodbye is still received."""
-        calls = self.calls
-        calls.append(None)
-        try:
-            if self._closed is not None:
-                raise RuntimeError(self._closed)
-            found = self.comm.Improbe(peer, tag)
-            if found is None:
-                gone = self._gone.get(peer)
-                if gone is not None:
-                    raise RuntimeError(gone)
-                if spin <= 0:
-                    return False
-                improbe, end = self.comm.Improbe, time.monotonic() + spin
-                while found is None and time.monotonic() < end:
-                    found = improbe(peer, tag)
-                if found is None:
-                    return False
-            request = found.Irecv(array)
-            if not request.Test() and not _spin(request, array):  # a long transfer
-                try:
-                    _Receive(self, array, peer, tag, request)._wait(timeout)
-                except CollectorTimeoutError as err:  # not the caller's look running out
-                    raise RuntimeError(f"a message stalled mid-transfer ({err})") from err
-        finally:
-            calls.pop()
-        return True
-
-    def arrived(self, tag: int) -> int | None:
-        """The peer whose message on ``tag`` a receive from any peer would take next, if one
-        is here (matching nothing: ``try_recv`` from that peer takes it). One probe finds which
-        of many peers sent something, as MPI's receive from any source does."""
-        calls = self.calls
-        calls.append(None)
-        try:
-            if self._closed is not None:
-                raise RuntimeError(self._closed)
-            if not self.comm.Iprobe(self._any, tag, self._arrival):
-                return None
-            return self._arrival.Get_source()
-        finally:
-            calls.pop()
-
-    def goodbyes(self) -> list[int]:
-        """Take every goodbye that is here, from any peer (one probe when there is none): every
-        peer that has said goodbye, whichever call took it (``stopped`` names each gone)."""
-        status = self._status()
-        with self._lock:
-            if self._closed is None:
-                with self.inside:
-                    while self.comm.Iprobe(self._any, _BYE, status):
-                        peer = status.Get_source()
-                        self.comm.Recv(bytearray(1), peer, _BYE)
-                        why = f"rank {self.world_ranks[peer]} closed its end of the connection"
-                        self._gone[peer] = why
-            return list(self._gone)
 
     def broadcast(self, tensor: torch.Tensor | Sequence[torch.Tensor], root: int) -> _Work:
         with self.inside:
@@ -431,17 +333,6 @@ class MPIGroup:
         why = self._closed or self._gone.get(peer)  # type: ignore[arg-type]
         if why is not None:
             raise RuntimeError(why)
-
-
-def _spin(request: Any, buffer: Any) -> bool:
-    """Go on testing ``request``, whose first test failed, without sleeping for as long as a
-    ``_Work`` would; whether it completed (the hot path's version of that wait, inline)."""
-    test, clock = request.Test, time.monotonic
-    end = clock() + SPIN + buffer.nbytes * _SPIN_PER_BYTE
-    while clock() < end:
-        if test():
-            return True
-    return False
 
 
 class _Inside:

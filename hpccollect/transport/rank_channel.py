@@ -1,55 +1,68 @@
-"""``RankChannel``: protocol messages between rank 0 and one collector rank over a
-torch.distributed process group, the same ``Channel`` the pool and the worker loop use for local
-processes. What travels, and how it is laid out, is ``wire.py``'s; how messages are waited for
-is a subclass's: ``WaitedRankChannel`` (``waited.py``, torch groups) or
-``PolledRankChannel`` (``polled.py``, the mpi4py transport). ``RankGroups.channel`` picks one.
+"""``RankChannel``: protocol messages between rank 0 and one collector rank (or a gatherer and
+one of its ranks), the same ``Channel`` the pool and the worker loop use for local processes.
 
-How batches cross the link is ``rank_batches.py``'s, weights ``rank_weights.py``'s, the
-heartbeats ``rank_liveness.py``'s.
-Every message rank 0 sends after a weight broadcast carries the broadcast count, so the rank
-hands the update over first. After a rank has announced its batches, other payloads travel in
-a message of their own, so a reply never lands in a batch buffer.
+Two planes:
+
+- the **control plane**, the link's own TCP connection (``control.py``): every message, framed,
+  with the kind, an integer value and the sender's weights version in the header and the rest
+  pickled; a dead peer is its connection's end, a hung one its missing heartbeats;
+- the **data plane**, the job's process groups (``groups.py``: torch.distributed's gloo, nccl
+  or ucc, or mpi4py): only tensors, each transfer announced on the control plane first with its
+  size, so every receive is posted knowing its message comes.
+
+A batch is the batch's flat buffer (``batches.FlatLayout``, agreed once in ``LAYOUT``) sent
+into the receive rank 0 keeps posted for it, in a buffer laid out the same, then a ``BATCH``
+frame that says it is there (a rank stopped mid-transfer never holds rank 0: its frame never
+comes, its heartbeats stop); weights are an ``UPDATE_WEIGHTS`` frame and a point-to-point
+send, or a ``BROADCAST`` frame on every link and one broadcast. Rank 0 reads its links in the thread that waits for them (no thread per rank); a
+collector rank reads its one link in a thread of its own, which also takes part in each weight
+broadcast as it is announced and queues one update for the collector's loop.
 """
 
 from __future__ import annotations
 
 import datetime
+import pickle
 import threading
+import time
 from collections import deque
+from dataclasses import dataclass
 from itertools import starmap
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
 
-from hpccollect.protocol import Command, Message, Reply
-from hpccollect.transport.base import Channel
+from hpccollect.protocol import Command, Layout, Message, Reply, message
+from hpccollect.transport.base import Channel, PeerLife
 from hpccollect.transport.batches import HEADER, FlatLayout, Slot, Spares
-from hpccollect.transport.doorbell import Doorbell
-from hpccollect.transport.heartbeat import Heartbeat
-from hpccollect.transport.rank_batches import RankBatches
-from hpccollect.transport.rank_life import RankLife
-from hpccollect.transport.rank_liveness import RankLiveness
-from hpccollect.transport.rank_weights import BROADCAST_UPDATE, RankWeights
-from hpccollect.transport.wire import (
-    BEATS,
-    CODE,
-    CONTROL,
-    KINDS,
-    MESSAGES,
-    decode,
-    encode,
-    first_line,
-    header,
-    put_beat,
-    put_header,
-)
+from hpccollect.transport.control import BEAT, BEATS, Frame, Link
 
-__all__ = ["BATCH", "BATCH_REPLY", "BEATS", "MESSAGES", "Closed", "RankChannel"]
+__all__ = ["BATCH", "BROADCAST", "Closed", "RankChannel", "first_line"]
 
-_SHUTDOWN_TIMEOUT = datetime.timedelta(seconds=5)  # SHUTDOWN is best effort: kill follows
-BATCH_REPLY = Reply.BATCH
-BATCH = CODE[BATCH_REPLY]
+KINDS: list[Command | Reply] = [*Command, *Reply]
+CODE = {kind: i for i, kind in enumerate(KINDS)}
+BATCH = CODE[Reply.BATCH]
+BROADCAST = len(KINDS)  # weights follow in the job's broadcast (not a protocol message)
+#: data-plane tags: batches, and weights sent point to point
+_BATCHES, _WEIGHTS = 0, 1
+#: bytes from which a batch keeps the buffer it arrived in rather than being copied out
+_KEEP_AT = 1 << 18
+_GRACE = 2.0  # s: a rank's connection is seen closed this soon after its process ended
+#: the message a collector rank's reading thread queues for a broadcast (its ACK is not sent)
+_BROADCAST_UPDATE = (Command.UPDATE_WEIGHTS, None)
+
+
+@dataclass(frozen=True)
+class _WireLayout:
+    """``LAYOUT`` as it travels: the batch's flat layout instead of the batch."""
+
+    batch: FlatLayout
+    host: str
+    pid: int
+    weights_nbytes: int
+    frames: int = 0
 
 
 class Closed:
@@ -59,334 +72,409 @@ class Closed:
         self.why = why
 
 
-class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
+class RankChannel(Channel):
     """One end of the link between rank 0 and collector rank ``peer`` (or rank 0 seen from a
-    collector rank): the protocol, whatever waits for the messages (a subclass).
+    collector rank).
 
     Args:
-        groups: this process's ``RankGroups``.
+        groups: this process's ``RankGroups`` (the data plane).
         peer: the other end's rank.
+        link: the link's control connection.
         process: on rank 0, what controls the peer's process when the launcher has one (its
             death, join and kill); None when the launcher cannot (ranks started by mpirun).
-        device: where wire buffers live (``cuda`` for nccl).
-        send_timeout: seconds a send may wait for the peer to take it.
+        device: where the data plane's buffers live (``cuda`` for nccl).
+        send_timeout: seconds a transfer may take once announced.
     """
+
+    polled = True  # messages may wait in the inbox: waiters look at ``poll(0)`` first
 
     def __init__(
         self,
         groups: Any,
         peer: int,
+        link: Link,
         *,
         process: Any = None,
         device: Any = "cpu",
         send_timeout: float = 600.0,
     ) -> None:
-        self.groups, self.peer = groups, peer
+        self.groups, self.peer, self.link = groups, peer, link
         self.rank = peer  # what errors call the peer (its number in the whole MPI job)
         self.device = torch.device(device)
         self.life = RankLife(self, process)
         self.local = False
         self.peer_weights_nbytes: int | None = None
-        self._send_timeout = datetime.timedelta(seconds=send_timeout)
-        self._send_seconds = send_timeout
-        self._in_layout: FlatLayout | None = None  # how the peer's batches are laid out
-        self._spares = Spares(self._made_for)  # the buffers batches landed in
-        self._use_recv_buf(
-            self._spares.slot(torch.empty(HEADER + CONTROL, dtype=torch.uint8, device=self.device))
-        )
-        self._batch_out: tuple[torch.Tensor, list, list] | None = None
-        self._placed: tuple | None = None
-        self._in_views: TensorDictBase | None = None  # the views batches arrive in
-        self._landed: Slot | None = None  # the buffer the last large batch came into
-        self._weights: torch.Tensor | None = None
+        self._timeout = send_timeout
         self._failure: str | None = None
-        self.broadcasts = 0  # weight broadcasts this side sent to the peer
-        self._broadcasts_in = 0  # ... and received from it
-        self._weights_arrived = threading.Condition()
-        self._broadcast_queued = False  # an UPDATE_WEIGHTS from a broadcast awaits the loop
-        self._silent_acks = 0  # acknowledgements of broadcast updates, not sent
-        # a collector rank's weight updates handed to its loop (the version its batches are
-        # collected with, sent in each batch's header); on rank 0, the last batch's
-        self._broadcasts_taken = self._updates_taken = 0
-        self.batch_version = 0
-        self._inbox: deque = deque()
-        self._posted: list[Any] = []  # receives posted from the peer, not yet seen complete
-        self._broadcaster: threading.Thread | None = None
-        #: rung when a thread other than the caller's puts a message in the inbox (a
-        #: subclass's receiving threads, the broadcast thread); None while none does
-        self.bell: Doorbell | None = None
         self._closed = False
-        self._beat: Heartbeat | None = None
-        self._lost = False  # the peer went silent (``lose``)
-        self._stopped_by_peer = False  # the peer sent SHUTDOWN
-        self._sent_shutdown = False  # ... and this side did
-        self._unsent: tuple[Any, torch.Tensor] | None = None  # a command's send (see _send_blob)
-        #: tells the peer that it took the head of a message this side sent, where the peer
-        #: learns of messages so (rank 0 over gloo: ``notices.py``); None elsewhere
-        self._tell: Any = None
-        # held while a message's parts are posted: a beat that answers the peer's travels with
-        # the messages, between two of them (``RankLiveness._send_beat``)
-        self._send_lock = threading.Lock()
-        self._beat_out = torch.zeros(HEADER, dtype=torch.uint8)
-        head_out = torch.zeros(HEADER, dtype=torch.uint8)
-        self._head_out = (head_out, header(head_out))
-        put_beat(self._beat_out)
+        self._inbox: deque = deque()
+        self._arrived = threading.Condition()  # a collector rank's reading thread fills the inbox
+        self._reader: threading.Thread | None = None
+        self._reading = threading.Lock()  # rank 0: the thread reading the link now
+        self._said_stop = self._told_stop = False  # SHUTDOWN sent by this side / by the peer
+        # batches: what this side sends from, and what the peer's arrive in
+        self._placed: tuple | None = None
+        self._batch_out: tuple[torch.Tensor, list, list] | None = None
+        self._in_layout: FlatLayout | None = None
+        self._in_views: TensorDictBase | None = None
+        self._spares = Spares(self._made_for)
+        self._in_slot: Slot | None = None
+        self._landed: Slot | None = None
+        self._posted: list[Any] = []  # the receive the peer's next batch lands in
+        # weights: rank 0 counts its broadcasts; a collector rank counts the updates its loop
+        # took (each batch says the version it was collected with), and folds broadcasts that
+        # come while one is queued into it (the loop loads the newest)
+        self._weights: torch.Tensor | None = None
+        self.broadcasts = 0
+        self._queued = False
+        self._silent_acks = 0
+        self._taken = 0
+        self.batch_version = 0
 
     # ------------------------------------------------------------------ sending
     def send(self, message_: Message) -> None:
         kind, payload = message_
         if self._failure is not None:
             raise ConnectionError(self._failure)
-        if kind is BATCH_REPLY:
-            flat, dst, src = self._batch_out
-            if dst:
-                torch._foreach_copy_(dst, src)
-            head = self._out_head
-            head[0] = BATCH
-            head[2] = payload
-            head[3] = self._broadcasts_taken + self._updates_taken
-            self._send_batch(flat)
+        if kind is Reply.BATCH:
+            self._send_batch(payload)
             return
         if kind is Reply.ACK and self._silent_acks:
             self._silent_acks -= 1  # a broadcast update's: rank 0 does not wait for it
             return
         if kind is Reply.LAYOUT:
             payload = self._announce(payload)
-        value, blob = encode(kind, payload)
-        try:
-            self._send_blob(kind, value, blob)
-        finally:
-            if kind is Command.SHUTDOWN:
-                self.groups.stop_sent()
-
-    def told_to_stop_or_lost(self) -> bool:
-        """Whether this side sent the peer ``SHUTDOWN``, or the link or the peer's process
-        failed: the peer takes no weight broadcast again."""
-        return self._sent_shutdown or self._failure is not None or self.life.death() is not None
-
-    def wait_sent(self, work: Any) -> None:
-        """Wait for a ``post_weights`` send, bounded like every send."""
-        self._wait(work)
-
-    def _send_blob(self, kind: Command | Reply, value: int, blob: bytes) -> None:
-        # once this side has announced its batches, the peer receives into the batch buffer: a
-        # payload then travels apart, so a reply never overwrites a batch not read yet
-        room = 0 if self._batch_out is not None else CONTROL
-        inline = min(len(blob), room)
-        timeout = None
         if kind is Command.SHUTDOWN:
-            timeout, self._sent_shutdown = _SHUTDOWN_TIMEOUT, True
-        self._settle(timeout)
-        alone = not blob and self._failure is None and self.device.type == "cpu"
-        if alone:  # a header alone (most commands): the channel's own buffer, free once settled
-            head, out = self._head_out
-            out[0], out[1], out[2], out[3], out[4] = CODE[kind], 0, value, self.broadcasts, 0
-            parts = [head]
-        else:
-            head = torch.empty(HEADER + inline, dtype=torch.uint8)
-            put_header(head, kind, len(blob), value, self.broadcasts, inline)
-            if inline:
-                head[HEADER:] = torch.frombuffer(bytearray(blob[:inline]), dtype=torch.uint8)
-            parts = [head.to(self.device)]
-        if len(blob) > inline:
-            rest = torch.frombuffer(bytearray(blob[inline:]), dtype=torch.uint8)
-            parts.append(rest.to(self.device))
-        with self._send_lock:
-            for part in parts[:-1]:
-                self._wait(self._post(part, MESSAGES), timeout)
-            if len(parts) > 1:
-                self._told()  # the peer took the head, and receives the rest once it looks
-            last = self._post_header() if alone else self._post(parts[-1], MESSAGES)
-        if isinstance(kind, Command) and kind is not Command.SHUTDOWN:
-            # rank 0 does not wait for a command to be taken: a gloo send completes only into
-            # a receive the peer posted, and a rank stopped just before posting it would hold
-            # this thread where no liveness check runs. Seen through before the next send;
-            # meanwhile rank 0 waits for the reply, and notices a silent rank there.
-            self._unsent = (last, parts[-1])
-        else:
-            self._wait(last, timeout)
-            if len(parts) == 1:
-                self._told()
+            self._said_stop = True
+        value, blob = _encode(kind, payload)
+        self._send_frame(Frame(CODE[kind], value, self._version(), 0, blob))
 
-    def _told(self) -> None:
-        """The peer took the head of a message from this side: tell it so, where it learns of
-        messages that way (``_tell``)."""
-        if self._tell is not None:
-            try:
-                self._tell()
-            except ConnectionError as err:
-                self._failure = self._failure or str(err)
-                raise ConnectionError(self._failure) from err
+    def _version(self) -> int:
+        return self._taken if self._weights is not None else self.broadcasts
 
-    def _settle(self, timeout: datetime.timedelta | None = None) -> None:
-        """See the last command sent through (``_send_blob``) before the next message goes."""
-        if self._unsent is not None:
-            work, self._unsent = self._unsent[0], None
-            self._wait(work, timeout)
-
-    def _post(self, tensor: torch.Tensor, tag: int) -> Any:
-        """Start sending ``tensor``; ``ConnectionError`` when the peer is gone."""
+    def _send_frame(self, frame: Frame) -> None:
         try:
-            return self._start_send(tensor, tag)
+            self.link.send(frame)
+        except ConnectionError as err:
+            self._failure = self._failure or str(err)
+            raise ConnectionError(self._failure) from err
+
+    def _send_batch(self, value: int) -> None:
+        """Where the data plane moves a posted receive on its own (torch's groups), the batch
+        goes into the receive rank 0 keeps posted for it, and only then is it announced: rank
+        0 never waits for a batch whose sender stopped mid-way (a torch group's wait that
+        times out closes the group). Over MPI, which moves a message only while both ends are
+        inside MPI, it is announced first and rank 0 receives it then (a bounded wait there
+        costs nothing)."""
+        flat, dst, src = self._batch_out
+        if dst:
+            torch._foreach_copy_(dst, src)
+        frame = Frame(BATCH, value, self._taken, flat.numel())
+        if self._announce_first():
+            self._send_frame(frame)
+        self._transfer(self._data().send([flat], self.peer, _BATCHES), "its batch")
+        if not self._announce_first():
+            self._send_frame(frame)
+
+    def _announce_first(self) -> bool:
+        """Whether a batch is announced before it is sent (see ``_send_batch``)."""
+        return not getattr(self.groups.messages, "progresses_alone", True)
+
+    def post_weights(self, flat: torch.Tensor) -> Any:
+        """Send ``UPDATE_WEIGHTS`` with ``flat`` following point to point (the work to wait
+        for, with ``wait_sent``)."""
+        self._send_frame(Frame(CODE[Command.UPDATE_WEIGHTS], 0, self.broadcasts, flat.numel()))
+        try:
+            return self._data().send([flat], self.peer, _WEIGHTS)
         except RuntimeError as err:
             self._failure = self._failure or f"closed the connection ({first_line(err)})"
             raise ConnectionError(self._failure) from err
 
-    def _post_header(self) -> Any:
-        """Start sending the channel's own header buffer, filled in for a message that is a
-        header alone (most commands): its work."""
-        return self._post(self._head_out[0], MESSAGES)
+    def wait_sent(self, work: Any) -> None:
+        """Wait for a ``post_weights`` send, bounded like every transfer."""
+        self._transfer(work, "the weights")
 
-    def _start_send(self, tensor: torch.Tensor, tag: int) -> Any:
-        """The group's send of ``tensor`` to the peer (its work)."""
-        return self._group().send([tensor], self.peer, tag)
+    def announce_broadcast(self, nbytes: int) -> None:
+        """Tell the peer that weights of ``nbytes`` follow in the job's broadcast (before the
+        broadcast itself); ``ConnectionError`` when the peer is gone."""
+        self.broadcasts += 1
+        self._send_frame(Frame(BROADCAST, 0, self.broadcasts, nbytes))
 
-    def _send_batch(self, flat: torch.Tensor) -> None:
-        """Send the batch buffer, header filled in, and see it through."""
-        with self._send_lock:
-            work = self._post(flat, MESSAGES)
-        self._wait(work)
-        self._told()
+    def told_to_stop_or_lost(self) -> bool:
+        """Whether this side sent the peer ``SHUTDOWN``, or the link or the peer's process
+        failed."""
+        return self._said_stop or self._failure is not None or self.life.death() is not None
 
-    def _wait(
-        self,
-        work: Any,
-        timeout: datetime.timedelta | None = None,
-        why: str = "stopped taking messages",
-    ) -> None:
+    def _transfer(self, work: Any, what: str) -> None:
+        """Wait for a data-plane transfer announced on the control plane, bounded."""
         try:
-            work.wait(timeout or self._send_timeout)
+            work.wait(datetime.timedelta(seconds=self._timeout))
         except Exception as err:
-            self._failure = self._failure or f"{why} ({first_line(err)})"
+            self._failure = self._failure or f"did not complete {what} ({first_line(err)})"
             raise ConnectionError(self._failure) from err
 
-    def _post_receive(self, buffer: torch.Tensor, tag: int) -> None:
-        """Post the receive of the peer's next message on ``tag`` into ``buffer``, kept in
-        ``_posted`` until it is seen complete.
-
-        The post and its keeping are C calls alone (``list.extend`` over ``starmap``), with no
-        Python line between them: Python raises a ``KeyboardInterrupt`` (Ctrl-C) where a C
-        call returns to Python code, and one raised after the post, before the receive was
-        kept, dropped a posted gloo receive. Its message then stayed in gloo's socket for
-        good, and releasing the groups never returned (``RankGroups.close``). A receive kept
-        here is dropped only by ``unexpect``, while the groups still hold gloo's context."""
-        group = self._group()
-        self._posted.extend(starmap(group.recv, (([buffer], self.peer, tag),)))
-
-    def unexpect(self) -> None:
-        """Drop the receives posted from the peer (the groups are aborted, and still open)."""
-        self._posted.clear()
-
-    def _await_rest(self, buffer: torch.Tensor, tag: int = MESSAGES) -> None:
-        """Receive into ``buffer`` the rest of a message whose header came, bounded like a
-        send: a peer stopped mid-message (SIGSTOP, a lost node) fails this link, named,
-        instead of holding this side (rank 0's collecting thread, over mpi4py) for good."""
-        self._post_receive(buffer, tag)
-        self._wait(self._posted[-1], why="stopped mid-message")
-        self._posted.pop()
-
-    def _group(self) -> Any:
+    def _data(self) -> Any:
         group = self.groups.messages
         if group is None:
             raise ConnectionError("the channel is closed")
         return group
 
     # ------------------------------------------------------------------ receiving
-    def _hand_over(self, item: Any, ring: bool = True) -> None:
-        """Put ``item`` in the inbox, the one way in, and ring the bell unless ``ring`` is
-        False (the thread that waits on it put it there)."""
-        self._inbox.append(item)
-        bell = self.bell
-        if ring and bell is not None:
-            bell.ring()
-
-    def _read_message(self) -> Message:
-        """The message whose header was just received into ``_recv_buf``, with the rest of its
-        payload (and the weights it announces) received from the peer."""
-        code, length, value, broadcasts, inline = self._in_head.tolist()
-        if code == BATCH:  # from a collector rank: the weights version it was collected with
-            self.batch_version = broadcasts
-            self._batch_landed()
-            return BATCH_REPLY, value
-        if broadcasts > self._broadcasts_in:  # sent after a weight broadcast: hand that over first
-            with self._waiting(), self._weights_arrived:
-                if not self._weights_arrived.wait_for(
-                    lambda: self._broadcasts_in >= broadcasts, self._send_timeout.total_seconds()
-                ):
-                    raise ConnectionError("a weight broadcast announced by rank 0 never came")
-        kind = KINDS[code]
-        if kind is Command.SHUTDOWN:
-            self._stopped_by_peer = True
-            if self._beat is not None:
-                self._peer_done(self._beat)
-        blob = self._recv_buf[HEADER : HEADER + inline].cpu().numpy().tobytes()
-        if length > len(blob):
-            rest = torch.empty(length - len(blob), dtype=torch.uint8, device=self.device)
-            self._await_rest(rest)
-            blob += rest.cpu().numpy().tobytes()
-        if kind is Command.UPDATE_WEIGHTS:
-            self._receive_weights()
-            return kind, None
-        payload = decode(kind, value, blob)
-        if kind is Reply.LAYOUT:
-            payload = self._adopt(payload)
-        return kind, payload
+    def poll(self, timeout: float) -> bool:
+        if self._inbox:
+            return True
+        if self._reader is not None:  # a collector rank: its reading thread fills the inbox
+            with self._arrived:
+                return self._arrived.wait_for(lambda: bool(self._inbox), max(0.0, timeout))
+        self._take_in(timeout)
+        return bool(self._inbox)
 
     def recv(self) -> Message:
         inbox = self._inbox
         while not inbox:
             if self._closed:
                 raise ConnectionError("the channel is closed")
-            self._await(1.0)
-        if self._broadcaster is None:  # no broadcast updates (rank 0's end)
+            if not self.poll(1.0) and self._reader is None and self.life.death() is not None:
+                self._take_in(_GRACE)  # the process ended: its connection's end comes next
+                if not inbox:
+                    raise ConnectionError(self.life.death() or "the rank ended")
+        with self._arrived:
             item = inbox.popleft()
-        else:
-            with self._weights_arrived:  # taking a broadcast update and its flag is one step
-                item = inbox.popleft()
-                if item is BROADCAST_UPDATE:
-                    self._broadcast_queued = False
-                    self._silent_acks += 1
-                    self._broadcasts_taken = self._broadcasts_in  # it loads the newest weights
-                elif item.__class__ is not Closed and item[0] is Command.UPDATE_WEIGHTS:
-                    self._updates_taken += 1
+            if item is _BROADCAST_UPDATE:
+                self._queued = False
+                self._silent_acks += 1
+                self._taken += 1
+            elif item.__class__ is not Closed and item[0] is Command.UPDATE_WEIGHTS:
+                self._taken += 1
         if item.__class__ is Closed:
             inbox.appendleft(item)  # every later recv fails the same way
             raise ConnectionError(item.why)
         return item
 
-    def _await(self, timeout: float) -> None:
-        """Wait up to ``timeout`` s for a message to reach the inbox; ``ConnectionError`` when
-        the peer's process ended with none."""
-        raise NotImplementedError
+    def pending(self) -> bool:
+        """Whether ``recv`` returns at once."""
+        return bool(self._inbox)
 
-    def _closed_by(self, err: BaseException) -> str:
-        """The peer is gone or the groups were closed: every later receive fails alike."""
-        self.link_closed(f"closed the connection ({first_line(err)})")
-        return "took"
+    def _take_in(self, timeout: float = 0.0) -> None:
+        """Rank 0: read every frame that came (waiting up to ``timeout`` s for the first), into
+        the inbox; a batch's or the weights' data is received as its frame is read."""
+        link = self.link
+        with self._reading:  # one thread reads the link at a time
+            if self._closed or self._failure is not None:
+                return
+            wait = timeout
+            while link.ready(wait):
+                wait = 0.0
+                if not self._one_frame():
+                    return
+
+    def _one_frame(self) -> bool:
+        """Read one frame and act on it; False once nothing more comes on the link."""
+        try:
+            frame = self.link.take()
+            item = self._read(frame)
+        except Exception as err:  # the peer is gone, or the groups were closed
+            self.link_closed(f"closed the connection ({first_line(err)})")
+            return False
+        if item is not None:
+            with self._arrived:
+                self._inbox.append(item)
+                self._arrived.notify_all()
+        return not (item is not None and item[0] is Command.SHUTDOWN)
+
+    def _read(self, frame: Frame) -> Any:
+        """The inbox item ``frame`` makes (None: none), its data received."""
+        kind = frame.kind
+        if kind == BEAT:
+            return None
+        if kind == BATCH:  # in the buffer already, or received now (``_send_batch``)
+            self.batch_version = frame.version
+            if not self._posted:
+                self._posted.append(self._data().recv([self._in_slot.buffer], self.peer, _BATCHES))
+            self._transfer(self._posted[0], "a batch")
+            self._batch_landed()
+            self._post_batch_receive()
+            return Reply.BATCH, frame.value
+        if kind == BROADCAST:
+            self._transfer(self.groups.broadcast.broadcast(self._weights, 0), "a broadcast")
+            with self._arrived:
+                if self._queued:
+                    return None  # the queued update loads these newest weights
+                self._queued = True
+            return _BROADCAST_UPDATE
+        what = KINDS[kind]
+        if what is Command.UPDATE_WEIGHTS:
+            if self._weights is None:
+                raise RuntimeError("weights arrived for a policy without parameters")
+            self._transfer(self._data().recv([self._weights], self.peer, _WEIGHTS), "weights")
+            return what, None
+        if what is Command.SHUTDOWN:
+            self._told_stop = True
+        payload = _decode(what, frame.value, frame.payload)
+        if what is Reply.LAYOUT:
+            payload = self._adopt(payload)
+        return what, payload
+
+    def unexpect(self) -> None:
+        """Drop the receive posted for the peer's next batch (its groups were aborted: it
+        holds them, and their store's port, while it is kept)."""
+        self._posted.clear()
+
+    def start_reading(self) -> None:
+        """A collector rank: read the link in a thread of its own from now on (it takes part
+        in each weight broadcast as it is announced, while the collector collects)."""
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"hpccollect-rank{self.peer}-link", daemon=True
+        )
+        self._reader.start()
+
+    def _read_loop(self) -> None:
+        while not self._closed and self._one_frame():
+            pass
 
     def link_closed(self, why: str) -> None:
-        """Nothing more can arrive from the peer (its connection closed, or the groups were
-        aborted): every later receive fails with ``why``."""
+        """Nothing more can arrive from the peer: every later receive fails with ``why``."""
         self._failure = self._failure or why
-        self._hand_over(Closed(self._failure))
+        with self._arrived:
+            self._inbox.append(Closed(self._failure))
+            self._arrived.notify_all()
 
     def lose(self, why: str) -> None:
         """Count the peer as gone for ``why`` (it went silent): every later receive and send
         fails with it, and a receive waiting now wakes to fail."""
-        self._failure = self._failure or why
-        self._lost = True
-        self._hand_over(Closed(self._failure))
+        self.link_closed(why)
 
     def handles(self) -> list[Any]:
-        handles: list[Any] = [] if self.bell is None else [self.bell]
+        handles: list[Any] = [self.link]
         if self.life.sentinel is not None:
             handles.append(self.life.sentinel)
         return handles
 
+    # ------------------------------------------------------------------ batches
+    def batch_buffers(self, batch: TensorDictBase) -> TensorDictBase:
+        """Buffers laid out like ``batch`` in the memory batches leave from: the collector
+        writes there and a batch is sent as it lies."""
+        layout = FlatLayout.of(batch)
+        flat, views = layout.allocate(self.device)
+        self._placed = (layout, flat, views)
+        return views
+
+    def _announce(self, layout: Layout) -> _WireLayout:
+        """Set up the buffer batches leave from: the placed one, or a copy of ``layout.batch``."""
+        if self._placed is not None and layout.batch is self._placed[2]:
+            flat_layout, flat, _ = self._placed
+            self._batch_out = (flat, [], [])
+        else:
+            flat_layout = FlatLayout.of(layout.batch)
+            flat, views = flat_layout.allocate(self.device)
+            self._batch_out = (flat, flat_layout.leaves(views), flat_layout.leaves(layout.batch))
+        weights = 0 if self._weights is None else self._weights.numel()
+        return _WireLayout(flat_layout, layout.host, layout.pid, weights, layout.frames)
+
+    def _adopt(self, wire: _WireLayout) -> Layout:
+        """The peer's batches arrive in a buffer laid out as it announced; the views into that
+        buffer are the batch the collector reads."""
+        self._in_layout = wire.batch
+        self.peer_weights_nbytes = wire.weights_nbytes
+        self.life.host, self.life.pid = wire.host, wire.pid
+        self._in_slot = self._spares.slot(
+            torch.zeros(max(wire.batch.nbytes, HEADER), dtype=torch.uint8, device=self.device)
+        )
+        batch = wire.batch.views(self._in_slot.buffer)  # holds it for good: never a spare
+        self._in_views = batch
+        self._post_batch_receive()
+        return Layout(batch, wire.host, wire.pid, frames=wire.frames)
+
+    def _post_batch_receive(self) -> None:
+        """Keep a receive posted for the peer's next batch (one is in flight at most): it
+        lands as it is sent, and its frame follows. The receive is kept until the groups are
+        aborted (``RankGroups.close``): a gloo receive dropped while pending holds gloo's loop
+        for good once its message comes. So the post and its keeping are C calls alone
+        (``list.extend`` over ``starmap``): Python raises a Ctrl-C's ``KeyboardInterrupt``
+        where a C call returns to Python code, never between the two."""
+        group = self._data()
+        self._posted.clear()
+        if not self._announce_first():
+            self._posted.extend(
+                starmap(group.recv, (([self._in_slot.buffer], self.peer, _BATCHES),))
+            )
+
+    def _made_for(self, flat: torch.Tensor) -> tuple:
+        """Each leaf's view into ``flat`` (made once per buffer)."""
+        layout = self._in_layout
+        return (layout, None if layout is None else layout.leaf_views(flat))
+
+    def _batch_landed(self) -> None:
+        """A large batch keeps the buffer it came into (``latest``, ``own``), and the next one
+        comes into another: the caller keeps the batch without a copy (the peer sends its next
+        batch only when asked: one in flight per link). A small one is copied by ``own``."""
+        if self._in_slot.buffer.numel() >= _KEEP_AT:
+            self._landed = self._in_slot
+            self._in_slot = self._spares.next_after(self._in_slot)
+
+    def latest(self, batch: TensorDictBase) -> TensorDictBase:
+        """The batch that arrived last, laid out as ``batch`` (the announced layout)."""
+        if self._landed is None or batch is not self._in_views:
+            return batch
+        return self._in_layout.alias(self._leaves(self._landed))
+
+    def own(self, batch: TensorDictBase) -> TensorDictBase:
+        """The batch that arrived last, the caller's to keep: no later message lands in it."""
+        if self._in_views is None or batch is not self._in_views:
+            return batch.clone()
+        if self._landed is None:
+            return self._in_layout.own(self._leaves(self._in_slot))
+        return self._in_layout.own(self._leaves(self._landed), copy=False)
+
+    def _leaves(self, slot: Slot) -> tuple[torch.Tensor, ...]:
+        layout, leaves = slot.made
+        if layout is self._in_layout and leaves is not None:
+            return leaves
+        return self._in_layout.leaf_views(slot.buffer)
+
+    # ------------------------------------------------------------------ weights
+    def weights_buffer(self, policy: Any) -> TensorDictBase | None:
+        """The buffer ``UPDATE_WEIGHTS`` loads on a collector rank: views into one flat buffer
+        that the weights arrive in (laid out as ``DistributedDataCollector`` lays out its own)."""
+        if not isinstance(policy, nn.Module):
+            return None
+        weights = TensorDict.from_module(policy).data
+        if weights.is_empty():
+            return None
+        layout = FlatLayout.of(weights, "policy weight")
+        self._weights, views = layout.allocate(self.device)
+        return views
+
     # ------------------------------------------------------------------ the peer's life
+    def start_heartbeats(self, timeout: float | None) -> None:
+        """Beat to the peer (its link's liveness timeout was set with it) and watch its beats:
+        ``silence`` then tells a peer silent past it."""
+        BEATS.add(self.link)
+
+    def silence(self) -> str | None:
+        if self._told_stop:
+            return None
+        if self._reader is None:
+            self._take_in()  # the beats that came while no one looked
+        return self.link.silence()
+
+    def lost_peer(self) -> str | None:
+        """Why the link failed before the peer said stop (it went silent, its connection
+        broke), or None."""
+        return None if self._told_stop else self._failure
+
     def join_peer(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for the peer's end, seen through the connection."""
-        raise NotImplementedError
+        """Wait up to ``timeout`` s for the peer's end, seen through its connection."""
+        deadline = time.monotonic() + timeout
+        while self._failure is None and not self._closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._reader is None:
+                self._take_in(min(left, 0.1))
+            else:
+                time.sleep(min(left, 0.05))
+        return True
 
     def gone(self) -> str | None:
         """How the connection ended, once nothing more can arrive on it; None while open."""
@@ -398,23 +486,73 @@ class RankChannel(RankBatches, RankLiveness, RankWeights, Channel):
         return f"collector rank {self.rank} ({pid}{self.host}{', ' + where if where else ''})"
 
     def join_threads(self, timeout: float) -> None:
-        """Stop the heartbeats and wait up to ``timeout`` s for the thread that broadcasts
-        weights, once the groups are closed (a thread still inside MPI when the process
-        finalises it would fail there)."""
-        if self._beat is not None:
-            self._beat.stop()
-        if self._broadcaster is not None:
-            self._broadcaster.join(max(0.0, timeout))
+        """Wait up to ``timeout`` s for the reading thread (it ends with the link)."""
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(max(0.0, timeout))
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._unsent = None  # the groups' end fails it, if it never went
-        if self._beat is not None:
-            self._beat.release(0.0 if self._lost else 0.5)
-        self._closing()
+        self.link.close()
         self.life.close()
 
-    def _closing(self) -> None:
-        """Release what a subclass holds for this link (called once, by ``close``)."""
+
+class RankLife(PeerLife):
+    """A collector rank's life as rank 0 sees it: what the launcher's process tells (when it
+    has one), else the connection (a rank that closed it is gone)."""
+
+    def __init__(self, channel: RankChannel, process: PeerLife | None) -> None:
+        self._channel, self._process = channel, process
+        self.host = getattr(process, "host", "") or "?"
+        self.pid = getattr(process, "pid", None)
+        self.sentinel = getattr(process, "sentinel", None)
+        self.where = getattr(process, "where", "")
+        self.can_end = process is not None and process.can_end
+
+    def death(self, wait: float = 0.0) -> str | None:
+        if self._process is not None:
+            how = self._process.death(wait)
+            if how is not None:
+                return how
+        return self._channel.gone()
+
+    def join(self, timeout: float) -> bool:
+        if self._process is not None:
+            return self._process.join(timeout)
+        return self._channel.join_peer(timeout)
+
+    def kill(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.close()
+
+
+def _encode(kind: Command | Reply, payload: Any) -> tuple[int, bytes]:
+    """The frame's int value and the pickled payload (empty for None, ints and bools)."""
+    if payload is None:
+        return 0, b""
+    if isinstance(payload, int) and kind.payload in (int, bool):
+        return int(payload), b""
+    return 0, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _decode(kind: Command | Reply, value: int, blob: bytes) -> Any:
+    """The payload ``_encode`` made, checked against ``kind`` (a ``_WireLayout`` as it is)."""
+    if kind.payload is bool:
+        return bool(value)
+    if kind.payload is int:
+        return value
+    if not blob:
+        return None
+    payload = pickle.loads(blob)
+    return payload if isinstance(payload, _WireLayout) else message(kind, payload)[1]
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's text, for a one-line reason."""
+    text = str(err).strip().splitlines()
+    return text[0][:200] if text else type(err).__name__

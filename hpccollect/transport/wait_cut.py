@@ -18,14 +18,10 @@ from __future__ import annotations
 import contextlib
 import select
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["cut", "cut_by", "paced", "poll", "sleep"]
-
-#: an idle paced wait's first pause and its longest (``paced``)
-FIRST_PAUSE, LONGEST_PAUSE = 50e-6, 1e-3
+__all__ = ["cut", "cut_by", "poll"]
 
 
 class _State:
@@ -67,38 +63,6 @@ def cut() -> None:
 def poll(poller: select.poll, ms: int | None) -> list[tuple[int, int]]:
     """``poller.poll(ms)``, cut short as the module says when it runs in the main thread."""
     return _cut_short(poller.poll, ms)
-
-
-def sleep(seconds: float) -> None:
-    """``time.sleep(seconds)``, cut short as the module says when it runs in the main thread: a
-    pause shorter than the millisecond that ``poll`` counts in."""
-    _cut_short(time.sleep, seconds)
-
-
-def paced(look: Callable[[], list[Any]], timeout: float) -> list[Any]:
-    """``look()``'s first answer that is not empty within ``timeout`` s, else its last: an idle
-    wait looks again after ``FIRST_PAUSE``, doubling up to ``LONGEST_PAUSE``, in ``sleep``s.
-
-    For waits with nothing to block on (links an MPI library moves messages over only inside
-    its calls): a message that comes just after a look is seen within tens of microseconds,
-    where the whole milliseconds ``poll`` counts in made rank 0 see many batches late.
-
-    Args:
-        look: takes in what came and answers what is ready (a list; empty: nothing yet).
-        timeout: the longest wait, in seconds (0: one look).
-
-    Returns:
-        What ``look`` answered last.
-    """
-    deadline = time.monotonic() + timeout
-    pause = FIRST_PAUSE
-    while True:
-        found = look()
-        remaining = deadline - time.monotonic()
-        if found or remaining <= 0:
-            return found
-        sleep(min(remaining, pause))
-        pause = min(2 * pause, LONGEST_PAUSE)
 
 
 def _cut_short(call: Callable[[Any], Any], arg: Any) -> Any:

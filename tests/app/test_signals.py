@@ -1,5 +1,5 @@
 """``app/signals.py``: which stop signals end rank 0's wait for the next batch at once (real
-signals to this process, in a wait of ``doorbell.ready``)."""
+signals to this process, in a wait of ``transport.base.ready``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from hpccollect._signals import killed_soon_after
 from hpccollect.app.signals import StopSignals, WaitCut
-from hpccollect.transport.doorbell import Doorbell, ready
+from hpccollect.transport.base import ready
 
 #: some of what Open MPI 5's mpirun sets in a rank; a rank of an srun step is started by
 #: slurmstepd, not by PRRTE, so has no PRTE_LAUNCHED
@@ -32,7 +32,7 @@ def test_only_open_mpis_sigterm_is_followed_by_a_kill_too_soon_to_wait():
 def waited(stop: StopSignals, signum: int) -> tuple[bool, float]:
     """Send ``signum`` to this process 0.2 s into an armed 3 s wait: whether the wait was cut,
     and how long it took."""
-    bell = Doorbell()  # nobody rings it
+    bell, write_end = os.pipe()  # nobody writes to it
     start = time.monotonic()
     cut = False
     try:
@@ -47,7 +47,8 @@ def waited(stop: StopSignals, signum: int) -> tuple[bool, float]:
                 cut = True
             timer.join()
     finally:
-        bell.close()
+        os.close(bell)
+        os.close(write_end)
     return cut, time.monotonic() - start
 
 

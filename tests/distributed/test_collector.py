@@ -634,11 +634,11 @@ def test_shutdown_leaves_no_process_thread_or_port():
     with make(envs(3, 5), tcp_port=port) as collector:
         pids = rank_pids(collector)
         next(iter(collector))
-        # no thread a rank: the ranks' notices say which gloo receive to wait in
-        # (notices.py), and one bell serves every link
-        names = {t.name for t in threading.enumerate()}
+        # no thread a rank: the links are read by the thread that waits for them, and one
+        # thread beats on every link
+        names = [t.name for t in threading.enumerate()]
         assert not [n for n in names if n.startswith("hpccollect-rank")], names
-        assert len({id(c.bell) for c in collector._pool.channels}) == 1
+        assert names.count("hpccollect-beats") == 1, names
     collector.shutdown()  # idempotent
     assert_all_gone(pids)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("hpccollect-rank")]
@@ -981,27 +981,27 @@ def test_a_posted_receive_dropped_unwaited_hangs_neither_shutdown_nor_exit(tmp_p
 
 CTRL_C_AT_THE_POST = """
 import threading
-from hpccollect.transport.waited import WaitedRankChannel
+from hpccollect.transport.rank_channel import BATCH, RankChannel
 
-post = WaitedRankChannel.expect
+read = RankChannel._read
 interrupted = []
 
 
 def interrupt(frame, event, arg):
     # Python raises a Ctrl-C's KeyboardInterrupt where a C call returns to Python code: here,
-    # at the first such return in the post of a link's next receive
+    # at the first such return in the receive of a batch announced on a link
     if event == "c_return" and arg is not sys.setprofile:
         sys.setprofile(None)
         interrupted.append(True)
         raise KeyboardInterrupt
 
 
-def expect(channel):
-    if interrupted or threading.current_thread() is not threading.main_thread():
-        return post(channel)
+def read_frame(channel, frame):
+    if interrupted or frame.kind != BATCH:
+        return read(channel, frame)
     sys.setprofile(interrupt)
     try:
-        post(channel)
+        return read(channel, frame)
     finally:
         sys.setprofile(None)
 
@@ -1010,9 +1010,9 @@ if __name__ == "__main__":
     c = two_ranks()
     batches = iter(c)
     next(batches)
-    WaitedRankChannel.expect = expect
+    RankChannel._read = read_frame
     try:
-        for _ in range(100):  # until a link posts its next receive on this thread
+        for _ in range(100):  # until a link receives a batch on this thread
             next(batches)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -1025,8 +1025,8 @@ if __name__ == "__main__":
 @pytest.mark.timeout(120)
 def test_a_ctrl_c_right_after_a_receive_is_posted_loses_no_receive(tmp_path):
     """The Ctrl-C of the test above, where it came: at the first C call's return to Python
-    in the post of a link's next receive. The receive is kept by then, so the groups are
-    released at once; a receive dropped there left their release hanging in its thread."""
+    in the receive of a batch its link announced. The groups are released at once all the
+    same, and nothing is left running."""
     returncode, err, pids = run_rank_0(tmp_path, CTRL_C_AT_THE_POST)
     assert returncode == 0, err
     assert "interrupted" in err

@@ -7,10 +7,34 @@ import re
 import pytest
 
 from hpccollect.errors import CollectorTimeoutError
-from hpccollect.launchers.rank import _await_ranks, ready_key
-from hpccollect.transport.groups import open_store
+from hpccollect.launchers.rank import start_ranks
+from hpccollect.transport.control import connect
 
 pytestmark = pytest.mark.timeout(60)
+
+
+class _OnlyTheSecond:
+    """A launcher whose second of three ranks connects, the others never come."""
+
+    mpi_world = False
+
+    def __init__(self, named: list[int] | None) -> None:
+        self.world_ranks = named
+        self.links: list = []
+        self.closed = False
+
+    def address(self) -> str:
+        return "127.0.0.1"
+
+    def start(self, ranks: list) -> list:
+        second = ranks[1]
+        self.links.append(connect(second.control, second.rank, second.token, 5.0, None))
+        return [None] * len(ranks)
+
+    def close(self) -> None:
+        self.closed = True
+        for link in self.links:
+            link.close()
 
 
 @pytest.mark.parametrize(
@@ -18,10 +42,12 @@ pytestmark = pytest.mark.timeout(60)
 )
 def test_ranks_that_do_not_join_are_named_as_the_job_numbers_them(named, late):
     """In a gathered MPI job a group numbers its ranks from 1; the message uses MPI's numbers,
-    as every later message does."""
-    store = open_store("127.0.0.1", 0, 4, True, 10)
-    store.set(ready_key(2), "1")  # the second of three ranks is ready, the others never come
+    as every later message does. The launcher is closed."""
+    launcher = _OnlyTheSecond(named)
     with pytest.raises(
         CollectorTimeoutError, match=re.escape(f"collector ranks {late} did not join ")
     ):
-        _await_ranks(store, [None, None, None], 0.2, "127.0.0.1:0", named)
+        start_ranks(
+            launcher, [b""] * 3, port=0, backend="gloo", start_timeout=0.5, send_timeout=5.0
+        )
+    assert launcher.closed

@@ -1,7 +1,7 @@
-"""Rank 0's end of a real gloo link to a rank that stops: a gloo send completes only into a
-receive the peer has posted, so neither a heartbeat nor a command may leave rank 0 waiting on
-one. Heartbeats never take the receive that a stopped rank left posted, rank 0 does not wait
-for a command to be taken, and the stopped rank is reported silent within the timeout."""
+"""Rank 0's end of a real link (its control connection and gloo groups) to a rank that stops:
+a command to it goes out at once (into its connection, whatever the rank does), and the stopped
+rank is reported silent within the timeout, whether it stopped while reading its link or never
+read it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from hpccollect.protocol import Command, message
+from hpccollect.transport.control import ControlListener, connect
 from hpccollect.transport.groups import RankGroups, open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timed]  # asserts how long detection takes
@@ -24,35 +25,42 @@ pytestmark = [pytest.mark.slow, pytest.mark.timed]  # asserts how long detection
 LIVENESS = 3.0
 
 
-def listening_peer(port: int, ready: Any) -> None:
-    """Rank 1: joins the groups, beats, and waits for messages (its receiving thread)."""
+def listening_peer(port: int, control: tuple, token: bytes, ready: Any) -> None:
+    """Rank 1: joins, beats, and reads its link (its reading thread)."""
+    link = connect(control, 1, token, 30.0, LIVENESS)
     store = open_store("127.0.0.1", port, 2, False, 30.0)
-    channel = RankGroups.open("gloo", store, 1, 2).channel(0)
+    channel = RankGroups.open("gloo", store, 1, 2).channel(0, link)
+    channel.start_reading()
     channel.start_heartbeats(LIVENESS)
     ready.set()
     time.sleep(120)
 
 
-def silent_peer(port: int, ready: Any) -> None:
-    """Rank 1 that joins the groups, then neither receives nor beats (a rank stopped just
-    before it posted its next receive)."""
+def silent_peer(port: int, control: tuple, token: bytes, ready: Any) -> None:
+    """Rank 1 that joins, then neither reads nor beats (a rank stopped as it joined)."""
+    link = connect(control, 1, token, 30.0, LIVENESS)
     store = open_store("127.0.0.1", port, 2, False, 30.0)
     groups = RankGroups.open("gloo", store, 1, 2)  # held: dropped, it would close the link
     ready.set()
     time.sleep(120)
     groups.close()
+    link.close()
 
 
 @contextlib.contextmanager
-def link(peer: Callable[[int, Any], None]) -> Iterator[tuple[Any, mp.Process]]:
+def link(peer: Callable[..., None]) -> Iterator[tuple[Any, mp.Process]]:
     """Rank 0's channel to ``peer`` run as rank 1 in a process of its own, heartbeats on."""
     store = open_store("127.0.0.1", 0, 2, True, 30.0)
+    listener = ControlListener("127.0.0.1")
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
-    proc = ctx.Process(target=peer, args=(store.port, ready), daemon=True)
+    proc = ctx.Process(
+        target=peer, args=(store.port, listener.address, listener.token, ready), daemon=True
+    )
     proc.start()
     groups = channel = None
     try:
+        control = listener.accept([1], 60.0, LIVENESS)[1]
         opened: dict[str, Any] = {}  # joined in a thread: a peer that died never joins
         joining = threading.Thread(
             target=lambda: opened.setdefault("groups", RankGroups.open("gloo", store, 0, 2)),
@@ -62,11 +70,12 @@ def link(peer: Callable[[int, Any], None]) -> Iterator[tuple[Any, mp.Process]]:
         joining.join(60)
         groups = opened.get("groups")
         assert groups is not None, f"rank 1 never joined (exit code {proc.exitcode})"
-        channel = groups.channel(1, send_timeout=60.0)
+        channel = groups.channel(1, control, send_timeout=60.0)
         channel.start_heartbeats(LIVENESS)
         assert ready.wait(60), "rank 1 never joined"
         yield channel, proc
     finally:
+        listener.close()
         proc.kill()
         proc.join(10)
         if channel is not None:
@@ -107,7 +116,7 @@ def test_a_message_to_a_stopped_rank_goes_out_after_heartbeats_and_the_rank_is_r
 
 
 @pytest.mark.timeout(90)
-def test_a_command_to_a_rank_that_posted_no_receive_does_not_hold_rank_0():
+def test_a_command_to_a_rank_that_reads_nothing_does_not_hold_rank_0():
     """Rank 0 waits for the reply instead, where liveness is checked."""
     with link(silent_peer) as (channel, _):
         started = time.monotonic()

@@ -1,5 +1,5 @@
-"""``transport/wait_cut.py``: a signal ends the main thread's armed wait in ``ready`` or
-``paced`` at once, and nothing else; ``paced``'s pauses."""
+"""``transport/wait_cut.py``: a signal ends the main thread's armed wait in ``ready`` at once,
+and nothing else."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from hpccollect.transport import wait_cut
-from hpccollect.transport.doorbell import Doorbell, ready
+from hpccollect.transport.base import ready
 
 
 class Cut(BaseException):
@@ -20,15 +20,31 @@ class Cut(BaseException):
 
 
 @pytest.fixture
-def bell() -> Iterator[Doorbell]:
-    """A bell nobody rings, and SIGUSR2 calling ``wait_cut.cut`` as the app's handler does."""
+def bell() -> Iterator[_Pipe]:
+    """A pipe nobody writes to unless the test does, and SIGUSR2 calling ``wait_cut.cut`` as
+    the app's handler does."""
     old = signal.signal(signal.SIGUSR2, lambda *_: wait_cut.cut())
-    bell = Doorbell()
+    bell = _Pipe()
     try:
         yield bell
     finally:
         bell.close()
         signal.signal(signal.SIGUSR2, old)
+
+
+class _Pipe:
+    def __init__(self) -> None:
+        self.read_end, self.write_end = os.pipe()
+
+    def fileno(self) -> int:
+        return self.read_end
+
+    def ring(self) -> None:
+        os.write(self.write_end, b"!")
+
+    def close(self) -> None:
+        os.close(self.read_end)
+        os.close(self.write_end)
 
 
 def signal_in(seconds: float) -> threading.Timer:
@@ -74,28 +90,3 @@ def test_unarmed_waits_and_other_threads_waits_are_not_cut(bell) -> None:
         bell.ring()
         with pytest.raises(Cut):  # the main thread's, though the bell rang
             ready([bell], 1)
-
-
-def test_a_paced_wait_looks_again_after_pauses_from_50_us_doubling_to_1_ms(monkeypatch) -> None:
-    """``paced`` (a wait with nothing to block on) pauses in ``sleep``s shorter than the
-    millisecond ``poll`` counts in, and never past its timeout."""
-    pauses: list[float] = []
-    monkeypatch.setattr(wait_cut, "sleep", lambda s: (pauses.append(s), time.sleep(s)))
-    answers = iter([[]] * 7 + [["here"]])
-    assert wait_cut.paced(lambda: next(answers), 10.0) == ["here"]
-    assert pauses == pytest.approx([50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 1e-3, 1e-3])
-    pauses.clear()
-    assert wait_cut.paced(list, 0.0) == [] and not pauses  # one look
-    start = time.monotonic()
-    assert wait_cut.paced(list, 0.02) == []
-    assert time.monotonic() - start >= 0.02 and max(pauses) <= 1e-3
-
-
-@pytest.mark.timeout(60)
-def test_a_signal_ends_the_armed_paced_wait(bell) -> None:
-    start = time.monotonic()
-    with pytest.raises(Cut), wait_cut.cut_by(Cut):
-        timer = signal_in(0.2)
-        wait_cut.paced(list, 30.0)
-    timer.join()
-    assert time.monotonic() - start < 20

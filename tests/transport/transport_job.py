@@ -1,5 +1,6 @@
 """The script both ranks of ``mpiexec -n 2`` run in tests/transport/test_mpi_transport.py: the
-mpi4py transport's hot path (``MPIGroup.wire``/``send_now``/``try_recv``) and its goodbye.
+mpi4py transport as the rank channels use it (``MPIGroup.send``/``recv``/``broadcast``, each
+transfer announced first, a batch's receive posted before it is sent) and its goodbye.
 
 Each rank writes its pid to ``OUT.pid<rank>``; rank 0 prints one ``ok ...`` line per check.
 """
@@ -7,20 +8,19 @@ Each rank writes its pid to ``OUT.pid<rank>``; rank 0 prints one ``ok ...`` line
 from __future__ import annotations
 
 import datetime
-import functools
 import os
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
+from hpccollect.errors import CollectorTimeoutError
 from hpccollect.transport.mpi4py_group import MPIGroup, _world_ranks, mpi4py_comm, quiesce
-from hpccollect.transport.rank_channel import RankChannel
 
-SIZES = (40, 59_000, 3_000_000)  # a header, a CartPole batch, a transfer that takes a while
-TAG = 3
+SIZES = (40, 59_000, 3_000_000)  # a small message, a CartPole batch, a transfer that takes a while
+TAG = 0
+WAIT = datetime.timedelta(seconds=30)
 
 
 def payload(size: int, seed: int) -> torch.Tensor:
@@ -40,63 +40,42 @@ def main() -> None:
     assert _world_ranks(reversed_comm) == [1, 0], _world_ranks(reversed_comm)
     reversed_comm.Free()
     try:
-        group.wire(torch.zeros(4, 4)[:, 0])
+        group.send([torch.zeros(4, 4)[:, 0]], 1 - rank, TAG)
     except ValueError as err:
         assert "contiguous" in str(err), err
     else:
         raise AssertionError("a non-contiguous tensor was taken")
+    weights = torch.zeros(1000, dtype=torch.uint8)
     if rank == 1:
         for seed, size in enumerate(SIZES * 3):
-            group.send_now(group.wire(payload(size, seed)), 0, TAG, 30.0)
+            group.send([payload(size, seed)], 0, TAG).wait(WAIT)
+        group.broadcast(weights, 0).wait(WAIT)
+        assert torch.equal(weights, payload(1000, 99)), "the broadcast's weights differ"
         group.abort()  # says goodbye
     else:
         start = time.monotonic()
-        assert not group.try_recv(group.wire(torch.empty(8, dtype=torch.uint8)), 1, TAG + 1, 0.05)
-        assert time.monotonic() - start < 2.0
-        print("ok nothing to receive", flush=True)
-        # the rest of a message that never comes (its sender stopped mid-message): the wait is
-        # bounded like a send, and the link fails, named (RankChannel._await_rest)
-        link = SimpleNamespace(
-            _send_timeout=datetime.timedelta(seconds=0.3),
-            _failure=None,
-            _posted=[],
-            peer=1,
-            _group=lambda: group,
-        )
-        link._wait = functools.partial(RankChannel._wait, link)
-        link._post_receive = functools.partial(RankChannel._post_receive, link)
-        start = time.monotonic()
-        try:
-            RankChannel._await_rest(link, torch.empty(64), TAG + 2)
-        except ConnectionError as err:
-            assert "stopped mid-message" in str(err) and link._failure == str(err), err
-            assert len(link._posted) == 1, "the receive never seen complete is kept"
+        try:  # a wait for what never comes is bounded
+            group.recv([torch.empty(8, dtype=torch.uint8)], 1, TAG + 1).wait(
+                datetime.timedelta(seconds=0.2)
+            )
+        except CollectorTimeoutError:
             assert time.monotonic() - start < 5.0
-            print("ok a message cut short fails its link", flush=True)
+            print("ok a wait for nothing is bounded", flush=True)
         for seed, size in enumerate(SIZES * 3):
             buf = torch.zeros(size, dtype=torch.uint8)
-            wire = group.wire(buf)
-            deadline = time.monotonic() + 30
-            while not group.try_recv(wire, 1, TAG, 0.01):
-                assert time.monotonic() < deadline, f"message {seed} never came"
+            posted = group.recv([buf], 1, TAG)  # posted first, as a rank channel keeps it
+            posted.wait(WAIT)
             assert torch.equal(buf, payload(size, seed)), f"message {seed} ({size} B) differs"
         print("ok messages", flush=True)
-        # a wire array is the caller's: dropped, it leaves its buffer free to be received into
-        # again (``Spares``); one the group kept would make every large batch a new buffer
-        buf = torch.zeros(SIZES[-1], dtype=torch.uint8)
-        holds = torch._C._storage_Use_Count
-        before = holds(buf.untyped_storage()._cdata)
-        wire = group.wire(buf)
-        assert holds(buf.untyped_storage()._cdata) > before
-        del wire
-        assert holds(buf.untyped_storage()._cdata) == before, "the group keeps the wire array"
-        print("ok wire arrays are the caller's", flush=True)
+        weights.copy_(payload(1000, 99))
+        group.broadcast(weights, 0).wait(WAIT)
+        print("ok broadcast", flush=True)
         deadline = time.monotonic() + 30
         while group.stopped(1) is None:
             assert time.monotonic() < deadline, "rank 1's goodbye never came"
             time.sleep(1e-3)
         try:
-            group.try_recv(group.wire(torch.empty(8, dtype=torch.uint8)), 1, TAG)
+            group.recv([torch.empty(8, dtype=torch.uint8)], 1, TAG).wait(WAIT)
         except RuntimeError as err:
             assert "rank 1 closed its end" in str(err), err
             print("ok goodbye", flush=True)

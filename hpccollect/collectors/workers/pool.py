@@ -66,11 +66,6 @@ class WorkerPool:
         #: when waits next ask channel i whether its peer went silent
         self._next_look = [0.0] * len(self.channels)
         self._silence_due = 0.0  # when waits next walk their workers for silence
-        #: the look every channel shares, if they share one and are enough for it
-        #: (``Channel.look``): waits go through it, at a cost that does not grow with them
-        look = getattr(self.channels[0], "look", None) if self.channels else None
-        shared = all(getattr(c, "look", None) is look for c in self.channels)
-        self._look = look if shared and len(self.channels) >= getattr(look, "least", 1) else None
         self._closed = False
         self._abandoned: set[int] = set()  # threads whose waits end (abandon_waits_of)
         self.left_running: list[int] = []
@@ -175,10 +170,6 @@ class WorkerPool:
     def _ready(self, indices: Collection[int], timeout: float) -> list[Channel]:
         """The channels of workers ``indices`` that ``recv`` can return from within
         ``timeout`` s (maybe none)."""
-        look = self._look
-        if look is not None and look.whole:
-            index_of = self._index_of
-            return look.wait(timeout, lambda c: index_of.get(id(c)) in indices)
         return wait_ready([self.channels[i] for i in indices], timeout)
 
     def _from_inbox(self, indices: Collection[int], expected: Reply) -> tuple[int, Any] | None:
