@@ -62,6 +62,7 @@ from hpccollect import DistributedDataCollector, MultiaSyncDataCollector
 from hpccollect.distributed import serve
 from hpccollect.protocol import Command, Layout, Reply, message
 from hpccollect.transport.batches import FlatLayout
+from hpccollect.transport.control import ControlListener, connect
 from hpccollect.transport.groups import RankGroups, open_store
 from hpccollect.transport.mpi4py_group import mpi4py_comm
 from hpccollect.transport.mpi_waits import wait_request
@@ -104,10 +105,11 @@ def _send_kind(
     views.update_(made)
     raw_bytes = flat.numpy()
     batch = message(Reply.BATCH, made.numel())  # made once, as the raw loop's arguments are
-    mpi, gloo, wire = channels["mpi"], channels["gloo"], group.wire(flat)
+    mpi, gloo = channels["mpi"], channels["gloo"]
+    wait = datetime.timedelta(seconds=args.timeout)
     steps = {
         "raw": lambda: raw.Send(raw_bytes, 0, RAW_TAG),
-        "group": lambda: group.send_now(wire, 0, RAW_TAG, args.timeout),
+        "group": lambda: group.send([flat], 0, RAW_TAG).wait(wait),
         "mpi": lambda: mpi.send(batch),
         "gloo": lambda: gloo.send(batch),
     }
@@ -128,12 +130,12 @@ def _receive_kind(
     layouts = {name: expect(ch, Reply.LAYOUT, args.timeout) for name, ch in channels.items()}
     nbytes = FlatLayout.of(layouts["mpi"].batch).nbytes
     raw_bytes = torch.empty(nbytes, dtype=torch.uint8).numpy()
-    wire = group.wire(torch.empty(nbytes, dtype=torch.uint8))
+    into = torch.empty(nbytes, dtype=torch.uint8)
     rates: dict[str, float] = {"bytes": nbytes}
+    wait = datetime.timedelta(seconds=args.timeout)
 
     def group_recv() -> None:
-        if not group.try_recv(wire, 1, RAW_TAG, args.timeout):
-            raise TimeoutError(f"no batch through MPIGroup within {args.timeout:g} s")
+        group.recv([into], 1, RAW_TAG).wait(wait)
 
     mpi, gloo, kind_, timeout = channels["mpi"], channels["gloo"], Reply.BATCH, args.timeout
     steps = {
@@ -165,6 +167,25 @@ def _open_transport(comm: Any, timeout: float) -> tuple[Any, dict[str, RankGroup
     return store, groups
 
 
+def _links(comm: Any, timeout: float) -> dict[str, Any]:
+    """Ranks 0 and 1's control connections, one per backend (rank 0 listens, rank 1
+    connects; the others hold none)."""
+    rank = comm.Get_rank()
+    listeners = {b: ControlListener(HOST) for b in ("mpi", "gloo")} if rank == 0 else {}
+    where = {b: (lis.address, lis.token) for b, lis in listeners.items()}
+    where = share_from_root(comm, where if rank == 0 else None, timeout)
+    links: dict[str, Any] = {}
+    if rank == 1:
+        links = {
+            b: connect(address, 1, token, timeout, None) for b, (address, token) in where.items()
+        }
+    elif rank == 0:
+        links = {b: lis.accept([1], timeout)[1] for b, lis in listeners.items()}
+        for lis in listeners.values():
+            lis.close()
+    return links
+
+
 def transport(comm: Any, args: argparse.Namespace) -> None:
     rank = comm.Get_rank()
     plan = [("cartpole", args.batches), ("image", args.image_batches)]
@@ -174,9 +195,15 @@ def transport(comm: Any, args: argparse.Namespace) -> None:
     channels: dict[str, RankChannel] = {}
     results: dict[str, dict] = {}
     try:
+        links = _links(comm, args.timeout)
         if rank in (0, 1):
             peer = 1 - rank
-            channels = {b: g.channel(peer, send_timeout=args.timeout) for b, g in groups.items()}
+            channels = {
+                b: g.channel(peer, links[b], send_timeout=args.timeout) for b, g in groups.items()
+            }
+            if rank == 1:
+                for channel in channels.values():
+                    channel.start_reading()
         if rank == 1:
             for kind, count in plan:
                 _send_kind(channels, group, raw, store, kind, count, args)
@@ -205,7 +232,7 @@ def _print_transport(results: dict, plan: list, args: argparse.Namespace) -> Non
     goal = TARGETS["transport"]
     print(
         "transport: one batch MPI rank 1 -> rank 0, batches/s (MB/s); the mpi4py transport is\n"
-        "  MPIGroup.send_now/try_recv, the channel is RankChannel (the protocol) over it"
+        "  MPIGroup.send/recv, the channel is RankChannel (the protocol) over it"
     )
     for kind, count in plan:
         r = results[kind]

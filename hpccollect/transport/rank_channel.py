@@ -170,10 +170,11 @@ class RankChannel(Channel):
         if dst:
             torch._foreach_copy_(dst, src)
         frame = Frame(BATCH, value, self._taken, flat.numel())
-        if self._announce_first():
+        first = self._announce_first()
+        if first:
             self._send_frame(frame)
         self._transfer(self._data().send([flat], self.peer, _BATCHES), "its batch")
-        if not self._announce_first():
+        if not first:
             self._send_frame(frame)
 
     def _announce_first(self) -> bool:
