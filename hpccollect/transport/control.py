@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import NamedTuple
 
-from hpccollect.errors import CollectorTimeoutError
+from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 
 __all__ = [
     "BEAT",
@@ -314,10 +314,21 @@ class ControlListener:
     Args:
         host: the address every collector rank reaches rank 0 at.
         port: the port (0: a free one, the system's choice).
+
+    Raises:
+        ArgumentValueError: ``host`` is not an address of this host (named, with the fix).
     """
 
     def __init__(self, host: str, port: int = 0) -> None:
-        self._sock = socket.create_server((host, port), backlog=4096)
+        try:
+            self._sock = socket.create_server((host, port), backlog=4096)
+        except OSError as err:
+            raise ArgumentValueError(
+                f"cannot listen on {host} for the collector ranks' control connections "
+                f"({err.strerror or err}); the address is not this host's: pass master_addr= "
+                "(--master-addr) or interface= (--interface) for an address of this host that "
+                "the ranks reach."
+            ) from err
         self._sock.setblocking(False)
         self.address: tuple[str, int] = (host, self._sock.getsockname()[1])
         self.token = secrets.token_bytes(HELLO.size - 4)

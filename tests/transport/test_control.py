@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from hpccollect.errors import CollectorTimeoutError
+from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.transport.control import (
     BEAT,
     HELLO,
@@ -104,6 +104,11 @@ def test_only_the_jobs_ranks_with_its_token_are_accepted_and_missing_ones_are_na
     for link in (unexpected, good):
         link.close()
     listener.close()
+
+
+def test_an_address_of_another_host_is_refused_naming_it_and_the_fix():
+    with pytest.raises(ArgumentValueError, match=r"cannot listen on 192\.0\.2\.1 .*master_addr"):
+        ControlListener("192.0.2.1")  # TEST-NET-1: no host here has it
 
 
 def test_a_launcher_check_ends_the_wait_for_a_rank_that_died():
