@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -234,6 +234,7 @@ class MPIGroup:
         self.pace = Pace(max_sleep)
         self._closed: str | None = None
         self._gone: dict[int, str] = {}  # peers that said goodbye
+        self._watches: dict[int, Callable[[], str | None]] = {}  # see ``watch``
         self._lock = threading.Lock()  # one thread at a time takes a goodbye
         self._notices: list[Any] = []
         #: one entry per call inside the group, of any thread (``list.append`` and ``pop`` are
@@ -269,12 +270,21 @@ class MPIGroup:
             if peer != root:
                 self._notices.append(self.comm.Isend(bytearray(1), peer, _NOTICE))
 
+    def watch(self, peer: int, check: Callable[[], str | None]) -> None:
+        """End waits involving ``peer`` when ``check()`` gives a reason (its link says it went
+        silent mid-transfer)."""
+        self._watches[peer] = check
+
     def stopped(self, peer: int | None) -> str | None:
         """Why waits involving ``peer`` (None: any) must end, or None."""
         if self._closed is not None:
             return self._closed
         if peer is None:
             return None
+        check = self._watches.get(peer)
+        why = None if check is None else check()
+        if why is not None:
+            return why
         with self._lock:
             if peer not in self._gone and self.comm.Iprobe(peer, _BYE):
                 self.comm.Recv(bytearray(1), peer, _BYE)

@@ -121,6 +121,7 @@ class RankChannel(Channel):
         self._in_slot: Slot | None = None
         self._landed: Slot | None = None
         self._posted: list[Any] = []  # the receive the peer's next batch lands in
+        self._held: deque = deque()  # frames read during a transfer, for their turn
         # weights: rank 0 counts its broadcasts; a collector rank counts the updates its loop
         # took (each batch says the version it was collected with), and folds broadcasts that
         # come while one is queued into it (the loop loads the newest)
@@ -253,8 +254,8 @@ class RankChannel(Channel):
         return item
 
     def pending(self) -> bool:
-        """Whether ``recv`` returns at once."""
-        return bool(self._inbox)
+        """Whether ``recv`` returns at once, or a frame read meanwhile waits its turn."""
+        return bool(self._inbox or self._held)
 
     def _take_in(self, timeout: float = 0.0) -> None:
         """Rank 0: read every frame that came (waiting up to ``timeout`` s for the first), into
@@ -264,7 +265,7 @@ class RankChannel(Channel):
             if self._closed or self._failure is not None:
                 return
             wait = timeout
-            while link.ready(wait):
+            while self._held or link.ready(wait):
                 wait = 0.0
                 if not self._one_frame():
                     return
@@ -272,7 +273,7 @@ class RankChannel(Channel):
     def _one_frame(self) -> bool:
         """Read one frame and act on it; False once nothing more comes on the link."""
         try:
-            frame = self.link.take()
+            frame = self._held.popleft() if self._held else self.link.take()
             item = self._read(frame)
         except Exception as err:  # the peer is gone, or the groups were closed
             self.link_closed(f"closed the connection ({first_line(err)})")
@@ -320,6 +321,18 @@ class RankChannel(Channel):
         """Drop the receive posted for the peer's next batch (its groups were aborted: it
         holds them, and their store's port, while it is kept)."""
         self._posted.clear()
+
+    def _silent_mid_transfer(self) -> str | None:
+        """While rank 0 receives a batch the peer announced first: why the peer counts as
+        lost (it went silent), or None. Only its heartbeats can come meanwhile (its sending
+        thread is in the transfer): they are taken here, so a slow transfer from a live peer
+        is never silence; anything else is kept for its turn."""
+        link = self.link
+        while link.ready(0) and not link.ended():
+            frame = link.take()
+            if frame.kind != BEAT:
+                self._held.append(frame)
+        return link.silence()
 
     def start_reading(self) -> None:
         """A collector rank: read the link in a thread of its own from now on (it takes part
@@ -383,6 +396,9 @@ class RankChannel(Channel):
         )
         batch = wire.batch.views(self._in_slot.buffer)  # holds it for good: never a spare
         self._in_views = batch
+        watch = getattr(self._data(), "watch", None)
+        if watch is not None:  # a transfer announced first: its wait ends if the peer goes silent
+            watch(self.peer, self._silent_mid_transfer)
         self._post_batch_receive()
         return Layout(batch, wire.host, wire.pid, frames=wire.frames)
 
