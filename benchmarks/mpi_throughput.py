@@ -61,11 +61,11 @@ from distributed_throughput import (
 from hpccollect import DistributedDataCollector, MultiaSyncDataCollector
 from hpccollect.distributed import serve
 from hpccollect.protocol import Command, Layout, Reply, message
+from hpccollect.transport.base import wait_request
 from hpccollect.transport.batches import FlatLayout
 from hpccollect.transport.control import ControlListener, connect
 from hpccollect.transport.groups import RankGroups, open_store
 from hpccollect.transport.mpi4py_group import mpi4py_comm
-from hpccollect.transport.mpi_waits import wait_request
 from hpccollect.transport.rank_channel import RankChannel
 from hpccollect.transport.rendezvous import share_from_root
 

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpccollect._exit import abort_job
 from hpccollect._signals import ignore_stop_signals
 from hpccollect.app.agreement import Describe, agree
 from hpccollect.app.config import WORKER_START, RunConfig
@@ -52,7 +53,6 @@ from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
 from hpccollect.storage import Sink, dataset_format, open_sink
 from hpccollect.transport.control import DEFAULT_LIVENESS_TIMEOUT
 from hpccollect.transport.mpi4py_group import mpi4py_comm
-from hpccollect.transport.mpi_job_end import abort_job
 from hpccollect.transport.rendezvous import launched_ranks
 
 __all__ = ["MPICollect", "open_shard", "shard_name"]

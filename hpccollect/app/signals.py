@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from hpccollect._signals import STOP_SIGNALS, handled_by, killed_soon_after
-from hpccollect.transport import wait_cut
+from hpccollect.transport.base import cut_wait, cut_waits_by
 
 __all__ = ["StopSignals", "Stopped", "WaitCut"]
 
@@ -55,7 +55,7 @@ class StopSignals:
         if first and self.collecting:
             self._cut = self.cut_always or killed_soon_after(signum)
             if self._cut:
-                wait_cut.cut()  # raises WaitCut in a wait that ``cutting_waits`` armed
+                cut_wait()  # raises WaitCut in a wait that ``cutting_waits`` armed
             return
         if self._raised or self._deferred:
             return
@@ -82,8 +82,8 @@ class StopSignals:
     def cutting_waits(self) -> Iterator[None]:
         """A wait for the collector's next batch or report, which a stop signal that cannot
         wait for it (see the module) ends at once by raising ``WaitCut`` where the wait has taken
-        nothing (``transport/wait_cut.py``); such a signal that came before raises it at once."""
-        with wait_cut.cut_by(WaitCut):
+        nothing (``transport/base.py: cut_wait``); such a signal that came before raises it at once."""
+        with cut_waits_by(WaitCut):
             if self._cut:
                 raise WaitCut
             yield

@@ -23,6 +23,7 @@ from tensordict.nn import InteractionType
 from torch import nn
 
 from hpccollect._checks import check_bool, check_float, check_int, check_seconds
+from hpccollect._exit import done_at_exit, shut_down_at_exit
 from hpccollect.collectors.filling import ThreadFilling
 from hpccollect.collectors.multi_base import MultiCollectorBase
 from hpccollect.collectors.sync import SyncDataCollector
@@ -51,7 +52,6 @@ from hpccollect.distributed.schedule import WeightSchedule
 from hpccollect.distributed.weights import RankWeightsSender
 from hpccollect.errors import ArgumentValueError
 from hpccollect.launchers.rank import start_ranks
-from hpccollect.transport.at_exit import done_at_exit, shut_down_at_exit
 from hpccollect.transport.backends import backend_named, check_backend, rank_device
 from hpccollect.transport.base import Channel
 from hpccollect.transport.control import DEFAULT_LIVENESS_TIMEOUT

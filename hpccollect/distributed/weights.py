@@ -16,8 +16,8 @@ from hpccollect.collectors.workers.pool import WorkerPool
 from hpccollect.errors import ArgumentValueError, WorkerError
 from hpccollect.policy import copy_weights_
 from hpccollect.protocol import Reply
+from hpccollect.transport.base import wait_request
 from hpccollect.transport.batches import FlatLayout
-from hpccollect.transport.mpi_waits import wait_request
 
 __all__ = ["DistributedWeightUpdater", "RPCWeightUpdater", "RankWeightsSender"]
 

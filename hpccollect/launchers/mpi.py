@@ -25,19 +25,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from hpccollect._exit import abort_job, end_job_at_exit, end_job_now_if_left_running
 from hpccollect.errors import ArgumentValueError, CollectorTimeoutError
 from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.launcher_watch import watch_launcher
 from hpccollect.launchers.mpi_gather import check_gather, keep_gatherer_group, plan_gathering
 from hpccollect.launchers.rank import LOST_RANK0_STATUS, RankArgs, serve_rank
 from hpccollect.transport.base import PeerLife
-from hpccollect.transport.mpi4py_group import mpi4py_comm, quiesce
-from hpccollect.transport.mpi_job_end import (
-    abort_job,
-    end_job_at_exit,
-    end_job_now_if_left_running,
-)
-from hpccollect.transport.mpi_waits import recv_object, send_object
+from hpccollect.transport.mpi4py_group import mpi4py_comm, quiesce, recv_object, send_object
 
 __all__ = ["MPILauncher", "serve"]
 

@@ -1,8 +1,16 @@
 """The transport contracts: ``Channel`` (protocol messages between a collector and one worker
 or rank, messages only), ``PeerLife`` (the peer's process: whether it lives, how it ended, ending
 it), and ``ProcessGroup``/``Work`` (the part of torch's process-group API the rank channels use,
-which every registered backend offers, ``backends.py``).``pipe.py`` has the local channel
+which every registered backend offers, ``backends.py``). ``pipe.py`` has the local channel
 (a ``multiprocessing`` pipe, the worker process as its peer).
+
+The waits: ``wait_ready`` (a caller's channels, with their peers' processes, in one ``poll``)
+and ``wait_request`` (a non-blocking transfer tested with a growing sleep in between). A stop
+signal ends the main thread's ``poll`` at once (``cut_waits_by``/``cut_wait``): a job whose
+rank 0 takes only the ranks' reports (``collect --shards``) has nothing to finish when SIGTERM
+comes, and Open MPI's ``mpirun`` kills the ranks half a second after it (``_signals.py``);
+with the wait cut short every rank closes its shard within that time. What was taken before
+the wait (a message in an inbox) stays where it is.
 
 The pool (``collectors/workers/pool.py``) and the worker loop (``collectors/workers/worker.py``) use only these
 interfaces. Contract: ``send``/``recv`` raise ``ConnectionError`` when the peer is gone;
@@ -13,25 +21,32 @@ when a message arrives or the peer ends.
 from __future__ import annotations
 
 import abc
+import contextlib
 import datetime
 import math
 import select
+import threading
 import time
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+from hpccollect.errors import CollectorTimeoutError
 
-from hpccollect.protocol import Message
-from hpccollect.transport import wait_cut
+if TYPE_CHECKING:  # not at run time: the command line's checks wait for nothing of torch's
+    import torch
+
+    from hpccollect.protocol import Message
 
 __all__ = [
     "Channel",
     "PeerLife",
     "ProcessGroup",
     "Work",
+    "cut_wait",
+    "cut_waits_by",
     "ready",
     "wait_ready",
+    "wait_request",
 ]
 
 
@@ -181,7 +196,7 @@ def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
 
     A channel whose messages may wait in an inbox (``polled``) is ready at once when
     ``pending()`` says so; otherwise every channel's handles (its connection, its peer's
-    process) are watched in one ``poll``, which a stop signal may cut short (``wait_cut``). A
+    process) are watched in one ``poll``, which a stop signal may cut short (``cut_wait``). A
     channel whose connection woke is ready when ``poll(0)`` says so (a heartbeat alone is
     taken and waited past); one whose peer's process ended is ready (``recv`` says how)."""
     deadline = time.monotonic() + timeout
@@ -210,7 +225,7 @@ def ready(handles: Sequence[Any], timeout: float | None) -> list[Any]:
     process sentinels, pipes) ready to read or closed, within ``timeout`` s (None: no limit).
 
     What ``multiprocessing.connection.wait`` does on Linux, in one ``poll`` object; a stop
-    signal may cut the main thread's wait short (``wait_cut``)."""
+    signal may cut the main thread's wait short (``cut_wait``)."""
     poller = select.poll()
     by_fd: dict[int, Any] = {}
     for handle in handles:
@@ -218,4 +233,103 @@ def ready(handles: Sequence[Any], timeout: float | None) -> list[Any]:
         by_fd[fd] = handle
         poller.register(fd, select.POLLIN)
     ms = None if timeout is None else math.ceil(max(0.0, timeout) * 1e3)
-    return [by_fd[fd] for fd, _ in wait_cut.poll(poller, ms)]
+    return [by_fd[fd] for fd, _ in _cut_short(poller.poll, ms)]
+
+
+class _Cut:
+    error: Callable[[], BaseException] | None = None  # armed: what a cut wait raises
+    waiting = False  # the main thread is in ``ready``'s poll
+    pending = False  # cut while not waiting: the next wait raises
+
+
+_CUT = _Cut()
+
+
+@contextlib.contextmanager
+def cut_waits_by(error: Callable[[], BaseException]) -> Iterator[None]:
+    """Within: ``cut_wait()`` ends the main thread's wait in ``ready`` under way, or its next,
+    with ``error()``.
+
+    Args:
+        error: makes the exception the cut wait raises (a ``BaseException`` that no
+            ``except Exception`` on the way takes for the peers' failure).
+    """
+    try:
+        _CUT.error, _CUT.pending = error, False
+        yield
+    finally:
+        _CUT.error, _CUT.pending = None, False
+
+
+def cut_wait() -> None:
+    """End the main thread's armed wait (see ``cut_waits_by``); nothing when none is armed.
+    Called by a signal handler (signal handlers run in the main thread): it raises there when
+    the main thread was waiting."""
+    error = _CUT.error
+    if error is None:
+        return
+    _CUT.pending = True
+    if _CUT.waiting:
+        _CUT.waiting = False
+        raise error()
+
+
+def _cut_short(call: Callable[[Any], Any], arg: Any) -> Any:
+    if _CUT.error is None or threading.current_thread() is not threading.main_thread():
+        return call(arg)
+    _CUT.waiting = True
+    try:
+        if _CUT.pending:
+            raise _CUT.error()
+        return call(arg)
+    finally:
+        _CUT.waiting = False
+
+
+IDLE_SLEEP = 1e-3  # s: the longest sleep between two tests of a request (the added latency)
+#: s a wait tests without sleeping first: a message in flight (a batch streaming in, the other
+#: half of a rendezvous) completes within them; over MPI both ends must be inside MPI for it to
+#: move. An idle wait spins once, then sleeps: MPICH's blocking calls would spin a core the
+#: ranks on the node need.
+SPIN = 200e-6
+
+
+def wait_request(
+    test: Callable[[], bool],
+    timeout: float | None,
+    what: str | Callable[[], str],
+    stop: Callable[[], str | None] = lambda: None,
+    max_sleep: float = IDLE_SLEEP,
+    spin: float = SPIN,
+) -> None:
+    """Wait until ``test()`` is true: tests for ``spin`` s, then sleeps growing up to
+    ``max_sleep`` between tests.
+
+    Args:
+        test: whether the awaited thing is done (a request's ``Test``).
+        timeout: s until ``CollectorTimeoutError`` (None: no limit).
+        what: names the operation for that error (or makes its name: called only then).
+        stop: gives a reason to give up (``RuntimeError``), asked once spinning is over.
+        max_sleep: the longest sleep between two tests.
+        spin: s of tests without sleeping first.
+    """
+    start = time.monotonic()
+    spin_end = start + spin
+    while not test():
+        if time.monotonic() > spin_end:
+            break
+    else:
+        return
+    deadline = None if timeout is None else start + timeout
+    sleep = 20e-6
+    while not test():
+        why = stop()
+        if why is not None:
+            if test():  # what the peer sent before it said goodbye still counts
+                return
+            raise RuntimeError(why)
+        if deadline is not None and time.monotonic() > deadline:
+            name = what if isinstance(what, str) else what()
+            raise CollectorTimeoutError(f"{name} did not complete within {timeout:g} s")
+        time.sleep(sleep)
+        sleep = min(sleep * 2, max_sleep)

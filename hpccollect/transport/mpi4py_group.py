@@ -7,10 +7,13 @@ buffers themselves (nothing pickled), weights an ``Ibcast``.
 
 Waits never block inside MPI: MPICH's blocking calls spin a whole core while they wait, which a
 rank 0 sharing a node with its collector ranks would steal from them. An idle wait probes, then
-sleeps with a growing back-off (``mpi_waits``); a transfer under way is tested without sleeping
-(see ``_Work``); a wait ends early when the group is closed or the peer said goodbye. MPI
-cannot close a connection the way a dying gloo peer does, so a closing end sends a goodbye
-message to every peer; their pending receives from it then fail just as gloo's do.
+sleeps with a growing back-off (``base.wait_request``); a transfer under way is tested without
+sleeping (see ``_Work``); a wait ends early when the group is closed, the peer's control link
+went silent (``watch``) or the peer said goodbye. MPI cannot close a connection the way a dying
+gloo peer does, so a closing end sends a goodbye message to every peer; their pending receives
+from it then fail just as gloo's do, and rank 0 learns which collector ranks did not stop.
+``send_object``/``recv_object`` carry a small pickled message the same way (the launcher's and
+the app's agreements before the groups exist).
 """
 
 from __future__ import annotations
@@ -27,15 +30,13 @@ from typing import Any
 
 import torch
 
+from hpccollect._exit import end_job_at_exit, unlink_node_segment, when_transports_close
 from hpccollect.errors import ArgumentValueError
-from hpccollect.transport.at_exit import when_transports_close
-from hpccollect.transport.mpi_job_end import end_job_at_exit, unlink_node_segment
-from hpccollect.transport.mpi_waits import IDLE_SLEEP, SPIN, Pace, wait_request
+from hpccollect.transport.base import IDLE_SLEEP, SPIN, wait_request
 
-__all__ = ["MPIGroup", "mpi4py_comm", "quiesce"]
+__all__ = ["MPIGroup", "mpi4py_comm", "quiesce", "recv_object", "send_object"]
 
-_SPIN_PER_BYTE = 2e-9  # ... and for as long as the bytes of a transfer under way take
-_NOTICE = 32765  # the tag of "a broadcast follows"
+_SPIN_PER_BYTE = 2e-9  # a transfer under way spins for as long as its bytes take, too
 _BYE = 32767  # the tag of the goodbye message (below MPI's guaranteed tag upper bound)
 _GRACE = 2.0  # seconds a closing end waits for its peers' goodbyes, then for its own to leave
 _GROUPS: weakref.WeakSet = weakref.WeakSet()  # this process's open groups
@@ -78,6 +79,23 @@ def quiesce(timeout: float = 2.0) -> None:
 
 
 when_transports_close(quiesce)
+
+
+def send_object(
+    comm: Any, value: Any, dest: int, tag: int, timeout: float, what: str, max_sleep: float
+) -> None:
+    """Send a small pickled message; wait for it with sleeps (a blocking send may spin)."""
+    request = comm.isend(value, dest=dest, tag=tag)
+    wait_request(lambda: request.Test(), timeout, what, max_sleep=max_sleep)
+
+
+def recv_object(
+    comm: Any, source: int, tag: int, timeout: float, what: str, max_sleep: float
+) -> Any:
+    """Receive a small pickled message, probing with sleeps: a blocking receive spins a core
+    that the ranks on this node need."""
+    wait_request(lambda: comm.Iprobe(source, tag), timeout, what, max_sleep=max_sleep)
+    return comm.recv(source=source, tag=tag)
 
 
 #: what keeps each MPI off the network, set (when the user set none of a group) for a job whose
@@ -137,12 +155,12 @@ class _Work:
         try:
             if self.request is None:
                 if not self._arrived():
-                    wait_request(self._arrived, seconds, self.what, self._stop, group.pace)
+                    wait_request(self._arrived, seconds, self.what, self._stop, group.max_sleep)
                 self.request = self._post()
             request = self.request
             if not request.Test():
                 spin = SPIN + self.buffer.nbytes * _SPIN_PER_BYTE
-                wait_request(request.Test, seconds, self.what, self._stop, group.pace, spin)
+                wait_request(request.Test, seconds, self.what, self._stop, group.max_sleep, spin)
         except BaseException:
             if self.request is not None:
                 group.cancel(self.request)
@@ -184,23 +202,14 @@ class _Receive(_Work):
 
 
 class _Broadcast(_Work):
-    """``Ibcast`` from ``root``; the root first sends every peer a notice, so that a peer idle
-    in ``wait`` sleeps until one comes, then joins the broadcast and sees it through."""
+    """``Ibcast`` from ``root``; a peer joins it once the root announced it on its control
+    link, so it is posted at once and tested as it moves."""
 
     verb = "a broadcast from"
 
     def __init__(self, group: MPIGroup, buffer: Any, root: int) -> None:
         super().__init__(group, root, buffer)
-        if group.rank == root:
-            group.notify(root)
-            self.request = group.comm.Ibcast(buffer, root)
-
-    def _arrived(self) -> bool:
-        return self.group.comm.Iprobe(self.peer, _NOTICE)
-
-    def _post(self) -> Any:
-        self.group.comm.Recv(bytearray(1), self.peer, _NOTICE)
-        return self.group.comm.Ibcast(self.buffer, self.peer)
+        self.request = group.comm.Ibcast(buffer, root)
 
     def _stop(self) -> str | None:
         return self.group.stopped(None if self.group.rank == self.peer else self.peer)
@@ -230,13 +239,11 @@ class MPIGroup:
         self.comm = comm.Dup()
         self.comm.Set_name(name)
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        #: how long its idle waits sleep between tests (``Pace.set`` changes it)
-        self.pace = Pace(max_sleep)
+        self.max_sleep = max_sleep  # the longest sleep of its idle waits between tests
         self._closed: str | None = None
         self._gone: dict[int, str] = {}  # peers that said goodbye
         self._watches: dict[int, Callable[[], str | None]] = {}  # see ``watch``
         self._lock = threading.Lock()  # one thread at a time takes a goodbye
-        self._notices: list[Any] = []
         #: one entry per call inside the group, of any thread (``list.append`` and ``pop`` are
         #: atomic: a counter with no lock, cheap enough for the hot path); ``quiesce`` waits
         #: for it to empty
@@ -262,13 +269,6 @@ class MPIGroup:
         with self.inside:
             self._check_open(None)
             return _Broadcast(self, self._buffer(tensor), root)
-
-    def notify(self, root: int) -> None:
-        """Tell every peer that a broadcast from ``root`` follows."""
-        self._notices = [r for r in self._notices if not r.Test()]
-        for peer in range(self.size):
-            if peer != root:
-                self._notices.append(self.comm.Isend(bytearray(1), peer, _NOTICE))
 
     def watch(self, peer: int, check: Callable[[], str | None]) -> None:
         """End waits involving ``peer`` when ``check()`` gives a reason (its link says it went

@@ -16,6 +16,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from hpccollect._exit import done_at_exit, shut_down_at_exit
 from hpccollect.errors import (
     ArgumentTypeError,
     CollectorTimeoutError,
@@ -24,7 +25,6 @@ from hpccollect.errors import (
     as_worker_error,
 )
 from hpccollect.protocol import Command, RemoteError, Reply, message
-from hpccollect.transport.at_exit import done_at_exit, shut_down_at_exit
 from hpccollect.transport.base import Channel, wait_ready
 
 __all__ = ["WorkerPool", "remote_exception"]
@@ -39,7 +39,7 @@ class WorkerPool:
     Workers never outlive the pool: ``shutdown()`` asks them to exit and ends (``Channel.kill``)
     those that do not obey in time, and those that never answered or missed a deadline at once
     (they cannot be listening). Pools still open when the interpreter exits are shut down first
-    (``transport.at_exit``).
+    (``hpccollect._exit``).
 
     Args:
         channels: one per worker.

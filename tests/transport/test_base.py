@@ -1,4 +1,4 @@
-"""``transport/wait_cut.py``: a signal ends the main thread's armed wait in ``ready`` at once,
+"""``transport/base.py``'s ``cut_wait``: a signal ends the main thread's armed wait in ``ready`` at once,
 and nothing else."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hpccollect.transport import wait_cut
-from hpccollect.transport.base import ready
+from hpccollect.transport.base import cut_wait, cut_waits_by, ready
 
 
 class Cut(BaseException):
@@ -21,9 +20,9 @@ class Cut(BaseException):
 
 @pytest.fixture
 def bell() -> Iterator[_Pipe]:
-    """A pipe nobody writes to unless the test does, and SIGUSR2 calling ``wait_cut.cut`` as
+    """A pipe nobody writes to unless the test does, and SIGUSR2 calling ``cut_wait`` as
     the app's handler does."""
-    old = signal.signal(signal.SIGUSR2, lambda *_: wait_cut.cut())
+    old = signal.signal(signal.SIGUSR2, lambda *_: cut_wait())
     bell = _Pipe()
     try:
         yield bell
@@ -56,7 +55,7 @@ def signal_in(seconds: float) -> threading.Timer:
 @pytest.mark.timeout(60)
 def test_a_signal_ends_the_armed_wait_under_way(bell) -> None:
     start = time.monotonic()
-    with pytest.raises(Cut), wait_cut.cut_by(Cut):
+    with pytest.raises(Cut), cut_waits_by(Cut):
         timer = signal_in(0.2)  # armed first: a slow start cannot make the signal come early
         ready([bell], 30)
     timer.join()
@@ -65,7 +64,7 @@ def test_a_signal_ends_the_armed_wait_under_way(bell) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_signal_before_the_wait_ends_the_next_one(bell) -> None:
-    with wait_cut.cut_by(Cut):
+    with cut_waits_by(Cut):
         assert ready([bell], 0) == []
         os.kill(os.getpid(), signal.SIGUSR2)  # handled here, outside any wait
         with pytest.raises(Cut):
@@ -80,7 +79,7 @@ def test_unarmed_waits_and_other_threads_waits_are_not_cut(bell) -> None:
     assert ready([bell], 0.6) == []  # not armed: the signal is handled, the wait goes on
     assert time.monotonic() - start >= 0.6
     timer.join()
-    with wait_cut.cut_by(Cut):
+    with cut_waits_by(Cut):
         os.kill(os.getpid(), signal.SIGUSR2)
         seen: list = []
         thread = threading.Thread(target=lambda: seen.append(ready([bell], 0.1)))
