@@ -60,6 +60,7 @@ from distributed_throughput import (
 
 from hpccollect import DistributedDataCollector, MultiaSyncDataCollector
 from hpccollect.distributed import serve
+from hpccollect.launchers.rendezvous import on_one_node, share_from_root
 from hpccollect.protocol import Command, Layout, Reply, message
 from hpccollect.transport.base import wait_request
 from hpccollect.transport.batches import FlatLayout
@@ -67,7 +68,6 @@ from hpccollect.transport.control import ControlListener, connect
 from hpccollect.transport.groups import RankGroups, open_store
 from hpccollect.transport.mpi4py_group import mpi4py_comm
 from hpccollect.transport.rank_channel import RankChannel
-from hpccollect.transport.rendezvous import share_from_root
 
 HOST = "127.0.0.1"
 TARGETS = {"collect": 0.8, "startup_s": 5.0, "transport": 0.8}
@@ -379,7 +379,7 @@ def main() -> None:
     if not under_mpi:
         parser.error("run under mpiexec -n 3 (rank 0 and 2 collector ranks), or pass --scaling")
     torch.set_num_threads(1)
-    comm = mpi4py_comm()
+    comm = mpi4py_comm(on_one_node())
     parts = {"transport": transport, "collect": collect}
     for name in args.only or parts:
         parts[name](comm, args)

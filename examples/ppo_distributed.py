@@ -42,7 +42,7 @@ from torch import nn
 from torch.distributions import OneHotCategorical
 
 from hpccollect import DistributedDataCollector
-from hpccollect.transport.rendezvous import launched_ranks
+from hpccollect.launchers.rendezvous import launched_ranks
 
 ENV_ID = "CartPole-v1"
 ENVS_PER_RANK = 4

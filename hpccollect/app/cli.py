@@ -24,7 +24,7 @@ from hpccollect.errors import (
     HpcCollectError,
     PolicyError,
 )
-from hpccollect.transport.rendezvous import launched_rank
+from hpccollect.launchers.rendezvous import launched_rank
 
 __all__ = ["main", "run"]
 

@@ -18,8 +18,8 @@ from hpccollect.collectors.torchrl_api.kinds import COLLECTOR_KINDS, collector_k
 from hpccollect.errors import ArgumentValueError, HpcCollectError
 from hpccollect.launchers import job_launchers
 from hpccollect.launchers.mpi_gather import check_gather
+from hpccollect.launchers.rendezvous import launched_ranks
 from hpccollect.transport.backends import backend_names
-from hpccollect.transport.rendezvous import launched_ranks
 
 if sys.version_info >= (3, 11):
     import tomllib

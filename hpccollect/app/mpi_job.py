@@ -50,10 +50,10 @@ from hpccollect.distributed import DistributedDataCollector
 from hpccollect.errors import ArgumentValueError, StorageError
 from hpccollect.launchers import get_launcher
 from hpccollect.launchers.mpi import MPILauncher, abort_on_uncaught
+from hpccollect.launchers.rendezvous import launched_ranks, on_one_node
 from hpccollect.storage import Sink, dataset_format, open_sink
 from hpccollect.transport.control import DEFAULT_LIVENESS_TIMEOUT
 from hpccollect.transport.mpi4py_group import mpi4py_comm
-from hpccollect.transport.rendezvous import launched_ranks
 
 __all__ = ["MPICollect", "open_shard", "shard_name"]
 
@@ -88,7 +88,7 @@ class MPICollect:
         self.cfg = self.run_cfg = cfg
         self.resolve = resolve
         self.attempt: Attempt | None = None
-        self.comm = mpi4py_comm()  # MPI starts here
+        self.comm = mpi4py_comm(on_one_node())  # MPI starts here
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         if self.size > 1:
             abort_on_uncaught(self.comm)

@@ -31,6 +31,7 @@ from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.launcher_watch import watch_launcher
 from hpccollect.launchers.mpi_gather import check_gather, keep_gatherer_group, plan_gathering
 from hpccollect.launchers.rank import LOST_RANK0_STATUS, RankArgs, serve_rank
+from hpccollect.launchers.rendezvous import detect, env_port, on_one_node
 from hpccollect.transport.base import PeerLife
 from hpccollect.transport.mpi4py_group import mpi4py_comm, quiesce, recv_object, send_object
 
@@ -45,7 +46,7 @@ _EXIT_LIMIT = 60.0  # seconds a finalised collector rank's C exit handlers may t
 class MPILauncher(Launcher):
     """Rank 0 of an MPI job starts nothing: the other ranks exist already, and are told how to
     join. ``master_addr``/``interface`` choose where rank 0 listens (default: loopback when
-    every rank is on this node, see ``hpccollect.transport.rendezvous``)."""
+    every rank is on this node, see ``hpccollect.launchers.rendezvous``)."""
 
     mpi_world = True
 
@@ -73,7 +74,7 @@ class MPILauncher(Launcher):
             comm: the communicator of the job (default ``MPI.COMM_WORLD``); a gatherer's
                 collector passes its group (``gather`` is then not given).
         """
-        world = mpi4py_comm()
+        world = mpi4py_comm(on_one_node())
         self.gather = check_gather(gather)
         if comm is not None and self.gather is not None:
             raise ArgumentValueError(
@@ -127,8 +128,6 @@ class MPILauncher(Launcher):
         ``master_addr``, ``interface`` or ``MASTER_ADDR`` choose instead; loopback is refused
         then when ranks run elsewhere."""
         if self._rendezvous is None:
-            from hpccollect.transport.rendezvous import detect
-
             remote = self._remote()
             environ: Any = os.environ
             if self.split_comm is not None:
@@ -178,7 +177,6 @@ class MPILauncher(Launcher):
 
     @property
     def default_port(self) -> int:  # type: ignore[override]
-        from hpccollect.transport.rendezvous import env_port
 
         if self.split_comm is not None and self.gather is None:
             return 0  # a gatherer's group: MASTER_PORT is rank 0's, maybe on this very host
@@ -298,7 +296,7 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
 
     Raises:
         CollectorTimeoutError: rank 0 did not construct its collector within ``timeout``."""
-    world = mpi4py_comm()
+    world = mpi4py_comm(on_one_node())
     comm = comm if comm is not None else world
     abort_on_uncaught(world)
     if comm.Get_rank() == 0:
@@ -347,7 +345,7 @@ def abort_on_uncaught(comm: Any = None) -> None:
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
         nonlocal comm
         try:
-            comm = comm if comm is not None else mpi4py_comm()
+            comm = comm if comm is not None else mpi4py_comm(on_one_node())
             previous(kind, value, tb)
             sys.stderr.write(
                 f"hpccollect: {kind.__name__} on MPI rank {comm.Get_rank()} of "

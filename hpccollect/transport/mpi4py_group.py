@@ -42,11 +42,18 @@ _GRACE = 2.0  # seconds a closing end waits for its peers' goodbyes, then for it
 _GROUPS: weakref.WeakSet = weakref.WeakSet()  # this process's open groups
 
 
-def mpi4py_comm() -> Any:
-    """``MPI.COMM_WORLD`` from mpi4py, checked to allow calls from several threads. When every
-    rank runs on this node and MPI is not initialised yet, UCX is kept on loopback (MPICH's
-    UCX would otherwise listen on every network interface for peers that cannot exist)."""
-    _loopback_mpi_on_one_node()
+def mpi4py_comm(one_node: bool = False) -> Any:
+    """``MPI.COMM_WORLD`` from mpi4py, checked to allow calls from several threads.
+
+    Args:
+        one_node: every rank of the job runs on this node (the launcher knows): where MPI is
+            not initialised yet, each MPI is kept off the network (``_LOOPBACK``; MPICH's UCX
+            would otherwise listen on every interface for peers that cannot exist).
+    """
+    if one_node and "mpi4py.MPI" not in sys.modules:
+        for names, values in _LOOPBACK:
+            if not any(name in os.environ for name in names):
+                os.environ.update(values)
     try:
         from mpi4py import MPI
     except ImportError as err:
@@ -107,19 +114,6 @@ _LOOPBACK = (
     (("OMPI_MCA_btl",), {"OMPI_MCA_btl": "^tcp"}),
     (("FI_TCP_IFACE",), {"FI_TCP_IFACE": "lo"}),
 )
-
-
-def _loopback_mpi_on_one_node() -> None:
-    if "mpi4py.MPI" in sys.modules:
-        return
-    from hpccollect.transport.rendezvous import detect
-
-    with contextlib.suppress(Exception):  # only a hint: MPI's defaults work too
-        found = detect()
-        if found.world_size > 1 and found.local_size == found.world_size:
-            for names, values in _LOOPBACK:
-                if not any(name in os.environ for name in names):
-                    os.environ.update(values)
 
 
 class _Work:

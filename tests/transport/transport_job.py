@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from hpccollect.errors import CollectorTimeoutError
+from hpccollect.launchers.rendezvous import on_one_node
 from hpccollect.transport.mpi4py_group import MPIGroup, _world_ranks, mpi4py_comm, quiesce
 
 SIZES = (40, 59_000, 3_000_000)  # a small message, a CartPole batch, a transfer that takes a while
@@ -31,7 +32,7 @@ def payload(size: int, seed: int) -> torch.Tensor:
 
 def main() -> None:
     out = sys.argv[1]
-    comm = mpi4py_comm()
+    comm = mpi4py_comm(on_one_node())
     rank = comm.Get_rank()
     Path(f"{out}.pid{rank}").write_text(str(os.getpid()))
     group = MPIGroup(comm, "test-transport")
