@@ -27,6 +27,7 @@ from tensordict.nn import CudaGraphModule, InteractionType, TensorDictModule, Te
 from tensordict.nn.probabilistic import interaction_type
 from torch import nn
 
+from hpccollect._compat import has_hooks
 from hpccollect.envs.specs import TensorSpec
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
 
@@ -248,7 +249,7 @@ def _direct_call(policy: TensorDictModuleBase) -> tuple[Callable, list, list] | 
     """A plain ``TensorDictModule`` (exact class, list keys, no hooks) is just its module."""
     if type(policy) is not TensorDictModule:
         return None
-    if policy._forward_hooks or policy._forward_pre_hooks or getattr(policy, "_kwargs", None):
+    if has_hooks(policy) or getattr(policy, "_kwargs", None):
         return None
     if not isinstance(policy.in_keys, list) or not isinstance(policy.out_keys, list):
         return None

@@ -6,13 +6,13 @@ stops writing inside ``pause()``."""
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import shutil
 import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hpccollect._compat import lay_out_on_first_write
 from hpccollect.collectors.background import BackgroundThread
 from hpccollect.collectors.loops.buffers import store
 from hpccollect.protocol import Command, Reply
@@ -56,16 +56,10 @@ def _first_writer_lays_out(storage: Any, may_enable: bool) -> bool:
     ``shared_init``, turned on here (as TorchRL's collector turns it on) if ``may_enable``."""
     if getattr(storage, "shared_init", False):
         return True
-    if (
-        not may_enable
-        or not hasattr(storage, "shared_init")
-        or not callable(getattr(storage, "_make_init_directory", None))
-        or getattr(storage, "_compilable", False)
-    ):
+    if not may_enable or not hasattr(storage, "shared_init"):
         return False
-    storage._init_lock, storage._init_event = mp.Lock(), mp.Event()
-    storage._make_init_directory()
-    storage.shared_init = True
+    if not lay_out_on_first_write(storage):
+        return False
     # the directory TorchRL's first writer lays the storage out in goes with the storage
     # (TorchRL's collector leaves it in the temp folder)
     weakref.finalize(storage, shutil.rmtree, storage.scratch_dir, True)

@@ -11,6 +11,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from hpccollect._compat import foreach_copy_
 from hpccollect.collectors.weights import RemoteWeightsUpdaterBase
 from hpccollect.collectors.workers.pool import WorkerPool
 from hpccollect.errors import ArgumentValueError, WorkerError
@@ -158,7 +159,7 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
             for s, d in zip(leaves, self.dst, strict=True)
         ):
             if any(s.data_ptr() != d.data_ptr() for s, d in zip(leaves, self.dst, strict=True)):
-                torch._foreach_copy_(self.dst, leaves)
+                foreach_copy_(self.dst, leaves)
         else:
             copy_weights_(self.views, weights)
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from hpccollect._compat import can_reset_one_sub_env, reset_one_sub_env
 from hpccollect.envs.spaces import Key, LeafCodec, action_codec, observation_codecs
 from hpccollect.envs.specs import Categorical, Composite, TensorSpec, Unbounded
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError, EnvError, with_builtin
@@ -220,8 +221,7 @@ class GymEnv:
         out = current
         for i in np.flatnonzero(mask):
             obs, _ = venv.envs[i].reset()
-            venv._env_obs[i] = obs
-            venv._autoreset_envs[i] = False
+            reset_one_sub_env(venv, i, obs)
             for key, value in self.leaves(obs).items():
                 out[key][i] = value
         return out
@@ -367,8 +367,7 @@ def _supports_direct_sub_reset(env: Any) -> bool:
     return (
         type(env) is gym.vector.SyncVectorEnv
         and env.metadata.get("autoreset_mode", _NEXT_STEP) != _SAME_STEP
-        and isinstance(getattr(env, "_autoreset_envs", None), np.ndarray)
-        and isinstance(getattr(env, "_env_obs", None), list)
+        and can_reset_one_sub_env(env)
     )
 
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
+from hpccollect._compat import new_unchecked, storage_holds
 from hpccollect.errors import ArgumentTypeError
 
 __all__ = ["HEADER", "FlatLayout", "Slot", "Spares"]
@@ -179,9 +180,7 @@ class _Recipe:
             for k, v in tree.items()
         }
         # leaves of the agreed shapes: skip tensordict's checks (names too: each level's)
-        return TensorDict._new_unsafe(
-            source, batch_size=self.batch_size, device=device, names=self.names
-        )
+        return new_unchecked(source, batch_size=self.batch_size, device=device, names=self.names)
 
 
 def _aligned(n: int) -> int:
@@ -285,5 +284,4 @@ def _free(slot: Slot) -> bool:
 def _holds(buffer: torch.Tensor) -> int | None:
     """How many holds there are on ``buffer``'s memory (the tensor and its views, arrays made
     from it); None where this torch cannot count them (its slots are then never reused)."""
-    count = getattr(torch._C, "_storage_Use_Count", None)
-    return None if count is None else count(buffer.untyped_storage()._cdata)
+    return storage_holds(buffer)

@@ -8,10 +8,10 @@ import contextlib
 import signal
 import socket
 import weakref
-from multiprocessing import resource_sharer
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from hpccollect._compat import stop_fd_passing
 from hpccollect.protocol import Message
 from hpccollect.transport.base import Channel, PeerLife
 
@@ -120,7 +120,7 @@ class PipeChannel(Channel):
         self.life.close()
         _OPEN_PIPES.discard(self)
         if self.process is not None and not _OPEN_PIPES:
-            resource_sharer.stop(timeout=1)
+            stop_fd_passing()
 
 
 def _started(process: Any) -> bool:

@@ -12,6 +12,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, set_interaction_type
 
+from hpccollect._compat import new_unchecked
 from hpccollect.collectors.torchrl_api.options import CollectorArgs, Devices
 from hpccollect.envs.gym import DONE_KEYS, GymEnv, Leaves
 from hpccollect.envs.spaces import Key
@@ -89,7 +90,7 @@ class StepPolicy:
                 self.step_count.reshape(self._flag_shape).copy()
             )
         if self._flat_input:  # built from checked tensors: skip tensordict's validation
-            return TensorDict._new_unsafe(source, batch_size=self.env.batch_size)
+            return new_unchecked(source, batch_size=self.env.batch_size)
         return TensorDict(source, batch_size=self.env.batch_size, device=self.devices.policy)
 
     def _call_policy_td(self, root: Leaves) -> TensorDictBase:

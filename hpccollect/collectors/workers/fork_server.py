@@ -18,18 +18,30 @@ process-wide one:
 
 Caveat, as for any fork server: a script whose top level runs torch operations (outside
 ``if __name__ == "__main__"``) runs them in the server, before every fork.
+
+Python offers no public way to fork from a fork server other than the process-wide one, so this
+module holds every access to ``multiprocessing``'s internals the package makes for it, checked
+against CPython 3.10 to 3.13 (``tests/collectors/test_multi.py`` fails when one breaks):
+``forkserver.ForkServer`` (its ``ensure_running``, ``connect_to_new_process`` and
+``set_forkserver_preload``; the process id, alive descriptor and address it keeps, read and
+cleared by ``close``), and the fork-server ``Popen`` with its launch (``_JobPopen``), which this
+module makes talk to the job's server. Nothing of ``multiprocessing`` is replaced: the job's
+processes are of a ``Process`` class of this module's own (``_JobProcess``), made by the
+context ``forking`` yields.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import multiprocessing as mp
 import os
 import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from multiprocessing import forkserver
+from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
+from multiprocessing.context import set_spawning_popen
 from typing import Any
 
 __all__ = ["RANK_MODULES", "JobForkServer"]
@@ -45,9 +57,50 @@ RANK_MODULES = (
 #: imported by the server only, before anything else: it ignores the stop signals
 _IGNORE_STOP_SIGNALS = "hpccollect.collectors.workers.server_signals"
 
-# Python's fork-server processes take the server from a module attribute: while one job's
-# processes start, it points at that job's server (one job at a time)
+# the job's processes start one job at a time: ``_STARTING`` held, ``_SERVER[0]`` is its server
 _STARTING = threading.Lock()
+_SERVER: list[forkserver.ForkServer] = []
+_FORKSERVER = mp.get_context("forkserver")
+
+
+class _JobPopen(popen_forkserver.Popen):
+    """The fork-server ``Popen`` of Python's own (the descriptors a process's arguments hold
+    go to the child through the server, its sentinel and exit status come back the same way),
+    launched through the job's server instead of the process-wide one."""
+
+    def _launch(self, process_obj: Any) -> None:
+        server = _SERVER[0]
+        data = io.BytesIO()
+        set_spawning_popen(self)  # the arguments' descriptors are collected in self._fds
+        try:
+            for part in (spawn.get_preparation_data(process_obj.name), process_obj):
+                reduction.dump(part, data)
+        finally:
+            set_spawning_popen(None)
+        self.sentinel, out = server.connect_to_new_process(self._fds)
+        # a copy of the write end stays here until this Popen goes: the child reads its end
+        # as this process's life
+        kept = os.dup(out)
+        self.finalizer = util.Finalize(self, util.close_fds, (kept, self.sentinel))
+        with open(out, "wb", closefd=True) as pipe:
+            pipe.write(data.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _JobProcess(_FORKSERVER.Process):
+    """A process the job's fork server forks (``JobForkServer.forking``)."""
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> _JobPopen:
+        if not _SERVER:
+            raise RuntimeError("a job's process starts only inside JobForkServer.forking()")
+        return _JobPopen(process_obj)
+
+
+class _JobContext(type(_FORKSERVER)):  # type: ignore[misc]
+    """The fork-server context whose processes fork from the job's server."""
+
+    Process = _JobProcess
 
 
 class JobForkServer:
@@ -61,7 +114,7 @@ class JobForkServer:
         self._server = forkserver.ForkServer()
         # the stop signals first: a scheduler may signal the job while the server imports
         self._server.set_forkserver_preload([_IGNORE_STOP_SIGNALS, "__main__", *preload])
-        self.context = mp.get_context("forkserver")
+        self.context = _JobContext()
 
     @property
     def pid(self) -> int | None:
@@ -81,12 +134,11 @@ class JobForkServer:
     def forking(self) -> Iterator[Any]:
         """While in this block, processes of ``self.context`` fork from this server."""
         with _STARTING:
-            saved = forkserver.connect_to_new_process
-            forkserver.connect_to_new_process = self._server.connect_to_new_process
+            _SERVER[:] = [self._server]
             try:
                 yield self.context
             finally:
-                forkserver.connect_to_new_process = saved
+                _SERVER.clear()
 
     def close(self, timeout: float = 2.0) -> None:
         """End the server and reap it (call it once the job's processes have ended: what the
