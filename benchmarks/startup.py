@@ -1,9 +1,8 @@
 """Start-up: what a fresh process, a collector worker and an MPI rank cost before they collect.
 
-Each row is measured twice in the same run, in fresh processes: "eager" with
-``HPCCOLLECT_EAGER_DYNAMO=1`` (tensordict's import imports ``torch._dynamo``, as it did before
-hpccollect deferred it) and "deferred" (the default; see ``hpccollect/_startup.py``). The
-variable reaches every worker and rank the measured process starts. Rows:
+Each row is measured in fresh processes with this checkout's Python and, given ``--old-python``,
+with another environment's Python whose hpccollect is another checkout (a venv of its own: a
+spawned worker or rank imports the package its interpreter finds), runs interleaved. Rows:
 
 * ``import``: ``python -c "import hpccollect, tensordict"``, wall time of the whole process
   (``import hpccollect`` alone imports neither torch nor tensordict).
@@ -12,9 +11,9 @@ variable reaches every worker and rank the measured process starts. Rows:
 * ``mpiexec -n 3``: ``python -m hpccollect collect`` of 2 x 200 CartPole frames under
   ``mpiexec -n 3``, wall time of the whole job (three ranks start side by side).
 
-Each figure is the median of ``--repeats`` runs, eager and deferred runs interleaved.
+Each figure is the median of ``--repeats`` runs.
 
-    python benchmarks/startup.py --repeats 5
+    python benchmarks/startup.py --repeats 5 [--old-python /tmp/oldvenv/bin/python]
 """
 
 from __future__ import annotations
@@ -49,66 +48,54 @@ if __name__ == "__main__":
 """
 
 
-def _env(eager: bool) -> dict[str, str]:
-    return {**os.environ, "HPCCOLLECT_EAGER_DYNAMO": "1" if eager else "0"}
-
-
-def _wall(cmd: list[str], eager: bool, cwd: str) -> float:
+def _wall(cmd: list[str], cwd: str) -> float:
     t = time.perf_counter()
-    subprocess.run(cmd, env=_env(eager), cwd=cwd, check=True, timeout=300, capture_output=True)
+    subprocess.run(cmd, cwd=cwd, check=True, timeout=300, capture_output=True)
     return time.perf_counter() - t
 
 
-def _workers(script: str, eager: bool, cwd: str) -> float:
-    out = subprocess.run(
-        [sys.executable, script],
-        env=_env(eager),
-        cwd=cwd,
-        check=True,
-        timeout=300,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return float(out.split()[-1])
+def _workers(python: str, script: str, cwd: str) -> float:
+    done = subprocess.run(
+        [python, script], cwd=cwd, check=True, timeout=300, capture_output=True, text=True
+    )
+    return float(done.stdout.split()[-1])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--old-python", help="another environment's Python, measured alike")
     args = p.parse_args()
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    pythons = {"now": sys.executable, **({"old": args.old_python} if args.old_python else {})}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "workers.py")
         Path(script).write_text(_WORKERS)
         cases = {
-            "import": lambda eager: _wall(
-                [sys.executable, "-c", "import hpccollect, tensordict"], eager, tmp
-            ),
-            "2 workers": lambda eager: _workers(script, eager, tmp),
+            "import": lambda py: _wall([py, "-c", "import hpccollect, tensordict"], tmp),
+            "2 workers": lambda py: _workers(py, script, tmp),
         }
-        if mpiexec:
-            collect = [mpiexec, "-n", "3", sys.executable, "-m", "hpccollect", "collect",
-                       "--frames-per-batch", "200", "--total-frames", "400", "--quiet"]  # fmt: skip
-            cases["mpiexec -n 3"] = lambda eager: _wall(
-                [*collect, "--out", os.path.join(tmp, f"d{time.monotonic_ns()}.h5")], eager, tmp
-            )
+        if shutil.which("mpiexec", path=os.path.dirname(sys.executable)):
+
+            def collect(py: str) -> float:
+                mpiexec = shutil.which("mpiexec", path=os.path.dirname(py))
+                out = os.path.join(tmp, f"d{time.monotonic_ns()}.h5")
+                return _wall([mpiexec, "-n", "3", py, "-m", "hpccollect", "collect",
+                              "--frames-per-batch", "200", "--total-frames", "400", "--quiet",
+                              "--out", out], tmp)  # fmt: skip
+
+            cases["mpiexec -n 3"] = collect
         else:
             print("no mpiexec beside this Python: the rank row is left out", file=sys.stderr)
         for name, measure in cases.items():
-            times: dict[bool, list[float]] = {True: [], False: []}
+            times: dict[str, list[float]] = {side: [] for side in pythons}
             for _ in range(args.repeats):
-                for eager in (True, False):
-                    times[eager].append(measure(eager))
-            row = {
-                "case": name,
-                "eager_s": statistics.median(times[True]),
-                "deferred_s": statistics.median(times[False]),
-            }
-            row["saved"] = 1 - row["deferred_s"] / row["eager_s"]
+                for side, python in pythons.items():
+                    times[side].append(measure(python))
+            row = {"case": name, **{f"{s}_s": statistics.median(t) for s, t in times.items()}}
             rows.append(row)
-            print(f"{name:>14}: eager {row['eager_s']:.2f} s, deferred {row['deferred_s']:.2f} s "
-                  f"({row['saved']:.0%} less)", flush=True)  # fmt: skip
+            print(f"{name:>14}: " + ", ".join(f"{s} {row[f'{s}_s']:.2f} s" for s in pythons),
+                  flush=True)  # fmt: skip
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps({"repeats": args.repeats, "rows": rows}, indent=1))
 

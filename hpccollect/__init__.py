@@ -12,15 +12,13 @@ TorchRL 0.14.1 renamed its collectors (``Collector``, ``AsyncCollector``, ``Mult
 Importing hpccollect imports nothing else: each public name loads its module when first used,
 so ``python -m hpccollect`` answers ``--help`` and reports a mistake on its command line before
 torch loads (on every rank of an ``mpiexec`` job). The distributed names load the distributed
-layer and mpi4py only when used. tensordict, whoever imports it first, loads without
-``torch._dynamo``, which halves a rank's or worker's start-up; dynamo gets tensordict's
-``torch.compile`` registrations when it is first imported (see ``hpccollect._startup``).
+layer and mpi4py only when used. Importing hpccollect changes nothing of Python's or another
+package's: no import hook, no replaced function (``tests/test_boundaries.py``).
 """
 
 from typing import TYPE_CHECKING
 
 from hpccollect._lazy import lazy_exports
-from hpccollect._startup import defer_dynamo
 from hpccollect._version import __version__
 from hpccollect.collectors.torchrl_api.execution import register_execution
 
@@ -51,8 +49,6 @@ if TYPE_CHECKING:
     from hpccollect.envs import GymEnv
     from hpccollect.policy import ExplorationType, RandomPolicy
     from hpccollect.storage import ReplayBuffer
-
-defer_dynamo()
 
 __all__ = [
     "AsyncCollector",

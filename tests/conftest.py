@@ -11,12 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-# isort: split
-# first: tensordict, imported after hpccollect, comes without torch._dynamo, 1.2 s less start-up
-# for each job script that imports this module (hpccollect/_startup.py)
-import hpccollect  # noqa: F401
-
-# isort: split
 import gymnasium as gym
 import numpy as np
 import pytest

@@ -17,7 +17,6 @@ ROOT = Path(hpccollect.__file__).parent
 LAYERS = [
     {
         "_version",
-        "_startup",
         "_compat",
         "_checks",
         "_lazy",

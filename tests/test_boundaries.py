@@ -26,50 +26,37 @@ HOOKS = {
 #: names with a leading underscore that are public all the same
 PUBLIC = {"_exit"}  # os._exit, documented
 
-#: what still reaches in, by module, with why; each goes with issue 60's remaining work
+#: what still reaches in, by module, with why: where no public way exists, one module holds
+#: the access and names the versions it was checked against, and a test of its own fails when
+#: one breaks (tests/test_compat.py, tests/collectors/workers/test_fork_server.py)
 REMAINING = {
-    # a private fork server per job (its own environment, ended with the job): Python has
-    # no public API for one
-    "collectors/workers/fork_server.py": {
-        "assign forkserver.connect_to_new_process",
-        "read _forkserver_pid",
-        "read _forkserver_alive_fd",
-        "read _forkserver_address",
-    },
-    # tensordict imported without torch._dynamo (1.2 s of each process's start-up)
-    "_startup.py": {
-        "assign torch.compiler.allow_in_graph",
-        "assign torch.compiler.assume_constant_result",
-        "sys.meta_path",
-        "import torch._dynamo",
-        "read _dynamo_marked_constant",
-    },
-    # tensordict 0.14 registers no collate for TensorDicts: the entry added where none is
-    "_compat.py": {"import torch.utils.data._utils.collate.default_collate_fn_map"},
-    # one finished sub-env of gymnasium's SyncVectorEnv reset without concatenating all
-    "envs/gym.py": {"read _env_obs", "read _autoreset_envs"},
-    # a TorchRL replay buffer's storage laid out by its first writer, as TorchRL's collector
-    # turns it on
-    "collectors/filling.py": {
+    # every private name of torch, tensordict, gymnasium, TorchRL and multiprocessing the
+    # package needs, each behind a name of its own (see the module's docstring)
+    "_compat.py": {
+        "import torch.utils.data._utils.collate.default_collate_fn_map",
+        "import multiprocessing.resource_sharer",
+        "read _new_unsafe",
+        "read _foreach_copy_",
+        "read _C",
+        "read _storage_Use_Count",
+        "read _cdata",
+        "read _forward_hooks",
+        "read _forward_pre_hooks",
+        "read _env_obs",
+        "read _autoreset_envs",
         "read _make_init_directory",
         "read _compilable",
         "read _init_lock",
         "read _init_event",
     },
-    # the fd-passing thread that sending shared tensors down a pipe starts, stopped
-    "transport/pipe.py": {"import multiprocessing.resource_sharer"},
-    # the per-batch hot path: a TensorDict over leaves already checked, and a fused copy
-    "collectors/loops/step_policy.py": {"read _new_unsafe"},
-    "transport/batches.py": {
-        "read _new_unsafe",
-        "read _C",
-        "read _cdata",
-        "read _storage_Use_Count",
+    # a private fork server per job (its own environment, ended with the job): Python has
+    # no public API for one
+    "collectors/workers/fork_server.py": {
+        "read _fds",
+        "read _forkserver_pid",
+        "read _forkserver_alive_fd",
+        "read _forkserver_address",
     },
-    "transport/rank_channel.py": {"read _foreach_copy_"},
-    "distributed/weights.py": {"read _foreach_copy_"},
-    # whether a policy module has hooks (its forward is then called through them)
-    "policy.py": {"read _forward_hooks", "read _forward_pre_hooks"},
 }
 
 
