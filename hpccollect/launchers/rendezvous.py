@@ -48,6 +48,7 @@ __all__ = [
     "expand_nodelist",
     "launched_rank",
     "launched_ranks",
+    "on_one_node",
     "share_from_root",
 ]
 
@@ -142,6 +143,16 @@ def launched_ranks(environ: Mapping[str, str] | None = None) -> int:
         if name is not None and name in environ:
             return _env_int(environ, name, minimum=1)[0]
     return 1
+
+
+def on_one_node() -> bool:
+    """Whether the launcher says that every rank of this job (two or more) runs on this node
+    (``mpi4py_comm(one_node=...)`` then keeps MPI off the network); False when it cannot tell."""
+    try:
+        found = detect(master_addr="127.0.0.1")
+    except HpcCollectError:
+        return False
+    return found.world_size > 1 and found.local_size == found.world_size
 
 
 def share_from_root(comm: Any, value: Any, timeout: float) -> Any:

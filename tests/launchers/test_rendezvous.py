@@ -17,7 +17,7 @@ import pytest
 from conftest import alive
 
 from hpccollect.errors import ArgumentTypeError, ArgumentValueError
-from hpccollect.transport.rendezvous import (
+from hpccollect.launchers.rendezvous import (
     Rendezvous,
     detect,
     expand_nodelist,
@@ -272,7 +272,7 @@ _DETECT_JOB = """
     import time
     from mpi4py import MPI
     from hpccollect.transport.addresses import free_port
-    from hpccollect.transport.rendezvous import detect, launched_ranks, share_from_root
+    from hpccollect.launchers.rendezvous import detect, launched_ranks, share_from_root
 
     comm = MPI.COMM_WORLD
     rv = detect()
@@ -315,7 +315,7 @@ def test_detect_and_share_under_mpiexec(tmp_path):
 _TIMEOUT_JOB = """
     import time
     from mpi4py import MPI
-    from hpccollect.transport.rendezvous import share_from_root
+    from hpccollect.launchers.rendezvous import share_from_root
     from hpccollect.errors import CollectorTimeoutError
 
     comm = MPI.COMM_WORLD
