@@ -175,6 +175,12 @@ class Channel(abc.ABC):
         buffers), or buffers laid out the same in this channel's memory, sent without a copy."""
         return batch
 
+    def report_buffers(self, report: Any) -> Any:
+        """Where a worker's reports should be written (``reports.py``: a small message of one
+        fixed layout, sent instead of its batches): as ``batch_buffers``, or buffers whose
+        bytes travel with the report's announcement, a control message like any other."""
+        return self.batch_buffers(report)
+
     def latest(self, batch: Any) -> Any:
         """The peer's last batch, ``batch`` being the buffers it announced: those buffers
         themselves, where every batch arrives in them."""

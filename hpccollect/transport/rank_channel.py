@@ -34,6 +34,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from hpccollect._compat import foreach_copy_
 from hpccollect.protocol import Command, Layout, Message, Reply, message
 from hpccollect.transport.base import Channel, PeerLife
 from hpccollect.transport.batches import HEADER, FlatLayout, Slot, Spares
@@ -63,6 +64,7 @@ class _WireLayout:
     pid: int
     weights_nbytes: int
     frames: int = 0
+    inline: bool = False  # its batches are reports, their bytes in their frames
 
 
 class Closed:
@@ -114,6 +116,7 @@ class RankChannel(Channel):
         self._said_stop = self._told_stop = False  # SHUTDOWN sent by this side / by the peer
         # batches: what this side sends from, and what the peer's arrive in
         self._placed: tuple | None = None
+        self._inline = False  # batches are reports: their bytes ride in their frames
         self._batch_out: tuple[torch.Tensor, list, list] | None = None
         self._in_layout: FlatLayout | None = None
         self._in_views: TensorDictBase | None = None
@@ -122,11 +125,10 @@ class RankChannel(Channel):
         self._landed: Slot | None = None
         self._posted: list[Any] = []  # the receive the peer's next batch lands in
         self._held: deque = deque()  # frames read during a transfer, for their turn
-        # weights: rank 0 counts its broadcasts; a collector rank counts the updates its loop
-        # took (each batch says the version it was collected with), and folds broadcasts that
-        # come while one is queued into it (the loop loads the newest)
+        # weights: a collector rank counts the updates its loop took (each batch says the
+        # version it was collected with), and folds broadcasts that come while one is queued
+        # into it (the loop loads the newest)
         self._weights: torch.Tensor | None = None
-        self.broadcasts = 0
         self._queued = False
         self._silent_acks = 0
         self._taken = 0
@@ -148,10 +150,7 @@ class RankChannel(Channel):
         if kind is Command.SHUTDOWN:
             self._said_stop = True
         value, blob = _encode(kind, payload)
-        self._send_frame(Frame(CODE[kind], value, self._version(), 0, blob))
-
-    def _version(self) -> int:
-        return self._taken if self._weights is not None else self.broadcasts
+        self._send_frame(Frame(CODE[kind], value, 0, 0, blob))
 
     def _send_frame(self, frame: Frame) -> None:
         try:
@@ -165,17 +164,23 @@ class RankChannel(Channel):
         goes into the receive rank 0 keeps posted for it, and only then is it announced: rank
         0 never waits for a batch whose sender stopped mid-way (a torch group's wait that
         times out closes the group). Over MPI, which moves a message only while both ends are
-        inside MPI, it is announced first and rank 0 receives it then (a bounded wait there
-        costs nothing)."""
+        inside MPI, the send is posted, then announced, then seen through: the message's
+        envelope is there when rank 0 reads the frame, which it receives at once (a rank
+        stopped before its frame holds no wait of rank 0's; one stopped after, the wait's
+        watch of its link ends)."""
         flat, dst, src = self._batch_out
         if dst:
-            torch._foreach_copy_(dst, src)
+            foreach_copy_(dst, src)
+        if self._inline:  # a report: a control message like any other
+            self._send_frame(Frame(BATCH, value, self._taken, 0, flat.numpy().tobytes()))
+            return
         frame = Frame(BATCH, value, self._taken, flat.numel())
-        first = self._announce_first()
-        if first:
+        work = self._data().send([flat], self.peer, _BATCHES)
+        if self._announce_first():
             self._send_frame(frame)
-        self._transfer(self._data().send([flat], self.peer, _BATCHES), "its batch")
-        if not first:
+            self._transfer(work, "its batch")
+        else:
+            self._transfer(work, "its batch")
             self._send_frame(frame)
 
     def _announce_first(self) -> bool:
@@ -185,7 +190,7 @@ class RankChannel(Channel):
     def post_weights(self, flat: torch.Tensor) -> Any:
         """Send ``UPDATE_WEIGHTS`` with ``flat`` following point to point (the work to wait
         for, with ``wait_sent``)."""
-        self._send_frame(Frame(CODE[Command.UPDATE_WEIGHTS], 0, self.broadcasts, flat.numel()))
+        self._send_frame(Frame(CODE[Command.UPDATE_WEIGHTS], 0, 0, flat.numel()))
         try:
             return self._data().send([flat], self.peer, _WEIGHTS)
         except RuntimeError as err:
@@ -199,8 +204,7 @@ class RankChannel(Channel):
     def announce_broadcast(self, nbytes: int) -> None:
         """Tell the peer that weights of ``nbytes`` follow in the job's broadcast (before the
         broadcast itself); ``ConnectionError`` when the peer is gone."""
-        self.broadcasts += 1
-        self._send_frame(Frame(BROADCAST, 0, self.broadcasts, nbytes))
+        self._send_frame(Frame(BROADCAST, 0, 0, nbytes))
 
     def told_to_stop_or_lost(self) -> bool:
         """Whether this side sent the peer ``SHUTDOWN``, or the link or the peer's process
@@ -291,9 +295,14 @@ class RankChannel(Channel):
             return None
         if kind == BATCH:  # in the buffer already, or received now (``_send_batch``)
             self.batch_version = frame.version
-            if not self._posted:
-                self._posted.append(self._data().recv([self._in_slot.buffer], self.peer, _BATCHES))
-            self._transfer(self._posted[0], "a batch")
+            if frame.payload:  # a report: its bytes came in the frame
+                report = torch.frombuffer(bytearray(frame.payload), dtype=torch.uint8)
+                self._in_slot.buffer[: report.numel()].copy_(report)
+            else:
+                if not self._posted:
+                    receive = self._data().recv([self._in_slot.buffer], self.peer, _BATCHES)
+                    self._posted.append(receive)
+                self._transfer(self._posted[0], "a batch")
             self._batch_landed()
             self._post_batch_receive()
             return Reply.BATCH, frame.value
@@ -326,9 +335,12 @@ class RankChannel(Channel):
         """While rank 0 receives a batch the peer announced first: why the peer counts as
         lost (it went silent), or None. Only its heartbeats can come meanwhile (its sending
         thread is in the transfer): they are taken here, so a slow transfer from a live peer
-        is never silence; anything else is kept for its turn."""
+        is never silence; anything else is kept for its turn. A link that ended ends the wait
+        at once."""
         link = self.link
-        while link.ready(0) and not link.ended():
+        while link.ready(0):
+            if link.ended():  # what it sent before is kept; the transfer cannot complete
+                return "closed its control connection mid-transfer (its process ended)"
             frame = link.take()
             if frame.kind != BEAT:
                 self._held.append(frame)
@@ -359,6 +371,8 @@ class RankChannel(Channel):
         self.link_closed(why)
 
     def handles(self) -> list[Any]:
+        if self._closed:
+            return []
         handles: list[Any] = [self.link]
         if self.life.sentinel is not None:
             handles.append(self.life.sentinel)
@@ -373,6 +387,15 @@ class RankChannel(Channel):
         self._placed = (layout, flat, views)
         return views
 
+    def report_buffers(self, report: TensorDictBase) -> TensorDictBase:
+        """Buffers laid out like ``report`` in this process's memory, whose bytes travel in the
+        frame that announces each report: a report is a control message, and the data plane's
+        per-transfer cost is paid for batches only."""
+        layout = FlatLayout.of(report)
+        flat, views = layout.allocate("cpu")
+        self._placed, self._inline = (layout, flat, views), True
+        return views
+
     def _announce(self, layout: Layout) -> _WireLayout:
         """Set up the buffer batches leave from: the placed one, or a copy of ``layout.batch``."""
         if self._placed is not None and layout.batch is self._placed[2]:
@@ -383,12 +406,15 @@ class RankChannel(Channel):
             flat, views = flat_layout.allocate(self.device)
             self._batch_out = (flat, flat_layout.leaves(views), flat_layout.leaves(layout.batch))
         weights = 0 if self._weights is None else self._weights.numel()
-        return _WireLayout(flat_layout, layout.host, layout.pid, weights, layout.frames)
+        return _WireLayout(
+            flat_layout, layout.host, layout.pid, weights, layout.frames, self._inline
+        )
 
     def _adopt(self, wire: _WireLayout) -> Layout:
         """The peer's batches arrive in a buffer laid out as it announced; the views into that
         buffer are the batch the collector reads."""
         self._in_layout = wire.batch
+        self._inline = wire.inline
         self.peer_weights_nbytes = wire.weights_nbytes
         self.life.host, self.life.pid = wire.host, wire.pid
         self._in_slot = self._spares.slot(
@@ -411,7 +437,7 @@ class RankChannel(Channel):
         where a C call returns to Python code, never between the two."""
         group = self._data()
         self._posted.clear()
-        if not self._announce_first():
+        if not self._announce_first() and not self._inline:
             self._posted.extend(
                 starmap(group.recv, (([self._in_slot.buffer], self.peer, _BATCHES),))
             )

@@ -588,6 +588,8 @@ def test_with_rank_reports_rank_0_gets_reports_and_the_ranks_keep_every_batch(tm
     ) as collector:  # fmt: skip
         assert all(is_report(layout) for layout in collector._layouts)  # no batch-sized buffer
         reports = torch.cat([r.reshape(-1) for r in collector])
+        # a report is a control message: its bytes come in its frame, no receive is posted
+        assert all(c._inline and not c._posted for c in collector._pool.channels)
     assert collector._frames == int(reports["frames"].sum()) == 2400
     for rank, length in ((1, 3), (2, 5)):
         mine = reports[reports["rank"] == rank]
@@ -690,7 +692,7 @@ def test_64_ranks_each_give_their_rows_and_leave_nothing_behind():
     finally:
         collector.shutdown()
     # gloo connects a rank only to the ranks it talks to (rank 0; transport/backends._gloo):
-    # the store, two listeners, rank 0, its notices to rank 0 and the broadcast tree's few,
+    # the store, two listeners, rank 0, its control link to rank 0 and the broadcast tree's few,
     # where a full mesh of the two groups is 128 connections a rank
     assert held <= 13, f"a collector rank holds {held} sockets"
     assert len(batches) == 2

@@ -243,9 +243,9 @@ def rank_0_holds(backend: str, ranks: int, tmp_path: Path) -> dict:
 @pytest.mark.timeout(360)
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
 def test_rank_0_runs_the_same_threads_and_pipes_at_2_and_32_ranks(tmp_path, backend):
-    """Nothing on rank 0 grows with the ranks but its links: over mpi4py it polls every link
-    itself; over gloo the ranks' notices say which link to wait in (``notices.py``), and the
-    beats' answers come with the messages. One pulse thread beats every link."""
+    """Nothing on rank 0 grows with the ranks but its links: the thread that waits reads every
+    control link that woke its one ``poll`` (``rank_channel.py``), and one thread beats on
+    every link (``control.Beats``), whatever the backend."""
     few, many = (rank_0_holds(backend, n, tmp_path) for n in (2, 32))
     assert few["threads"] == many["threads"]
     assert not [t for t in many["threads"] if t.startswith("hpccollect-rank")]

@@ -158,7 +158,9 @@ def serve(
         if spec.reports is not None:
             reporter = RankReporter(spec.reports, sink)
             frames = _batch_frames(collector)
-            placed, by_value = _placed(channel, reporter.template), False
+            template = reporter.template
+            placed = channel.report_buffers(template.share_memory_() if channel.local else template)
+            by_value = False
         else:
             placed, by_value = _place_batches(collector, channel)
             frames = placed.numel()
@@ -188,11 +190,6 @@ def serve(
                 collector.shutdown(close_env=close_env)
         with contextlib.suppress(Exception):
             channel.close()
-
-
-def _placed(channel: Channel, template: TensorDictBase) -> TensorDictBase:
-    """Buffers laid out as ``template`` that the channel sends from."""
-    return channel.batch_buffers(template.share_memory_() if channel.local else template)
 
 
 def _batch_frames(collector: Any) -> int:
