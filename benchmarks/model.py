@@ -57,15 +57,14 @@ RANKS = (1, 10, 100, 1_000, 10_000)
 REPORT_BYTES = 1_200  # a rank report (``collectors/workers/reports.py``) as it travels
 #: rank 0's own memory (MB) and what each link holds besides its batches, fitted below
 LIVENESS = 30.0  # s, the default liveness_timeout
-BEAT = min(5.0, LIVENESS / 6)  # heartbeat.beat_interval
-#: per collector rank on rank 0: threads (none over either transport: over gloo the ranks'
-#: notices say which receive to wait in, ``transport/notices.py``) and sockets (gloo's and the
-#: notices' connection, measured: 4.1 a rank from 8 to 32 ranks, ``rank_sockets.py``; MPI: one
-#: connection)
+BEAT = min(5.0, LIVENESS / 6)  # control.beat_interval
+#: per collector rank on rank 0: threads (none over either transport: rank 0 reads each rank's
+#: control link in the thread that waits, ``transport/rank_channel.py``) and sockets (gloo's
+#: and the control link, ``rank_sockets.py``; MPI: the control link)
 THREADS = {"gloo": 0, "mpi": 0}
 SOCKETS_RANK0 = {"gloo": 4, "mpi": 1}
 #: gloo connects a pair of ranks when they first talk (``transport/backends._gloo``): a collector
-#: rank holds the store's, two listeners, rank 0's, its notices to rank 0 and its broadcast
+#: rank holds the store's, two listeners, rank 0's, its control link to rank 0 and its broadcast
 #: tree's (at most log2(N + 1)) sockets; MPI connects on first use
 SOCKETS_RANK = {"gloo": lambda n: 6 + math.ceil(math.log2(n + 1)), "mpi": lambda n: 4}
 FD_LIMIT = 1024  # the usual default ``ulimit -n``
