@@ -13,10 +13,12 @@ Two planes:
 A batch is the batch's flat buffer (``batches.FlatLayout``, agreed once in ``LAYOUT``) sent
 into the receive rank 0 keeps posted for it, in a buffer laid out the same, then a ``BATCH``
 frame that says it is there (a rank stopped mid-transfer never holds rank 0: its frame never
-comes, its heartbeats stop); weights are an ``UPDATE_WEIGHTS`` frame and a point-to-point
-send, or a ``BROADCAST`` frame on every link and one broadcast. Rank 0 reads its links in the thread that waits for them (no thread per rank); a
-collector rank reads its one link in a thread of its own, which also takes part in each weight
-broadcast as it is announced and queues one update for the collector's loop.
+comes, its heartbeats stop); a rank's report (``report_buffers``) is a control message, its
+bytes in its frame; weights are an ``UPDATE_WEIGHTS`` frame and a point-to-point send, or a
+``BROADCAST`` frame on every link and one broadcast. Rank 0 reads its links in the thread that
+waits for them (no thread per rank); a collector rank reads its one link in a thread of its
+own, which also takes part in each weight broadcast as it is announced and queues one update
+for the collector's loop.
 """
 
 from __future__ import annotations
