@@ -4,7 +4,7 @@ tensordict's versions differ, and what no package offers publicly.
 **Private names.** Each is read here and nowhere else (``tests/test_boundaries.py`` fails on one
 read elsewhere), checked against the versions this project installs and tests: torch 2.13,
 tensordict 0.14.3 and 0.15.3, gymnasium 1.1.0 and 1.4.0, torchrl 0.14.1, CPython 3.10 to 3.13.
-``tests/test_compat.py`` fails when one of them changes:
+``tests/test_compat_private.py`` fails when one of them changes:
 
 * ``new_unchecked`` (``TensorDict._new_unsafe``): a TensorDict over leaves whose shapes and
   devices are already right, without tensordict's per-leaf checks (a batch's nest, a step's

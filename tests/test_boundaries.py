@@ -28,7 +28,7 @@ PUBLIC = {"_exit"}  # os._exit, documented
 
 #: what still reaches in, by module, with why: where no public way exists, one module holds
 #: the access and names the versions it was checked against, and a test of its own fails when
-#: one breaks (tests/test_compat.py, tests/collectors/workers/test_fork_server.py)
+#: one breaks (tests/test_compat_private.py, tests/collectors/workers/test_fork_server.py)
 REMAINING = {
     # every private name of torch, tensordict, gymnasium, TorchRL and multiprocessing the
     # package needs, each behind a name of its own (see the module's docstring)
