@@ -51,23 +51,32 @@ def check(backend: str, device: str, ranks: int, sync: bool) -> None:
         device=device,
         storing_device=device,
         update_after_each_batch=False,
+        track_policy_version=True,
     )
     expected = torch.device(device)
+    # a sync round starts as the last one is taken, so only the first batch after an update may
+    # hold the old weights; with sync=False each rank may have one batch under way and one
+    # waiting on rank 0, both collected with the old ones
+    stale_at_most = 1 if sync else 2 * ranks
     try:
         batches = iter(collector)
         for version in range(1, 4):
             with torch.no_grad():
                 policy.module.bias.fill_(float(version))
             collector.update_policy_weights_()
-            # the batch under way when the weights were sent may still have the old ones
-            # (a sync round starts as the last one is taken); every later one has the new
-            for i in range(3):
+            seen = []
+            for _ in range(stale_at_most + 2):
                 batch = next(batches)
                 assert batch.device == expected, (batch.device, expected)
                 assert batch["observation"].device.type == expected.type
-                markers = batch["marker"].unique().tolist()
-                if i:
-                    assert markers == [float(version)], (version, markers)
+                # the weights a rank says it collected with are the ones each frame shows
+                marker = batch["marker"][..., 0]
+                stamp = batch["policy_version"].to(marker.dtype)
+                assert torch.equal(marker, stamp), (marker.unique(), stamp.unique())
+                seen.extend(batch["policy_version"].unique().tolist())
+            assert set(seen) <= {version - 1, version}, (version, seen)
+            assert seen.count(version - 1) <= stale_at_most, (version, seen)
+            assert version in seen, (version, seen)
         print(f"ok {backend} on {device}, sync={sync}: {ranks} rank(s), 3 weight updates")
     finally:
         collector.shutdown()
