@@ -160,6 +160,18 @@ def descriptors(kind: str, pid: int | str = "self") -> int:
     return held
 
 
+def native_threads(name: str, settle: int | None = None) -> int:
+    """How many threads of this process (torch's native ones too) are called ``name``: once
+    there are ``settle`` of them, or after 5 s (a native thread names itself as it starts)."""
+    deadline = time.monotonic() + 5
+    while True:
+        tasks = Path(f"/proc/{os.getpid()}/task").iterdir()
+        count = sum((task / "comm").read_text().strip() == name for task in tasks)
+        if settle is None or count == settle or time.monotonic() > deadline:
+            return count
+        time.sleep(0.02)
+
+
 def parent(pid: int) -> int | None:
     """Process ``pid``'s parent, from /proc (None once it is gone)."""
     found = process(pid)

@@ -55,6 +55,11 @@ class Backend:
             launcher's own world, an MPI job's).
         device: where the tensors it moves live (``"cuda"`` for nccl: batches and weights
             then never pass through the host).
+        one_group: whether its point-to-point transfers and its broadcasts share one group
+            (``open_group`` is then called once, ``name`` ``"messages"``). Gloo's can: they
+            never wait on each other, and one group holds one network thread and one set of
+            connections. NCCL's cannot: it orders both on one stream, where a broadcast queued
+            behind a receive whose sender first joins that broadcast never ends.
     """
 
     name: str
@@ -64,6 +69,7 @@ class Backend:
     unsupported: str | None = None
     needs_store: bool = True
     device: str = "cpu"
+    one_group: bool = False
 
 
 _BACKENDS: dict[str, Backend | str] = {}  # a Backend, or "module:attr" naming one
@@ -138,12 +144,12 @@ _IFNAME = "GLOO_SOCKET_IFNAME"
 
 def _gloo(store: Any, rank: int, world_size: int, name: str) -> Any:
     """A gloo group whose ranks connect only when they first exchange a message: a collector
-    rank then holds a connection to rank 0 (messages) and to its few neighbours in the
-    broadcast's tree, not one to each of the job's ranks (64 x 64 at 64 ranks), and the group
-    is made without waiting for all of those. ``TORCH_GLOO_LAZY_INIT=0`` in the environment
-    keeps torch's full mesh. Gloo listens on the interface that reaches rank 0's store
-    (``_gloo_interface``). Both are torch's environment switches, read as the group is made:
-    set for that moment, where the caller's environment does not set them itself."""
+    rank then holds a connection to rank 0 and to its few neighbours in the broadcast's tree,
+    not one to each of the job's ranks (64 x 64 at 64 ranks), and the group is made without
+    waiting for all of those. ``TORCH_GLOO_LAZY_INIT=0`` in the environment keeps torch's full
+    mesh. Gloo listens on the interface that reaches rank 0's store (``_gloo_interface``).
+    Both are torch's environment switches, read as the group is made: set for that moment,
+    where the caller's environment does not set them itself."""
     import torch.distributed as dist
 
     settings = {_LAZY: "1"}
@@ -152,7 +158,7 @@ def _gloo(store: Any, rank: int, world_size: int, name: str) -> Any:
         settings[_IFNAME] = interface
     with _environment(settings):
         group = dist.ProcessGroupGloo(store, rank, world_size, IDLE)
-    _connect_pairs_in_use(group, rank, world_size, name, store.timeout)
+    _connect_pairs_in_use(group, rank, world_size, store.timeout)
     return group
 
 
@@ -169,22 +175,21 @@ def _environment(settings: dict[str, str]) -> Iterator[None]:
 
 
 def _connect_pairs_in_use(
-    group: Any, rank: int, world_size: int, name: str, timeout: datetime.timedelta
+    group: Any, rank: int, world_size: int, timeout: datetime.timedelta
 ) -> None:
-    """Connect, before the group is used, every pair of ranks the job's traffic will use:
-    rank 0 with each rank in the messages group, the broadcast's tree in the broadcast group.
-    The rank links count on a connection that is there from the start (a send to a rank that
-    posted no receive goes out; a rank whose connection closes is seen at once), as torch's
-    full mesh gave them; pairs that never talk stay unconnected."""
+    """Connect, before the group is used, every pair of ranks the job's traffic will use: rank
+    0 with each rank, and the broadcast's tree. The rank links count on a connection that is
+    there from the start (a send to a rank that posted no receive goes out; a rank whose
+    connection closes is seen at once), as torch's full mesh gave them; pairs that never talk
+    stay unconnected."""
     import torch
 
     token = torch.zeros(1, dtype=torch.uint8)
-    if name == "broadcast":
-        works = [group.broadcast([token])]
-    elif rank == 0:
+    if rank == 0:
         works = [group.send([token], peer, HELLO) for peer in range(1, world_size)]
     else:
         works = [group.recv([token], 0, HELLO)]
+    works.append(group.broadcast([token]))
     for work in works:
         work.wait(timeout)
 
@@ -255,7 +260,13 @@ def _mpi(store: Any, rank: int, world_size: int, name: str, comm: Any = None) ->
 
 
 register_backend(
-    Backend("gloo", _torch_has("gloo"), _gloo, "use a torch build with distributed support")
+    Backend(
+        "gloo",
+        _torch_has("gloo"),
+        _gloo,
+        "use a torch build with distributed support",
+        one_group=True,
+    )
 )
 register_backend(
     Backend(

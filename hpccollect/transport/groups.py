@@ -1,6 +1,6 @@
-"""The data plane of a job: the rendezvous store, and the two groups a collector job moves
-tensors on (batches and weights to some ranks; weight broadcasts), opened through the
-registered backend.
+"""The data plane of a job: the rendezvous store, and the groups a collector job moves tensors
+on (batches and weights to some ranks; weight broadcasts: one group for both where the backend
+allows it, gloo), opened through the registered backend.
 
 The groups are private to the collector (not torch's default group), so a trainer that uses
 torch.distributed for itself is not disturbed, and several collectors can live one after another
@@ -76,7 +76,7 @@ class RankGroups:
     backend: str
     store: Any
     messages: Any = None  # point-to-point: batches, weights to some ranks
-    broadcast: Any = None  # weights to every rank at once
+    broadcast: Any = None  # weights to every rank at once (``messages`` where one_group)
     _closed: bool = field(default=False, repr=False)
     _links: list[RankChannel] = field(default_factory=list, repr=False)
     _droppers: list[threading.Thread] = field(default_factory=list, repr=False)  # see _drop
@@ -91,9 +91,11 @@ class RankGroups:
         groups = cls(rank, world_size, backend, store)
         chosen = backend_named(backend)
         mpi = {} if comm is None or chosen.needs_store else {"comm": comm}
-        for name in ("messages", "broadcast"):
+        for name in ("messages",) if chosen.one_group else ("messages", "broadcast"):
             prefixed = None if store is None else dist.PrefixStore(f"hpccollect/{name}", store)
             setattr(groups, name, chosen.open_group(prefixed, rank, world_size, name, **mpi))
+        if chosen.one_group:
+            groups.broadcast = groups.messages
         return groups
 
     def channel(
@@ -129,7 +131,9 @@ class RankGroups:
             return
         self._closed = True
         mpi = not backend_named(self.backend).needs_store
-        groups = [group for group in (self.messages, self.broadcast) if group is not None]
+        # one group twice with a one_group backend; nothing but the list may hold a group
+        # past _drop (a tuple or loop variable here would release it in this thread)
+        groups = list(dict.fromkeys(g for g in (self.messages, self.broadcast) if g is not None))
         self.messages = self.broadcast = self.store = None
         _abort(groups)  # a loop here would keep the last group past _drop
         for link in self._links:  # their receives posted for batches end with the groups

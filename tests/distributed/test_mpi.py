@@ -239,14 +239,14 @@ def rank_0_holds(backend: str, ranks: int, tmp_path: Path) -> dict:
     return held
 
 
-@pytest.mark.alone
 @pytest.mark.timeout(360)
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
-def test_rank_0_runs_the_same_threads_and_pipes_at_2_and_32_ranks(tmp_path, backend):
+def test_rank_0_runs_the_same_threads_and_pipes_at_2_and_16_ranks(tmp_path, backend):
     """Nothing on rank 0 grows with the ranks but its links: the thread that waits reads every
     control link that woke its one ``poll`` (``rank_channel.py``), and one thread beats on
-    every link (``control.Beats``), whatever the backend."""
-    few, many = (rank_0_holds(backend, n, tmp_path) for n in (2, 32))
+    every link (``control.Beats``), whatever the backend. A thread or a pipe per rank would
+    show as 14 more at 16 ranks (64 are measured in docs/scale.md, ``threads_job.py``)."""
+    few, many = (rank_0_holds(backend, n, tmp_path) for n in (2, 16))
     assert few["threads"] == many["threads"]
     assert not [t for t in many["threads"] if t.startswith("hpccollect-rank")]
     assert few["pipes"] == many["pipes"]

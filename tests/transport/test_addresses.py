@@ -40,24 +40,6 @@ def test_the_interface_with_an_address_is_named_and_none_for_another_hosts():
     assert interface_with("192.0.2.1") is None  # TEST-NET-1: no host here has it
 
 
-def test_gloo_listens_on_the_interface_that_reaches_the_store_and_leaves_the_environment():
-    """Gloo's interface and lazy connections are torch's environment switches, set only
-    while the group is made (a caller's own setting is kept)."""
-    import os
-
-    from hpccollect.transport.backends import _gloo_interface
-    from hpccollect.transport.groups import open_store
-
-    store = open_store("127.0.0.1", 0, 1, True, 10.0)
-    assert _gloo_interface(store) == "lo"
-    before = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "TORCH_GLOO_LAZY_INIT")}
-    from hpccollect.transport.backends import backend_named
-
-    group = backend_named("gloo").open_group(store, 0, 1, "messages")
-    assert group is not None
-    assert {k: os.environ.get(k) for k in before} == before
-
-
 def test_free_port_can_be_bound():
     port = free_port("127.0.0.1")
     with socket.socket() as sock:
