@@ -9,7 +9,9 @@ over ``--seconds`` s. Rank 1 collects ``1 / (RANKS - 1)`` of the frames, so the 
     python benchmarks/shards_cpu.py                      # 5 ranks, 20 s
     PYTHONPATH=/path/to/other/checkout python benchmarks/shards_cpu.py   # another version
 
-Prints one JSON line (``--out`` appends it to a file too).
+Prints one JSON line (``--out`` appends it to a file too), with the clock ticks of each of rank
+0's threads over the window (Python's threads are all called ``python``; torch's own threads,
+such as gloo's ``gloo_tcp_loop``, have their names).
 """
 
 from __future__ import annotations
@@ -30,6 +32,19 @@ def cpu_seconds(pid: int) -> float:
     """User and system CPU of process ``pid`` so far, in s."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_ticks(pid: int) -> dict[str, int]:
+    """CPU clock ticks of each thread of process ``pid`` so far, by ``name:tid``."""
+    ticks = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name, rest = task.joinpath("stat").read_text().rsplit(")", 1)
+        except OSError:  # the thread ended
+            continue
+        fields = rest.split()
+        ticks[f"{name.split('(', 1)[1]}:{task.name}"] = int(fields[11]) + int(fields[12])
+    return ticks
 
 
 def rank_pids(job: int, ranks: int, deadline: float) -> dict[int, int]:
@@ -75,8 +90,10 @@ def main() -> None:
         pids = rank_pids(job.pid, args.ranks, time.monotonic() + 120)
         time.sleep(args.warmup)
         before = {r: cpu_seconds(pids[r]) for r in (0, 1)}
+        threads_before = thread_ticks(pids[0])
         time.sleep(args.seconds)
         after = {r: cpu_seconds(pids[r]) for r in (0, 1)}
+        threads = thread_ticks(pids[0])
     finally:
         job.send_signal(signal.SIGTERM)
         try:
@@ -92,6 +109,12 @@ def main() -> None:
         "rank0_cpu_s": round(cpu0, 3),
         "rank1_cpu_s": round(cpu1, 3),
         "rank0_per_frame_over_rank1": round(cpu0 / ((args.ranks - 1) * cpu1), 5),
+        # where rank 0's CPU went: each thread's clock ticks over the window, by name:tid
+        "rank0_thread_ticks": {
+            name: ticks - threads_before.get(name, 0)
+            for name, ticks in sorted(threads.items())
+            if ticks > threads_before.get(name, 0)
+        },
     }
     print(json.dumps(result))
     if args.out is not None:

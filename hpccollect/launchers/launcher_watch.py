@@ -9,13 +9,16 @@ runs on, orphaned, with nothing left to stop it.
 So every rank watches the launcher processes above it: its ancestors, from its parent up to the
 last one whose name is a launcher's. When one of them ends, the rank sends itself SIGTERM, once,
 as a launcher that forwards it would have. Rank 0 then stops the run as on any SIGTERM; the
-collector ranks ignore it and leave the stop to rank 0.
+collector ranks ignore it and leave the stop to rank 0. The watching thread sleeps in one
+``poll`` of the launchers' process descriptors (``pidfd_open``, Linux 5.3), which wakes it only
+when one ends; where those cannot be had, it looks at them every ``_PERIOD``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import threading
 import time
@@ -24,7 +27,8 @@ from hpccollect._launchers import LAUNCHERS, launcher_chain, process
 
 __all__ = ["LAUNCHERS", "launcher_chain", "watch_launcher"]
 
-_PERIOD = 0.5  # s between two looks at the launcher processes
+_PERIOD = 0.5  # s between two looks at the launcher processes, without process descriptors
+_LONG = 3600.0  # s: one wait on the process descriptors (it ends when a launcher does)
 
 _watching = threading.Lock()
 _watcher: threading.Thread | None = None
@@ -59,9 +63,21 @@ def watch_launcher() -> bool:
 
 
 def _watch(chain: list[tuple[int, int]]) -> None:
-    while True:
-        time.sleep(_PERIOD)
-        if _gone(chain):
-            with contextlib.suppress(OSError):
-                os.kill(os.getpid(), signal.SIGTERM)
-            return
+    with contextlib.ExitStack() as held:
+        try:
+            fds = [os.pidfd_open(pid) for pid, _ in chain]
+        except (AttributeError, OSError):  # no pidfd here, or a launcher already gone
+            fds = []
+        for fd in fds:
+            held.callback(os.close, fd)
+        if fds and not _gone(chain):  # looked after opening: each descriptor is the launcher's
+            waiting = select.poll()
+            for fd in fds:
+                waiting.register(fd, select.POLLIN)
+            while not waiting.poll(_LONG * 1000):
+                pass
+        else:
+            while not _gone(chain):
+                time.sleep(_PERIOD)
+    with contextlib.suppress(OSError):
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -29,12 +29,28 @@ print("SIGTERM" if got else "no signal", flush=True)
 """
 
 
-def start(tmp_path: Path, name: str) -> subprocess.Popen:
+#: how often the watching thread woke in 2 s (it sleeps until a launcher ends)
+WAKES = """
+import time
+from hpccollect.launchers import launcher_watch
+launcher_watch.watch_launcher()
+task = f"/proc/self/task/{launcher_watch._watcher.native_id}/status"
+def switches():
+    with open(task) as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt"))
+time.sleep(0.5)
+before = switches()
+time.sleep(2.0)
+print(switches() - before, flush=True)
+"""
+
+
+def start(tmp_path: Path, name: str, code: str = CHILD) -> subprocess.Popen:
     launcher = tmp_path / name
     launcher.write_text('#!/bin/sh\n"$@"\n')  # the child runs under the script, not in its place
     launcher.chmod(0o755)
     return subprocess.Popen(
-        [str(launcher), sys.executable, "-c", CHILD],
+        [str(launcher), sys.executable, "-c", code],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
@@ -54,6 +70,19 @@ def test_a_rank_whose_launcher_dies_gets_sigterm_within_a_second(tmp_path: Path)
         assert time.monotonic() - killed < 3
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
+        proc.stdout.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_watching_thread_sleeps_until_a_launcher_ends(tmp_path: Path) -> None:
+    """It waits on the launchers' process descriptors: no wake-up while they run (looking
+    every half second, it woke 4 times in 2 s)."""
+    proc = start(tmp_path, "mpiexec", WAKES)
+    try:
+        assert proc.stdout.readline().strip() == "0"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
         proc.stdout.close()
 
 
