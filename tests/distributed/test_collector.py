@@ -691,10 +691,10 @@ def test_64_ranks_each_give_their_rows_and_leave_nothing_behind():
             held = max(descriptors("socket", pid) for pid in pids)
     finally:
         collector.shutdown()
-    # gloo connects a rank only to the ranks it talks to (rank 0; transport/backends._gloo):
-    # the store, two listeners, rank 0, its control link to rank 0 and the broadcast tree's few,
-    # where a full mesh of the two groups is 128 connections a rank
-    assert held <= 13, f"a collector rank holds {held} sockets"
+    # gloo connects a rank only to the ranks it talks to (rank 0; transport/backends._gloo), on
+    # the one group batches and broadcasts share: the store, gloo's listener, rank 0, the
+    # control link to rank 0 and the broadcast tree's few (log2 65), where a full mesh is 64
+    assert held <= 11, f"a collector rank holds {held} sockets"
     assert len(batches) == 2
     for batch in batches:
         assert batch.shape == (64, 64)
