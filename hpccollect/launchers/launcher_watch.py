@@ -64,13 +64,13 @@ def watch_launcher() -> bool:
 
 def _watch(chain: list[tuple[int, int]]) -> None:
     with contextlib.ExitStack() as held:
-        try:
-            fds = [os.pidfd_open(pid) for pid, _ in chain]
-        except (AttributeError, OSError):  # no pidfd here, or a launcher already gone
-            fds = []
-        for fd in fds:
-            held.callback(os.close, fd)
-        if fds and not _gone(chain):  # looked after opening: each descriptor is the launcher's
+        fds: list[int] = []
+        with contextlib.suppress(AttributeError, OSError):  # no pidfd here, or a launcher gone
+            for pid, _ in chain:
+                fds.append(os.pidfd_open(pid))
+                held.callback(os.close, fds[-1])
+        # looked at after opening: each descriptor is then the launcher's, not a reused pid's
+        if len(fds) == len(chain) and not _gone(chain):
             waiting = select.poll()
             for fd in fds:
                 waiting.register(fd, select.POLLIN)
