@@ -4,11 +4,13 @@ script named ``mpirun`` runs a Python child, and is killed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,49 +59,47 @@ def start(tmp_path: Path, name: str, code: str = CHILD) -> subprocess.Popen:
     )
 
 
+@contextlib.contextmanager
+def started(tmp_path: Path, name: str, code: str = CHILD) -> Iterator[subprocess.Popen]:
+    """``start``, and every process of it ended and reaped after the block."""
+    proc = start(tmp_path, name, code)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the whole session may be gone
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+        proc.stdout.close()
+
+
 @pytest.mark.timed
 @pytest.mark.timeout(60)
 def test_a_rank_whose_launcher_dies_gets_sigterm_within_a_second(tmp_path: Path) -> None:
-    proc = start(tmp_path, "mpirun")
-    try:
+    with started(tmp_path, "mpirun") as proc:
         assert proc.stdout.readline().strip() == "True"  # the launcher was found
         proc.kill()  # the script dies without passing anything on
         killed = time.monotonic()
         proc.wait(5)
         assert proc.stdout.readline().strip() == "SIGTERM"
         assert time.monotonic() - killed < 3
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.stdout.close()
 
 
 @pytest.mark.timeout(60)
 def test_the_watching_thread_sleeps_until_a_launcher_ends(tmp_path: Path) -> None:
     """It waits on the launchers' process descriptors: no wake-up while they run (looking
     every half second, it woke 4 times in 2 s)."""
-    proc = start(tmp_path, "mpiexec", WAKES)
-    try:
+    with started(tmp_path, "mpiexec", WAKES) as proc:
         assert proc.stdout.readline().strip() == "0"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-        proc.stdout.close()
 
 
 @pytest.mark.timeout(60)
 def test_a_process_under_no_launcher_watches_nothing(tmp_path: Path) -> None:
-    proc = start(tmp_path, "not-a-launcher")
-    try:
+    with started(tmp_path, "not-a-launcher") as proc:
         assert proc.stdout.readline().strip() == "False"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-        proc.stdout.close()
 
 
 def test_the_chain_is_the_launchers_above_a_process_nearest_first(tmp_path: Path) -> None:
-    proc = start(tmp_path, "mpiexec")
-    try:
+    with started(tmp_path, "mpiexec") as proc:
         assert proc.stdout.readline().strip() == "True"
         child = next(
             int(p.name)
@@ -107,7 +107,3 @@ def test_the_chain_is_the_launchers_above_a_process_nearest_first(tmp_path: Path
             if p.name.isdigit() and parent(int(p.name)) == proc.pid
         )
         assert [pid for pid, _ in launcher_chain(child)] == [proc.pid]
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-        proc.stdout.close()
