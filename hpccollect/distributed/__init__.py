@@ -1,9 +1,7 @@
 """The distributed collector: rank 0 gathers batches from collector ranks over torch.distributed.
 
-Loading it in a process that an MPI launcher started (several ranks) makes an uncaught exception
-there end the whole job, instead of leaving the other ranks waiting: a script under mpiexec that
-uses the distributed collector loads it before anything can fail.
-"""
+Loading it under an MPI launcher (several ranks) makes an uncaught exception end the whole job
+instead of leaving the other ranks waiting; an mpiexec script loads it before anything can fail."""
 
 from hpccollect.distributed.collector import DistributedDataCollector, DistributedSyncCollector
 from hpccollect.launchers.mpi import abort_on_uncaught_under_mpiexec, serve

@@ -28,7 +28,7 @@ __all__ = [
     "weight_schedule",
 ]
 
-#: collector arguments the ranks' collectors get from this one; collector_kwargs cannot set them
+#: what the ranks' collectors get from this collector; collector_kwargs cannot set them
 _OWN = (
     "frames_per_batch",
     "total_frames",
@@ -39,11 +39,12 @@ _OWN = (
     "postproc",
     "split_trajs",
 )
-#: device keywords collector_kwargs may set: they are the rank's own (TorchRL passes them on)
+#: device keywords collector_kwargs may set: the rank's own (TorchRL passes them on)
 RANK_DEVICES = ("device", "storing_device", "env_device", "policy_device")
 
 
 def check_collector_class(value: Any) -> type:
+    """``collector_class``: a local collector class, or the TorchRL name of one."""
     if isinstance(value, str):
         kinds = list(collector_kinds(torchrl_names=True))
         if value not in kinds:
@@ -90,9 +91,8 @@ def check_collector_kwargs(value: Any, n: int, cls: type) -> list[dict]:
 
 
 def accepted_kwargs(cls: type) -> set[str] | None:
-    """The keyword arguments ``cls(...)`` takes: those each ``__init__`` in its MRO names, down
-    to the first that forwards no ``**kwargs`` (a subclass adds its own and forwards the rest);
-    None when any name goes."""
+    """The keywords ``cls(...)`` takes: its MRO's ``__init__`` names down to the first that
+    forwards no ``**kwargs``; None when any name goes."""
     names: set[str] = set()
     for klass in cls.__mro__:
         if "__init__" in vars(klass) and klass is not object:
@@ -104,8 +104,7 @@ def accepted_kwargs(cls: type) -> set[str] | None:
 
 
 def check_port(value: Any) -> int | None:
-    """``tcp_port``: None (the launcher's default), or a TCP port as an int or a string of
-    digits (TorchRL's documentation and tests pass ``"12345"``)."""
+    """``tcp_port``: None (the launcher's default), or a port as an int or digits ("12345")."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -126,13 +125,11 @@ def check_port(value: Any) -> int | None:
 def weight_schedule(
     update_after_each_batch: Any, max_weight_update_interval: Any, update_interval: Any
 ) -> tuple[bool, int, int | None]:
-    """When weights reach the ranks: ``(update_after_each_batch, max_weight_update_interval,
-    update_interval)``, checked; TorchRL's ``update_interval`` sets the interval."""
+    """``(update_after_each_batch, max_weight_update_interval, update_interval)``, checked."""
     after_each = check_bool("update_after_each_batch", update_after_each_batch)
     interval = check_int("max_weight_update_interval", max_weight_update_interval)
     if update_interval is not None:
-        # TorchRL: weights pushed after every update_interval-th batch; here each rank gets
-        # them before its next batch once it has collected update_interval batches
+        # TorchRL's: each rank gets weights before its next batch once it collected this many
         update_interval = check_int("update_interval", update_interval, minimum=1)
         if interval > 0:
             raise ArgumentValueError(
@@ -144,8 +141,7 @@ def weight_schedule(
 
 
 def check_slurm_kwargs(value: Any, launcher: Any) -> dict | None:
-    """The submitit executor parameters (a dict, or None); a warning where ``launcher`` does
-    not use them."""
+    """``slurm_kwargs``: a dict or None; a warning where ``launcher`` does not use them."""
     if value is not None and not isinstance(value, dict):
         raise ArgumentTypeError(
             f"slurm_kwargs must be a dict of submitit executor parameters, got "
@@ -170,8 +166,7 @@ def check_rank_sink(value: Any) -> Any:
 
 
 def check_rank_reports(value: Any, arguments: dict[str, Any]) -> bool:
-    """``rank_reports``: a bool; True needs a ``rank_sink`` (the batches stay on the ranks and
-    would be lost without one) and refuses what only works on batches (in ``arguments``)."""
+    """``rank_reports``: True needs a ``rank_sink`` and refuses what works on batches."""
     if not check_bool("rank_reports", value):
         return False
     if arguments["rank_sink"] is None:
@@ -190,8 +185,7 @@ def check_rank_reports(value: Any, arguments: dict[str, Any]) -> bool:
 
 
 def check_liveness_timeout(value: Any) -> float | None:
-    """Seconds a rank may stay silent (no message, no heartbeat) before it counts as lost, or
-    None (no heartbeats: a lost rank is then noticed by ``worker_timeout`` alone)."""
+    """Seconds of silence before a rank counts as lost; None: no heartbeats (worker_timeout)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
@@ -210,8 +204,7 @@ def check_on_worker_failure(value: Any) -> str:
 
 
 def rank_envs(create_env_fn: Any, num_ranks: int | None) -> list:
-    """One env constructor per collector rank: the list given, or, when the launcher fixes the
-    number of ranks (mpiexec -n N), a single constructor repeated for each."""
+    """One env constructor per collector rank: the list given, or one repeated (mpiexec -n N)."""
     if not isinstance(create_env_fn, (list, tuple)):
         return [create_env_fn] * (num_ranks or 1)
     fns = list(create_env_fn)

@@ -1,19 +1,14 @@
-"""``DistributedDataCollector``: rank 0 of a job whose other ranks each run a local collector.
-
-It is the multi-worker collector (``collectors/multi_base.py``) over ``RankChannel``s instead of
-pipes: the same protocol, pool, worker loop, seeds, state and weight fan-out. ``sync=True``
-gathers as ``MultiSyncDataCollector`` does (``SyncGathering``: one batch from every rank,
-stacked), ``sync=False`` as ``MultiaSyncDataCollector`` (``AsyncGathering``: first ready, first
-served; but a rank goes on only once its batch was yielded, as TorchRL's distributed collector
-lets it). A launcher plug-in starts the ranks
-(``hpccollect/launchers``); this module never knows how.
+"""``DistributedDataCollector``: the multi-worker collector (``collectors/multi_base.py``) over
+``RankChannel``s instead of pipes, with the same protocol, pool, worker loop, seeds, state and
+weight fan-out. A launcher plug-in (``hpccollect/launchers``) starts the ranks; this module never
+knows how.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
+from functools import partial, wraps
 from typing import Any
 
 import gymnasium as gym
@@ -60,6 +55,20 @@ from hpccollect.transport.groups import RankGroups
 __all__ = ["DistributedDataCollector", "DistributedSyncCollector", "GroupGatherer"]
 
 
+def _holding_lock(name: str) -> Callable[..., Any]:
+    """``MultiCollectorBase``'s method ``name``, called holding the collector's lock: a call
+    from another thread (weights, state, seeds while ``start()`` fills the buffer) never
+    interleaves with a step of the iterator."""
+    method = getattr(MultiCollectorBase, name)
+
+    @wraps(method)
+    def locked(self: DistributedDataCollector, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 @with_args(**DISTRIBUTED)
 class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, MultiCollectorBase):
     """TorchRL's distributed collector: rank 0 (this process) gathers the batches that collector
@@ -76,34 +85,27 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
     Weights: ``update_policy_weights_(weights=None, worker_ids=None)`` sends the trainer policy's
     weights (or ``weights``) to every rank, or to workers ``worker_ids`` (worker ``i`` is rank
     ``i + 1``), for their next batch; ``update_after_each_batch``, ``max_weight_update_interval``
-    and ``update_interval`` send them without a call (``schedule.py``). With ``sync=False`` a
-    rank goes on to its next batch only once its last one was yielded and the next is asked for
-    (as TorchRL's): weights sent in the loop body reach that rank's very next batch. Where no
-    rank's policy has weights, or with ``rank_reports``, it goes on at once (its next batch
-    overlaps the caller's work). ``policy_versions[i]`` counts the updates worker ``i``
-    received. A ``policy`` given with ``policy_factory`` (as TorchRL takes them) is where the
-    weights come from: each rank builds its own policy with the factory (its first batch uses
-    that policy's own weights).
+    and ``update_interval`` send them without a call. With ``sync=False`` a rank goes on to its
+    next batch only once its last one was yielded (as TorchRL's), so weights sent in the loop
+    body reach its very next batch; where no rank's policy has weights, or with
+    ``rank_reports``, it goes on at once. ``policy_versions[i]`` counts the updates worker ``i``
+    received. With ``policy_factory`` each rank builds its own policy, and ``policy`` is where
+    the weights come from.
 
-    ``rank_reports=True`` (with a ``rank_sink``): the batches stay on the ranks, in their sinks,
-    and rank 0 gets reports of them instead (``hpccollect.collectors.workers.reports``): the iterator
-    yields one report per rank and collection stretch, a TensorDict with the rank, its frames,
-    batches, ended episodes and their returns, and its sink's committed counts (stacked
-    ``[N]`` with ``sync=True``). A rank collects as many batches per request as its share of
-    ``total_frames`` allows and reports at least every ``report_interval`` seconds, so rank 0
-    handles one small message per rank and interval, whatever the batches' size or rate.
-    Weights reach a rank between two of its reports (``max_weight_update_interval`` caps the
-    batches of one request). ``split_trajs``, ``postproc`` and ``replay_buffer`` work on
-    batches and are refused with it.
+    ``rank_reports=True`` (with a ``rank_sink``): the batches stay in the ranks' sinks, and the
+    iterator yields one report per rank and collection stretch instead (its frames, batches,
+    ended episodes and their returns, its sink's committed counts; stacked ``[N]`` with
+    ``sync=True``), at least every ``report_interval`` s: rank 0 handles one small message per
+    rank and interval, whatever the batches' size or rate. Weights reach a rank between two of
+    its reports. ``split_trajs``, ``postproc`` and ``replay_buffer`` are refused with it.
 
     ``launcher="mpi"`` (under ``mpiexec``/``srun``): every rank constructs the same collector;
     rank 0 gets it, every other rank serves rank 0 inside the constructor and then ends its
     process with status 0. ``create_env_fn`` is then one constructor for every rank, or one per
     collector rank (MPI ranks 1..N-1). ``backend="mpi"`` moves the data with MPI (torch's MPI
     backend, or mpi4py where torch has none); an uncaught exception on any rank aborts the job.
-    Every rank refuses an argument mistake alike before any rank serves, but those that need
-    the ranks (per-rank lists, ``rank_reports`` without the ``rank_sink`` rank 0 holds): rank 0
-    finds those.
+    Every rank refuses an argument mistake alike before any rank serves (rank 0 alone finds
+    those that need the ranks: per-rank lists, ``rank_reports`` without a ``rank_sink``).
 
     Example:
         A trainer on rank 0 fed by two local collector ranks, pushing its weights after each
@@ -338,55 +340,11 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
                     return
             yield batch
 
-    def update_policy_weights_(self, *args: Any, **kwargs: Any) -> None:
-        """Send weights to every rank (one broadcast) or to workers ``worker_ids``; returns once
-        they are sent: each named rank loads them before its next batch."""
-        with self._lock:
-            super().update_policy_weights_(*args, **kwargs)
-
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seed every rank's envs: env ``j`` of worker ``i`` gets a distinct seed.
-
-        Args:
-            seed: the first seed.
-            static_seed: every env gets ``seed`` itself.
-
-        Returns:
-            The last seed used, as TorchRL returns it.
-        """
-        with self._lock:
-            return super().set_seed(seed, static_seed)
-
-    def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
-        """Reset the envs of every worker (or of those ``reset_idx`` flags True) before their
-        next batch: new trajectories, with new ids, start there. Returns when they have noted it.
-
-        Args:
-            reset_idx: one flag per worker (rank ``i + 1``); None resets them all.
-        """
-        with self._lock:
-            super().reset(reset_idx)
-
-    def state_dict(self) -> Any:
-        """The collector's state, laid out as TorchRL's.
-
-        Returns:
-            ``worker{i}``: each worker's collector state; ``frames``, ``iter``, and ``traj_pool``
-            (the next trajectory id, past every worker's).
-        """
-        with self._lock:
-            return super().state_dict()
-
-    def load_state_dict(self, state_dict: Any, **kwargs: Any) -> None:
-        """Load each ``worker{i}`` state into its rank.
-
-        Args:
-            state_dict: what ``state_dict()`` returned; with ``traj_pool``, every worker's
-                trajectories (the running ones too) get ids from its ``traj_id`` on.
-            **kwargs: accepted for TorchRL's signature.
-        """
-        with self._lock:
-            super().load_state_dict(state_dict, **kwargs)
+    update_policy_weights_ = _holding_lock("update_policy_weights_")
+    set_seed = _holding_lock("set_seed")
+    reset = _holding_lock("reset")
+    state_dict = _holding_lock("state_dict")
+    load_state_dict = _holding_lock("load_state_dict")
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:

@@ -1,10 +1,7 @@
-"""Gathering among an MPI job's ranks, rank 0's side (the split itself is the launcher's,
-``hpccollect/launchers/mpi_gather.py``; a gatherer's collector is ``collector.py``'s ``GroupGatherer``).
-
-Rank 0's ``DistributedDataCollector`` collects from the gatherers as from any rank: ``Gathered``
-says what each is sent, and ``GatheredRows`` makes what it yields and stores laid out as without
-gathering: ``[collecting ranks, T]``, rows in rank order, a row an ``extend``.
-"""
+"""Rank 0's side of gathering among an MPI job's ranks (the split is ``launchers/mpi_gather.py``'s,
+a gatherer's collector ``collector.py``'s ``GroupGatherer``): ``Gathered`` says what each gatherer
+is sent, ``GatheredRows`` lays out what rank 0 yields and stores as without gathering
+(``[collecting ranks, T]``, rows in rank order, a row an ``extend``)."""
 
 from __future__ import annotations
 
@@ -52,14 +49,13 @@ _REFUSED = {
     "trajs_per_batch": "whole trajectories are cut on the ranks that collect them",
 }
 
-#: a gatherer waits for its ranks' batches this much of rank 0's ``worker_timeout``, so that a
-#: rank that never delivers is named, not the gatherer waiting for it
+#: a gatherer's share of rank 0's ``worker_timeout``: a rank that never delivers is named, not
+#: the gatherer waiting for it
 _SOONER = 0.9
 
 
 class Gathered:
-    """Rank 0's view of a gathered job: which collecting ranks each gatherer has, and what each
-    gatherer is sent to build its ``GroupGatherer``.
+    """Rank 0's view of a gathered job: each gatherer's collecting ranks, and what it is sent.
 
     Args:
         groups: the world ranks each gatherer collects from, in group order.
@@ -90,12 +86,12 @@ class Gathered:
         self.groups = [list(group) for group in groups]
         self.sizes = [len(group) for group in groups]
         self.ranks = sum(self.sizes)
-        #: each collecting rank's place in rank order (where its env and kwargs are listed)
         rows = [rank for group in self.groups for rank in group]  # a round's, as it comes
+        #: each collecting rank's place in rank order (where its env and kwargs are listed)
         self._place = {rank: i for i, rank in enumerate(sorted(rows))}
         rows = [self._place[rank] for rank in rows]
-        #: the permutation that puts a round's rows (gatherer after gatherer) in rank order;
-        #: None where they are already (ranks placed in blocks, as mpiexec does by default)
+        #: puts a round's rows (gatherer after gatherer) in rank order; None where they are
+        #: already (ranks placed in blocks, mpiexec's default)
         self.order = None if rows == sorted(rows) else torch.tensor(rows).argsort()
         self._arguments = {name: arguments[name] for name in _FOR_THE_GROUP}
         self._arguments["worker_timeout"] = _SOONER * float(arguments["worker_timeout"])
@@ -113,14 +109,12 @@ class Gathered:
             collector_kwargs: one dict per collecting rank, in rank order.
             frames_per_batch: the frames of each batch rank 0 yields.
             sync: rank 0 yields a round of every rank (``frames_per_batch`` split among all
-                collecting ranks), else each group's round as it comes (``frames_per_batch``
-                split among that group's ranks).
+                collecting ranks), else each group's round as it comes (split among its ranks).
 
         Returns:
-            One env constructor per gatherer (its first rank's, for the checks: ``spec`` sends
-            the whole group's), one empty ``collector_kwargs`` per gatherer (each gatherer
-            passes its ranks' own), and rank 0's ``frames_per_batch``: with ``sync``, each
-            gatherer's frames per round.
+            Per gatherer, its first rank's env constructor (for the checks; ``spec`` sends the
+            group's) and an empty ``collector_kwargs`` (it passes its ranks' own); then rank
+            0's ``frames_per_batch``: with ``sync``, each gatherer's frames per round.
         """
         for group in self.groups:
             self._envs.append([fns[self._place[rank]] for rank in group])
@@ -140,10 +134,9 @@ class Gathered:
     def spec(
         self, index: int, policy: Any, kwargs: dict, threads: int, gatherer: type
     ) -> WorkerSpec:
-        """What gatherer ``index`` builds: a ``gatherer`` (the distributed collector's
-        ``GroupGatherer``) over its group, with its share of each round (``kwargs``: what rank
-        0 would send a rank)."""
-        # the random frames each rank would take without gathering, for each of the group's
+        """What gatherer ``index`` builds: a ``gatherer`` (``GroupGatherer``) over its group,
+        with its share of each round (``kwargs``: what rank 0 would send a rank)."""
+        # for each of the group's ranks, the random frames it would take without gathering
         irf = self._init_random_frames
         share = -(-irf // self.ranks) * self.sizes[index] if irf > 0 else irf
         own = {
@@ -162,8 +155,7 @@ class Gathered:
 
 
 class GatheredRows:
-    """What rank 0's ``DistributedDataCollector`` does differently in a gathered job: its
-    workers are the gatherers, and what it yields and stores is laid out as without them."""
+    """``DistributedDataCollector`` in a gathered job: the gatherers are its workers."""
 
     _gathered: Gathered | None = None
     _collector_kwargs: list[dict]
@@ -171,8 +163,7 @@ class GatheredRows:
     sync: bool
 
     def _gather_from(self, groups: list[list[int]], fns: list, arguments: dict) -> list:
-        """Take the gatherers (``groups``: the ranks each collects from) as this collector's
-        workers: one env constructor each (returned), their ``collector_kwargs`` and frames."""
+        """Make the gatherers (``groups``: each one's ranks) the workers; one env each returned."""
         self._gathered = Gathered(groups, arguments)
         fns, self._collector_kwargs, arguments["frames_per_batch"] = self._gathered.split(
             fns, self._collector_kwargs, arguments["frames_per_batch"], self.sync

@@ -1,12 +1,6 @@
-"""``RPCCollector``: TorchRL's RPC collector, over hpccollect's own transport.
-
-TorchRL's ``RPCCollector`` builds a collector on each rank through ``torch.distributed.rpc``
-and asks it for batches with remote calls. Here its ranks are ``DistributedDataCollector``'s:
-the same launchers, links, liveness and weight broadcast; no RPC agent is started, and
-``torch.distributed.rpc`` is not needed. What a user sees is TorchRL's: its keywords, and a
-sync round's batches concatenated along their first dim (TorchRL's ``torch.cat``), where
-``DistributedDataCollector`` stacks them.
-"""
+"""``RPCCollector``: TorchRL's RPC collector over hpccollect's own transport: its ranks are
+``DistributedDataCollector``'s (same launchers, links, liveness and weight broadcast), and no
+``torch.distributed.rpc`` agent is started."""
 
 from __future__ import annotations
 
@@ -34,31 +28,23 @@ TENSORPIPE_KEYS = (
 
 
 class RPCCollector(DistributedDataCollector):
-    """TorchRL's RPC collector: ``DistributedDataCollector``'s ranks and keywords, with the
-    RPC collector's two of its own and its sync layout (see the module).
+    """TorchRL's RPC collector: ``DistributedDataCollector`` with two keywords of its own, and
+    a sync round's batches concatenated along their first dim (TorchRL's ``torch.cat``).
 
     Args:
         create_env_fn: one env constructor per collector rank (or one for every rank).
         policy: the policy, as for ``DistributedDataCollector``.
-        visible_devices: TorchRL's device map of the RPC agent: one device per rank, the one
-            its tensors are sent from. hpccollect's transport puts each batch on
-            ``storing_device`` itself, so none is needed; when given, it is checked (a device
-            for each rank) and kept as ``self.visible_devices``.
-        tensorpipe_options: TorchRL's options of the RPC agent. ``rpc_timeout`` (s) bounds
-            each wait on a rank, as ``worker_timeout`` does (it is that timeout when
-            ``worker_timeout`` is not given); the other keys configure an agent this
-            collector does not start, and are only checked by name.
-        trajs_per_batch: yield whole trajectories, laid end to end: this many per batch
-            (async), this many per rank per round (sync), as TorchRL's ranks each assemble
-            them. Here rank 0 assembles them from the ranks' batches.
-        **kwargs: ``DistributedDataCollector``'s keywords (``frames_per_batch``, ``sync``,
-            ``launcher``, ``collector_class``, ``update_after_each_batch``, ...).
+        visible_devices: TorchRL's RPC device map, one device per rank. Not needed (batches
+            land on ``storing_device``); checked and kept as ``self.visible_devices``.
+        tensorpipe_options: TorchRL's RPC agent options. ``rpc_timeout`` (s) is
+            ``worker_timeout`` where that is not given; other keys are only checked by name.
+        trajs_per_batch: yield whole trajectories end to end: this many per batch (async),
+            per rank per round (sync), as TorchRL's; rank 0 assembles them.
+        **kwargs: ``DistributedDataCollector``'s keywords (``frames_per_batch``, ``sync``, ...).
 
     Example:
-        >>> collector = RPCCollector(
-        ...     [make_env, make_env], policy, frames_per_batch=200, total_frames=2_000,
-        ...     sync=True, launcher="mp",
-        ... )
+        >>> collector = RPCCollector([make_env, make_env], policy, frames_per_batch=200,
+        ...                          total_frames=2_000, sync=True, launcher="mp")
         >>> for batch in collector:  # 200 frames: both ranks' 100, one after the other
         ...     ...
         >>> collector.shutdown()

@@ -1,7 +1,6 @@
-"""When rank 0 sends a collector rank weights without being asked (``max_weight_update_interval``,
-TorchRL's ``update_interval``), how many weight versions each rank has had, and which version each
-frame was collected with (``track_policy_version``): ``DistributedDataCollector``'s weight
-schedule, mixed in ahead of the multi-process collector whose requests it wraps."""
+"""``DistributedDataCollector``'s weight schedule: weights sent unasked (``update_interval``,
+``max_weight_update_interval``), each rank's weight versions and each frame's
+(``track_policy_version``); mixed in ahead of the multi-process collector."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ POLICY_VERSION_KEY = "policy_version"
 
 
 class WeightSchedule:
-    """The weight-schedule methods of ``DistributedDataCollector``; what they use of the
-    collector is declared."""
+    """The weight-schedule methods of ``DistributedDataCollector`` (what they use, declared)."""
 
     max_weight_update_interval: int
     track_policy_version: bool
@@ -34,9 +32,8 @@ class WeightSchedule:
     _lose: Callable[[WorkerError], None]
 
     def _collect_from(self, index: int) -> None:
-        interval = self.max_weight_update_interval
-        if self._no_weights_here:
-            interval = -1  # the ranks built their policy: no weights here to push
+        # where the ranks built their policy there are no weights here to push
+        interval = -1 if self._no_weights_here else self.max_weight_update_interval
         try:
             if interval > 0 and self._since_update[index] >= interval:
                 self.update_policy_weights_(worker_ids=[index])
@@ -48,9 +45,8 @@ class WeightSchedule:
 
     def _batches_per_command(self, index: int) -> int:
         batches = super()._batches_per_command(index)
-        interval = self.max_weight_update_interval
-        if interval > 0 and not self._no_weights_here:
-            batches = min(batches, interval)
+        if self.max_weight_update_interval > 0 and not self._no_weights_here:
+            batches = min(batches, self.max_weight_update_interval)
         return batches
 
     def _delivered(self, worker_ids: Sequence[int]) -> None:
@@ -59,11 +55,10 @@ class WeightSchedule:
             self._since_update[i] = 0
 
     def _stamp_rows(self, batch: TensorDictBase, workers: list[int]) -> TensorDictBase:
-        """``batch`` with the per-frame policy version (of each worker in ``workers``: one per
-        leading row, or a single one) when ``track_policy_version``."""
+        """``batch`` with each frame's policy version, if tracked (``workers``: one per row)."""
         if self.track_policy_version:
-            # each rank says which weights it collected with: an update that reached it while
-            # its batch was requested but not yet begun counts for that batch
+            # each rank says which weights it collected with (an update that reached it between
+            # request and start counts for that batch)
             versions = [self._pool.channels[i].batch_version for i in workers]
             v = torch.tensor(versions, dtype=torch.int64)
             if batch.ndim == 0:  # one rank's report

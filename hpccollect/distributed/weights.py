@@ -1,10 +1,11 @@
 """Policy weights from rank 0 to collector ranks: one flat buffer, laid out once, filled from the
-trainer's policy and sent with one broadcast to every rank (or point to point to some)."""
+trainer's policy, sent with one broadcast to every rank (or point to point to some)."""
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -26,19 +27,15 @@ __all__ = ["DistributedWeightUpdater", "RPCWeightUpdater", "RankWeightsSender"]
 class RankWeightsSender(RemoteWeightsUpdaterBase):
     """Default remote updater of ``DistributedDataCollector``.
 
-    The trainer policy's parameters are moved into the flat buffer (see ``_alias``), so
-    sending its own weights copies nothing. ``source`` may also be a TensorDict of weights
-    (``DistributedWeightUpdater``'s ``policy_weights``), copied into the buffer at each update.
+    The trainer policy's parameters are moved into the flat buffer (``_alias``), so sending its
+    own weights copies nothing; a TensorDict ``source`` (``DistributedWeightUpdater``'s
+    ``policy_weights``) is copied into it at each update.
 
-    Sending to every rank still collecting is one broadcast, announced on each rank's link
-    (the rank's reading thread joins it at once, into a buffer of its own); to some ranks, or once a rank is lost,
-    point-to-point sends. Returns when the weights are sent, without waiting for the ranks to
-    load them: a rank loads every update it was sent before it starts the next batch (messages
-    arrive in order), and an update that lands in its buffer while it still loads an earlier
-    one is itself loaded next, before any batch (broadcasts that arrive while one is queued are
-    folded into it: it loads the newest). Point-to-point acknowledgements are taken as they
-    come, broadcast ones are not sent; a rank that fails to load raises at the next wait on it.
-    ``delivered(ids)`` is called on return.
+    Every rank still collecting gets one broadcast (not acknowledged); some ranks, or all once one
+    is lost, get point-to-point sends (acknowledgements taken as they come). Calls
+    ``delivered(ids)`` and returns once sent: a rank loads every update it was sent, in order,
+    before its next batch (broadcasts that arrive while one is queued fold into it), and one that
+    fails to load raises at the next wait on it.
     """
 
     def __init__(
@@ -84,72 +81,70 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
                 "the collector ranks' policy has no parameters to update: pass a policy with "
                 "parameters (an nn.Module), or do not call update_policy_weights_."
             )
-        live = self.active()
-        ids = sorted(set(worker_ids) & set(live))  # a lost rank was already reported
+        channels = self.pool.channels
+        ids = sorted(set(worker_ids) & set(self.active()))  # a lost rank was already reported
         for i in ids:
-            theirs = self.pool.channels[i].peer_weights_nbytes
+            theirs = channels[i].peer_weights_nbytes
             if theirs != self.flat.numel():
                 raise ArgumentValueError(
-                    f"the policy on {self.pool.channels[i].describe()} has {theirs} bytes of "
+                    f"the policy on {channels[i].describe()} has {theirs} bytes of "
                     f"parameters, this one {self.flat.numel()}: give every rank the same policy "
                     "architecture as the trainer's."
                 )
         self._fill(server_weights)
-        # the broadcast group holds every rank: once one is lost, point to point only
-        broadcast = ids == list(range(len(self.pool)))
-        works = []
-        for i in [] if broadcast else ids:
-            try:
-                works.append(self.pool.channels[i].post_weights(self.flat))
-            except ConnectionError as err:
-                raise self.pool.death_error(i) from err
-            self.pool.defer(i, Reply.ACK)
-        if broadcast:
-            for i in ids:  # each rank's link announces it: its reading thread joins it
+        if ids == list(range(len(self.pool))):  # the broadcast group holds every rank
+            self._broadcast(ids)
+        else:  # some ranks, or once one is lost: point to point
+            works = []
+            for i in ids:
                 try:
-                    self.pool.channels[i].announce_broadcast(self.flat.numel())
+                    works.append(channels[i].post_weights(self.flat))
                 except ConnectionError as err:
                     raise self.pool.death_error(i) from err
-            try:
-                self._see_through(self.groups.broadcast.broadcast(self.flat, 0), ids)
-            except WorkerError:
-                raise
-            except Exception as err:
-                channels = self.pool.channels
-                for i in ids:  # a rank that went silent or ended is the likely cause: name it
-                    if channels[i].silence() is not None:
-                        raise self.pool.death_error(i) from err
-                for i in ids:
-                    if channels[i].life.death(wait=1.0) is not None:
-                        raise self.pool.death_error(i) from err
-                raise WorkerError(
-                    f"the weight broadcast to the collector ranks failed ({err}).",
-                    worker=ids[0],
-                    host=self.pool.channels[ids[0]].host,
-                    rank=self.pool.channels[ids[0]].rank,
-                ) from err
-        for i, work in zip([] if broadcast else ids, works, strict=True):
-            try:
-                self.pool.channels[i].wait_sent(work)
-            except ConnectionError as err:
-                raise self.pool.death_error(i) from err
+                self.pool.defer(i, Reply.ACK)
+            for i, work in zip(ids, works, strict=True):
+                try:
+                    channels[i].wait_sent(work)
+                except ConnectionError as err:
+                    raise self.pool.death_error(i) from err
         self.delivered(ids)
 
-    def _see_through(self, work: Any, ids: list[int]) -> None:
-        """Wait for the weight broadcast ``work``, bounded by ``timeout``, asking between its
-        tests whether a rank went silent: a stopped rank holds a broadcast, and is named within
-        its ``liveness_timeout``, not after ``worker_timeout``."""
-
-        def silent() -> None:
-            self.pool._check_silence(ids)  # raises the silent rank's WorkerError
-
-        wait_request(work.is_completed, self.timeout, "the weight broadcast", silent)
-        work.wait(datetime.timedelta(seconds=self.timeout))  # what went wrong, if anything did
+    def _broadcast(self, ids: list[int]) -> None:
+        """Broadcast the flat buffer, announced on each rank's link (its reading thread joins it
+        at once, into a buffer of its own), waited for within ``timeout``; a failure names the
+        rank that went silent or ended, its likely cause."""
+        channels = self.pool.channels
+        for i in ids:
+            try:
+                channels[i].announce_broadcast(self.flat.numel())
+            except ConnectionError as err:
+                raise self.pool.death_error(i) from err
+        try:
+            work = self.groups.broadcast.broadcast(self.flat, 0)
+            # a stopped rank holds the broadcast: asking between tests whether one went silent
+            # names it within its liveness_timeout, not after worker_timeout
+            silent = partial(self.pool._check_silence, ids)  # raises the rank's WorkerError
+            wait_request(work.is_completed, self.timeout, "the weight broadcast", silent)
+            work.wait(datetime.timedelta(seconds=self.timeout))  # what went wrong, if anything did
+        except WorkerError:
+            raise
+        except Exception as err:
+            for i in ids:
+                if channels[i].silence() is not None:
+                    raise self.pool.death_error(i) from err
+            for i in ids:
+                if channels[i].life.death(wait=1.0) is not None:
+                    raise self.pool.death_error(i) from err
+            raise WorkerError(
+                f"the weight broadcast to the collector ranks failed ({err}).",
+                worker=ids[0],
+                host=channels[ids[0]].host,
+                rank=channels[ids[0]].rank,
+            ) from err
 
     def _fill(self, weights: TensorDictBase) -> None:
-        """Copy ``weights`` into the flat buffer: one fused copy when they are laid out as the
-        trainer's policy (the usual case), the general key-matching copy otherwise (which names
-        what does not match)."""
+        """Copy ``weights`` into the flat buffer: one fused copy when laid out as the trainer's
+        policy, else the key-matching copy (which names what does not match)."""
         try:
             leaves = self.layout.leaves(weights)
         except KeyError:
@@ -165,19 +160,15 @@ class RankWeightsSender(RemoteWeightsUpdaterBase):
 
 
 class DistributedWeightUpdater(RemoteWeightsUpdaterBase):
-    """TorchRL's remote updater of ``DistributedDataCollector``, with its constructor: sends
-    ``policy_weights`` (or the weights given) to the collector ranks.
+    """TorchRL's remote updater of ``DistributedDataCollector``, with TorchRL's constructor.
 
     Pass it as ``weight_updater=`` to send a TensorDict of weights that is not the trainer
-    policy's own; the collector's transport carries them as it carries its default updater's
-    (``RankWeightsSender``), which it builds when this one registers.
+    policy's own; it hands them to the ``RankWeightsSender`` it builds when it registers.
 
     Args:
-        store: TorchRL's ``TCPStore``, through which its ranks hear of an update. hpccollect's
-            ranks hear of it on their own link, so none is needed; whatever is given is kept.
-        policy_weights: the weights sent by ``update_policy_weights_()`` with none given.
-        num_workers: the collector's number of ranks; checked when the collector registers
-            this updater. None: any.
+        store: TorchRL's ``TCPStore`` announcing updates; kept, unneeded (each rank's link does).
+        policy_weights: the weights ``update_policy_weights_()`` sends when given none.
+        num_workers: the collector's number of ranks (None: any), checked at registration.
         sync: whether the collector is sync; kept as given.
     """
 
@@ -239,18 +230,15 @@ class DistributedWeightUpdater(RemoteWeightsUpdaterBase):
 
 
 class RPCWeightUpdater(DistributedWeightUpdater):
-    """TorchRL's remote updater of ``RPCCollector``, with its constructor: sends
-    ``policy_weights`` (or the weights given) to the collector ranks, as
-    ``DistributedWeightUpdater`` does.
+    """TorchRL's remote updater of ``RPCCollector``: ``DistributedWeightUpdater``'s, with
+    TorchRL's constructor.
 
     Args:
-        collector_infos: TorchRL's RPC worker infos; kept as given (hpccollect's ranks are
-            reached over the collector's own links).
+        collector_infos: TorchRL's RPC worker infos; kept as given (ranks are reached by link).
         collector_class: the ranks' collector class; kept as given.
         collector_rrefs: TorchRL's remote references to the ranks' collectors; kept as given.
-        policy_weights: the weights sent by ``update_policy_weights_()`` with none given.
-        num_workers: the collector's number of ranks; checked when the collector registers
-            this updater. None: any.
+        policy_weights: the weights ``update_policy_weights_()`` sends when given none.
+        num_workers: the collector's number of ranks (None: any), checked at registration.
     """
 
     def __init__(
@@ -267,9 +255,8 @@ class RPCWeightUpdater(DistributedWeightUpdater):
 
 
 def _alias(params: Sequence[torch.Tensor], views: Sequence[torch.Tensor]) -> None:
-    """Let the trainer policy's parameters live in the flat buffer (same ``Parameter`` objects,
-    so optimizers keep working): an update then sends them as they are, with no copy. A
-    parameter on another device, or moved or replaced later, is copied at each update instead."""
+    """Move the trainer policy's parameters into the flat buffer (same ``Parameter`` objects, so
+    optimizers keep working); one on another device, or moved or replaced later, is copied."""
     with torch.no_grad():
         for param, view in zip(params, views, strict=True):
             if param.device == view.device and param.shape == view.shape:

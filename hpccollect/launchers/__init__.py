@@ -1,9 +1,5 @@
-"""How collector ranks are started: one plug-in per launcher, registered by name.
-
-A launcher's module is imported on its first use, so ``launcher="mp"`` never loads mpi4py or
-submitit. A new launcher is one module with a ``Launcher`` subclass plus one
-``register_launcher`` call naming it.
-"""
+"""How collector ranks are started: one plug-in per launcher, registered by name and imported
+on first use (``launcher="mp"`` never loads mpi4py or submitit)."""
 
 from __future__ import annotations
 
@@ -53,28 +49,26 @@ def register_launcher(
         name: the launcher's name.
         target: ``"module:Class"`` of a ``Launcher`` subclass, imported on first use and built
             with ``Class.from_request(LaunchRequest)``.
-        requires: a package the launcher needs, checked before it is imported (for an error
-            that says what to install).
-        ranks_exist: every rank runs the job's own command (mpiexec/srun started them), which
-            makes it a ``--launcher`` of ``python -m hpccollect collect`` too.
+        requires: a package the launcher needs, checked first for an error naming it.
+        ranks_exist: every rank runs the job's own command (mpiexec/srun), which makes it a
+            ``--launcher`` of ``python -m hpccollect collect`` too.
     """
     _LAUNCHERS[name] = _Entry(check_target(target), requires, ranks_exist)
 
 
 def _launchers() -> dict[str, _Entry]:
-    """The registered launchers, those of installed packages' ``hpccollect.launchers`` entry
-    points included (``requires=None``, ``ranks_exist=False``: call ``register_launcher`` for
-    others)."""
+    """The registered launchers, with installed packages' ``hpccollect.launchers`` entry points
+    (as ``requires=None``, ``ranks_exist=False``)."""
     return with_entry_points("launcher", _LAUNCHERS, lambda target: _Entry(target, None, False))
 
 
 def launcher_names() -> tuple[str, ...]:
-    """Every registered launcher (the one list of them)."""
+    """Every registered launcher."""
     return tuple(_launchers())
 
 
 def job_launchers() -> tuple[str, ...]:
-    """The launchers whose ranks all run the job's own command: those ``collect`` runs under."""
+    """The launchers whose ranks all run the job's own command (those ``collect`` runs under)."""
     return tuple(name for name, entry in _launchers().items() if entry.ranks_exist)
 
 
@@ -90,10 +84,9 @@ def get_launcher(
 
     Args:
         launcher: a registered name (``register_launcher``) or a ``Launcher``.
-        starts_processes: the ranks' collectors start processes of their own (see
-            ``LaunchRequest``).
+        starts_processes: the ranks' collectors start processes (see ``LaunchRequest``).
         slurm_kwargs: the submitit launchers' executor parameters.
-        master_addr: where rank 0 listens, for launchers that take it (``LaunchRequest``).
+        master_addr: where rank 0 listens, for launchers that take it.
         interface: the network interface rank 0 listens on, likewise.
 
     Returns:
@@ -133,9 +126,7 @@ register_launcher(  # inside a main of submitit_delayed_launcher: its pre-launch
 LAUNCHERS = tuple(_LAUNCHERS)
 
 
-# the classes, imported on first use: naming the launchers (``job_launchers``) loads none of
-# them, and ``MPILauncher`` (built directly to gather: ``MPILauncher(gather="node")``) loads
-# mpi4py only then
+# the classes load on first use: naming the launchers loads none of them, nor mpi4py
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {

@@ -1,17 +1,11 @@
 """Ranks that notice their MPI launcher is gone, and stop as if it had passed SIGTERM on.
 
-A scheduler (preemption, ``scancel``, the time limit) or a user's Ctrl-C stops an MPI job by
-signalling its launcher, which passes the signal on: MPICH's and Intel MPI's ``mpiexec.hydra``
-forward SIGTERM to every rank, and rank 0 stops the run after its current batch. Intel MPI's
-``mpirun`` is a shell script around ``mpiexec.hydra``: SIGTERM ends the script alone, and the job
-runs on, orphaned, with nothing left to stop it.
-
-So every rank watches the launcher processes above it: its ancestors, from its parent up to the
-last one whose name is a launcher's. When one of them ends, the rank sends itself SIGTERM, once,
-as a launcher that forwards it would have. Rank 0 then stops the run as on any SIGTERM; the
-collector ranks ignore it and leave the stop to rank 0. The watching thread sleeps in one
-``poll`` of the launchers' process descriptors (``pidfd_open``, Linux 5.3), which wakes it only
-when one ends; where those cannot be had, it looks at them every ``_PERIOD``.
+A scheduler or Ctrl-C stops an MPI job by signalling its launcher, which forwards SIGTERM to every
+rank; but Intel MPI's ``mpirun`` is a shell script around ``mpiexec.hydra`` that dies of SIGTERM
+alone, leaving the job orphaned. So every rank watches the launcher processes above it, and when
+one ends sends itself SIGTERM once (rank 0 stops the run; collector ranks ignore it). The thread
+sleeps in one ``poll`` of their process descriptors (``pidfd_open``, Linux 5.3), else looks every
+``_PERIOD``.
 """
 
 from __future__ import annotations
@@ -46,7 +40,7 @@ def watch_launcher() -> bool:
     """Start watching this process's launcher processes (once per process; Linux only).
 
     Returns:
-        Whether a launcher was found above this process (and is now watched).
+        Whether a launcher is watched above this process.
     """
     global _watcher
     with _watching:

@@ -11,7 +11,7 @@ from typing import Any
 
 from hpccollect.collectors.workers.fork_server import JobForkServer
 from hpccollect.collectors.workers.processes import start_local_workers
-from hpccollect.launchers.base import Launcher, LaunchRequest
+from hpccollect.launchers.base import Launcher
 from hpccollect.launchers.rank import RankArgs, serve_rank
 from hpccollect.transport.base import PeerLife
 from hpccollect.transport.pipe import PipeChannel
@@ -40,28 +40,19 @@ class LocalRank(PeerLife):
 
 
 class MPLauncher(Launcher):
-    """Collector ranks as local processes; they listen on loopback only and exit when this
-    process ends.
+    """Collector ranks as local processes, on loopback, that exit when this process ends.
 
     Args:
-        start_method: ``"forkserver"`` (default): the ranks fork from a server of the job's own
-            that imported torch and hpccollect once (``collectors/workers/fork_server.py``), so 32 ranks
-            cost one import, not 32; ``"spawn"``: each rank is a fresh interpreter.
-        daemon: whether the ranks are daemonic. They are not by default, as TorchRL's: a
-            rank's collector or its env may start processes of its own (a multi-process
-            collector, a TorchRL ``ParallelEnv``), which a daemonic process cannot. The
-            collector ends its ranks at shutdown and at exit either way.
+        start_method: ``"forkserver"`` (default): the ranks fork from a job's server that
+            imported torch and hpccollect once; ``"spawn"``: each rank is a fresh interpreter.
+        daemon: whether the ranks are daemonic. Not by default, as TorchRL's: a rank's collector
+            or env may start processes (a ``ParallelEnv``), which a daemonic process cannot.
+            The collector ends its ranks at shutdown and at exit either way.
     """
-
-    shares_host = True
 
     def __init__(self, start_method: str = "forkserver", daemon: bool = False) -> None:
         self.start_method, self.daemon = start_method, daemon
         self._server: JobForkServer | None = None
-
-    @classmethod
-    def from_request(cls, request: LaunchRequest) -> MPLauncher:
-        return cls()
 
     def address(self) -> str:
         return "127.0.0.1"
@@ -89,8 +80,7 @@ class MPLauncher(Launcher):
 
 
 def _rank_process(index: int, conn: Connection, args: RankArgs) -> None:
-    # the pipe carries nothing: its end tells that rank 0's process is gone, even before the
-    # process groups exist (a rank waiting to join would otherwise wait start_timeout)
+    # the pipe carries nothing: its end tells that rank 0 is gone, even before the groups exist
     threading.Thread(target=_exit_with_parent, args=(conn,), daemon=True).start()
     serve_rank(args)
 

@@ -1,17 +1,8 @@
 """``launcher="mpi"``: the ranks of an ``mpiexec``/``srun`` job, each running the same script.
 
-Every rank constructs the same ``DistributedDataCollector``. On rank 0 the constructor returns
-the collector; on every other rank it serves rank 0 (``serve``) and then ends the process with
-status 0, so the script needs no branch on the rank. Rank 0 hands each rank its ``RankArgs``
-over the MPI communicator; the collector's data then travels over the chosen backend (gloo
-through rank 0's store, or MPI itself).
-
-Under ``mpiexec`` a rank that exits with an error leaves the others waiting forever, so an
-uncaught exception on any rank prints its traceback, names the rank and host, and aborts the
-whole job (``MPI_Abort``). A rank killed by a signal ends the whole job too: hydra and srun tear
-every rank down, so under MPI a job cannot go on without a lost rank. A launcher that ends
-without passing SIGTERM on (Intel MPI's ``mpirun`` script) is noticed by the ranks, which stop
-as if it had (``launcher_watch``).
+Every rank constructs the same collector: rank 0 gets it, the others serve it and exit, so the
+script needs no branch on the rank. An uncaught exception on any rank aborts the whole job
+(``MPI_Abort``) rather than leave the others waiting forever.
 """
 
 from __future__ import annotations
@@ -44,9 +35,17 @@ _EXIT_LIMIT = 60.0  # seconds a finalised collector rank's C exit handlers may t
 
 
 class MPILauncher(Launcher):
-    """Rank 0 of an MPI job starts nothing: the other ranks exist already, and are told how to
-    join. ``master_addr``/``interface`` choose where rank 0 listens (default: loopback when
-    every rank is on this node, see ``hpccollect.launchers.rendezvous``)."""
+    """Rank 0 of an MPI job starts nothing: the other ranks exist already and are told how to join.
+
+    Args:
+        master_addr: the address rank 0 listens on (None: found, see ``rendezvous``).
+        interface: the network interface rank 0 listens on, instead.
+        gather: ``"node"``: each node's collector ranks form a group whose first rank (its
+            gatherer) sends rank 0 their round as one batch (``mpi_gather``); ``k``: groups of
+            ``k`` consecutive ranks; None: no gathering. Every rank must pass the same value.
+        comm: the job's communicator (default ``MPI.COMM_WORLD``); a gatherer's collector passes
+            its group (without ``gather``).
+    """
 
     mpi_world = True
 
@@ -62,18 +61,6 @@ class MPILauncher(Launcher):
         gather: str | int | None = None,
         comm: Any = None,
     ) -> None:
-        """
-        Args:
-            master_addr: the address rank 0 listens on (None: found, see ``rendezvous``).
-            interface: the network interface rank 0 listens on, instead.
-            gather: ``"node"``: the collector ranks of each node form a group, whose first
-                rank (its gatherer) collects from the others and sends rank 0 their round as
-                one batch (``mpi_gather``); ``k``: groups of ``k`` consecutive ranks, likewise;
-                None: every collector rank sends rank 0 its own batches. Every rank must pass
-                the same value (the split is collective).
-            comm: the communicator of the job (default ``MPI.COMM_WORLD``); a gatherer's
-                collector passes its group (``gather`` is then not given).
-        """
         world = mpi4py_comm(on_one_node())
         self.gather = check_gather(gather)
         if comm is not None and self.gather is not None:
@@ -93,8 +80,7 @@ class MPILauncher(Launcher):
                 "with mpiexec -n N (N >= 2) or srun -n N, or use launcher='mp' to start the "
                 "collector ranks as local processes."
             )
-        #: a rank that collects for a gatherer: it waits for its gatherer, which waits for
-        #: rank 0, so its start may take two start-ups
+        #: a rank that collects for a gatherer, which waits for rank 0: two start-ups
         self._gathered_rank = False
         if self.gather is not None:
             plan = plan_gathering(world, self.gather)
@@ -105,8 +91,7 @@ class MPILauncher(Launcher):
             if self.comm.Get_rank() == 0 and plan.lower is None:
                 self.gathered = [group[1:] for group in plan.groups]
         size = self.comm.Get_size()
-        #: the communicator the job's groups meet in when it is not MPI.COMM_WORLD (a gathered
-        #: job's), else None; and each of its ranks' numbers in the whole job
+        #: a gathered job's communicator (None: MPI.COMM_WORLD), and its ranks' world numbers
         self.split_comm = None if self.comm == world else self.comm
         self.world_ranks: list[int] | None = None
         if self.split_comm is not None:
@@ -121,18 +106,14 @@ class MPILauncher(Launcher):
 
     @property
     def rendezvous(self) -> Any:
-        """Where rank 0 listens (only rank 0 asks: the ranks get it with their arguments, so no
-        collective call is made whose presence would depend on rank 0's arguments): loopback
-        when every rank runs on rank 0's host, else rank 0's address on the interface that
-        reaches the first rank elsewhere (the kernel's route: no name needs to resolve).
-        ``master_addr``, ``interface`` or ``MASTER_ADDR`` choose instead; loopback is refused
-        then when ranks run elsewhere."""
+        """Where rank 0 listens (asked on rank 0 only): loopback when every rank runs on its host,
+        else its address routed to the first rank elsewhere, unless ``master_addr``,
+        ``interface`` or ``MASTER_ADDR`` choose (loopback refused when ranks run elsewhere)."""
         if self._rendezvous is None:
             remote = self._remote()
             environ: Any = os.environ
             if self.split_comm is not None:
-                # the launcher's variables count the whole job's ranks; only rank 0 (not a
-                # gatherer, which listens on its own host) takes MASTER_ADDR
+                # the launcher's variables count the whole job; a gatherer ignores MASTER_ADDR
                 kept = ("MASTER_ADDR",) if self.gather is not None else ()
                 environ = {name: os.environ[name] for name in kept if name in os.environ}
             address = self.master_addr
@@ -151,7 +132,7 @@ class MPILauncher(Launcher):
         return self._rendezvous
 
     def _hellos(self) -> dict[int, tuple[str, list[str]]]:
-        """Each collector rank's host name and addresses, as it sent them first (rank 0)."""
+        """Each collector rank's host name and addresses, from its first message (rank 0)."""
         if self._hello is None:
             self._hello = {
                 rank: recv_object(
@@ -177,7 +158,6 @@ class MPILauncher(Launcher):
 
     @property
     def default_port(self) -> int:  # type: ignore[override]
-
         if self.split_comm is not None and self.gather is None:
             return 0  # a gatherer's group: MASTER_PORT is rank 0's, maybe on this very host
         return env_port() or 0
@@ -206,10 +186,9 @@ class MPILauncher(Launcher):
         return self.rendezvous.master_addr
 
     def left_running(self, ranks: Sequence[int]) -> None:
-        """MPI cannot end one rank, and ``MPI_Finalize`` would wait for them forever: the job
-        ends when rank 0 exits, with status 0 (the collector finished without them)."""
-        named = self.world_ranks
-        end_job_at_exit([named[r] if named else r for r in ranks], lost=True)
+        """MPI cannot end one rank and ``MPI_Finalize`` would wait for it: the job ends when
+        rank 0 exits, with status 0."""
+        end_job_at_exit([self._name(r) for r in ranks], lost=True)
 
     def start(self, ranks: Sequence[RankArgs]) -> list[PeerLife | None]:
         self._hellos()  # taken in any case: every rank sends one
@@ -260,18 +239,13 @@ def _refuse_loopback(address: str, remote: dict[int, tuple[str, list[str]]]) -> 
 
 
 def exit_finalized(code: int = 0) -> NoReturn:
-    """End this process, whose MPI is finalised, without returning to the script (a collector
-    rank inside the collector's constructor), by C's ``exit``: not ``os._exit``.
+    """End this process, whose MPI is finalised, by C's ``exit``, not ``os._exit``.
 
-    MPICH tells its process manager that a rank finalised (PMI ``finalize``) in a C ``atexit``
-    hook, not in ``MPI_Finalize``. ``os._exit`` skips that hook, and hydra takes a rank whose
-    PMI connection closes without it for a rank that died: it SIGKILLs every other process of
-    the job, rank 0 included, which is then in the middle of its own exit (the job ends
-    "killed by signal 9", or with status 0 but rank 0 cut short, as hydra's bookkeeping
-    happens to go). C's ``exit`` runs the libraries' exit handlers, MPICH's among them, but
-    not Python's teardown, as ``os._exit``; the GIL stays held (``PyDLL``), so no other Python
-    thread runs meanwhile. Bounded: an exit handler that hangs for ``_EXIT_LIMIT`` s has this
-    rank's Python stacks printed and ends it with status 1 (``faulthandler``'s watchdog)."""
+    MPICH tells hydra a rank finalised in a C ``atexit`` hook; ``os._exit`` skips it, and hydra
+    then takes the rank for dead and SIGKILLs the whole job, rank 0 mid-exit included. C's
+    ``exit`` runs the libraries' exit handlers but not Python's teardown; the GIL stays held
+    (``PyDLL``), so no other thread runs. A handler hanging ``_EXIT_LIMIT`` s has the Python
+    stacks printed and ends the rank with status 1 (``faulthandler``)."""
     sys.stdout.flush()
     sys.stderr.flush()
     faulthandler.dump_traceback_later(_EXIT_LIMIT, exit=True)
@@ -284,11 +258,9 @@ def exit_finalized(code: int = 0) -> NoReturn:
 
 
 def serve(timeout: float = 120.0, comm: Any = None) -> None:
-    """Run this process as a collector rank of an MPI job whose rank 0 constructs
-    ``DistributedDataCollector(..., launcher="mpi")``; returns once rank 0 shut the collector
-    down. For scripts that branch on the rank themselves (``launcher="mpi"`` calls it for you).
-    A rank 0 that went silent ends the whole job (``MPI_Abort`` with ``LOST_RANK0_STATUS``): it
-    would never finalise with this rank, and the job cannot go on without it.
+    """Serve as a collector rank of an MPI job whose rank 0 constructs the collector with
+    ``launcher="mpi"``, until rank 0 shuts it down (for scripts that branch on the rank). A
+    rank 0 gone silent aborts the whole job: it would never finalise with this rank.
 
     Args:
         timeout: seconds to wait for rank 0 to construct its collector.
@@ -335,9 +307,8 @@ def serve(timeout: float = 120.0, comm: Any = None) -> None:
 
 
 def abort_on_uncaught(comm: Any = None) -> None:
-    """Make an uncaught exception in this process end the whole MPI job (after printing it,
-    with the rank and host), instead of leaving the other ranks waiting. ``comm``: None takes
-    ``MPI.COMM_WORLD`` when an exception comes (mpi4py is imported only then)."""
+    """Make an uncaught exception here print itself with the rank and host, then abort the whole
+    MPI job. ``comm``: None takes ``MPI.COMM_WORLD`` (imported only when an exception comes)."""
     if getattr(sys.excepthook, "_hpccollect_abort", False):
         return
     previous = sys.excepthook
@@ -361,9 +332,8 @@ def abort_on_uncaught(comm: Any = None) -> None:
 
 
 def abort_on_uncaught_under_mpiexec() -> None:
-    """``abort_on_uncaught`` when this process is one of several started by an MPI launcher
-    (MPICH's hydra or Open MPI): called when ``hpccollect.distributed`` is loaded, so that an
-    exception before any collector exists ends the job too."""
+    """``abort_on_uncaught`` when several ranks run under hydra or Open MPI; called on loading
+    ``hpccollect.distributed``, so an exception before any collector ends the job too."""
     for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
         if os.environ.get(name, "1").strip() not in ("", "0", "1"):
             with contextlib.suppress(ImportError):

@@ -1,12 +1,8 @@
-"""Gathering among the ranks of an MPI job (``MPILauncher(gather=...)``): the collector ranks are
-split into groups, and the first rank of each group (its gatherer) collects from the others and
-forwards each round to rank 0 as one message. Rank 0 then takes one message per group instead of
-one per rank.
+"""Gathering in an MPI job (``MPILauncher(gather=...)``): the collector ranks are split into
+groups whose first rank (the gatherer) forwards each round to rank 0 as one message.
 
-The split is a collective call: every rank of the job makes it, with the same ``gather``, when
-it builds its launcher. It gives two communicators: rank 0 with the gatherers (what rank 0's
-collector runs over), and each group (what its gatherer's own collector runs over, the gatherer
-its rank 0).
+The split is collective: every rank makes it with the same ``gather``. It gives two
+communicators: rank 0 with the gatherers, and each group with its gatherer as rank 0.
 """
 
 from __future__ import annotations
@@ -51,10 +47,8 @@ def gather_groups(gather: str | int, hosts: Sequence[str]) -> list[list[int]]:
     """The job's groups.
 
     Args:
-        gather: ``"node"``: one group per host, of that host's collector ranks in rank order;
-            an int ``k``: collector ranks ``1..k``, ``k+1..2k``, and so on (the last group may
-            be smaller).
-        hosts: each rank's host name, rank 0's first (rank 0 belongs to no group).
+        gather: ``"node"``: one group per host; ``k``: ranks ``1..k``, ``k+1..2k``, ...
+        hosts: each rank's host name, rank 0's (in no group) first.
 
     Returns:
         Each group's world ranks, its gatherer first.
@@ -92,8 +86,7 @@ class GatherPlan:
 
     Attributes:
         groups: every group's world ranks, its gatherer first.
-        upper: rank 0 and the gatherers (rank 0 first, gatherers in group order); None on a
-            rank that only collects.
+        upper: rank 0 and the gatherers, in order; None on a rank that only collects.
         lower: this rank's group, its gatherer rank 0 of it; None on rank 0."""
 
     groups: list[list[int]]
@@ -107,7 +100,7 @@ class GatherPlan:
 
 
 def plan_gathering(world: Any, gather: str | int) -> GatherPlan:
-    """Split ``world`` for gathering; every rank calls it (collective).
+    """Split ``world`` for gathering (collective).
 
     Args:
         world: the job's mpi4py communicator.
@@ -117,7 +110,7 @@ def plan_gathering(world: Any, gather: str | int) -> GatherPlan:
         This rank's ``GatherPlan``.
 
     Raises:
-        ArgumentValueError: a group would hold a gatherer alone (on every rank alike)."""
+        ArgumentValueError: too few ranks, or a gatherer alone (on every rank alike)."""
     from mpi4py import MPI
 
     rank = world.Get_rank()
@@ -143,13 +136,8 @@ _GROUP: list[Any] = []  # a gatherer's own group, made by its launcher's split
 
 
 def gatherer_group() -> Any:
-    """The group this process gathers from (its launcher split the job).
-
-    Returns:
-        The group's mpi4py communicator, this process its rank 0.
-
-    Raises:
-        ArgumentValueError: this process is no gatherer of an MPI job."""
+    """The group this process gathers from (its mpi4py communicator, this process its rank 0);
+    ``ArgumentValueError`` on a process that is no gatherer."""
     if not _GROUP:
         raise ArgumentValueError(
             "a gatherer's collector runs only on a gatherer rank of an MPI job whose ranks "
@@ -159,8 +147,5 @@ def gatherer_group() -> Any:
 
 
 def keep_gatherer_group(comm: Any) -> None:
-    """Note the group this process gathers from, for ``gatherer_group``.
-
-    Args:
-        comm: the group's mpi4py communicator."""
+    """Note ``comm``, the group this process gathers from, for ``gatherer_group``."""
     _GROUP.append(comm)

@@ -1,15 +1,10 @@
 """Collection jobs submitted before their rank 0 exists: TorchRL's ``submitit_delayed_launcher``.
 
-On clusters where a job may not submit jobs, the decorated main cannot start its collector
-ranks itself. ``submitit_delayed_launcher`` runs where jobs can be submitted (a login node):
-it submits ``num_jobs`` collection jobs, then the main as a job of its own, and waits for them.
-Each collection job waits in a hand-off folder for the arguments of its rank. The main builds
-its collector with ``launcher="submitit_delayed"``; inside such a main, that launcher
-(``PrelaunchedLauncher``) starts nothing: it writes each rank's arguments (rank 0's address
-and port, the rank's pickled collector) to the hand-off folder, and the waiting jobs join.
-
-The folder must be one that the login node and the jobs' nodes share, as submitit's own
-folder must be. When the main ends, collection jobs still there are cancelled.
+For clusters where a job may not submit jobs: from a login node, ``num_jobs`` collection jobs
+are submitted, then the main as a job of its own. Each collection job waits in a hand-off folder
+(shared by the login node and the jobs' nodes) for its rank's arguments, which the main's
+``launcher="submitit_delayed"`` (``PrelaunchedLauncher``) writes there. When the main ends,
+collection jobs still there are cancelled.
 """
 
 from __future__ import annotations
@@ -43,11 +38,8 @@ __all__ = ["PrelaunchedLauncher", "submitit_delayed_launcher"]
 
 #: set in the main job: JSON of the hand-off folder and the collection jobs
 ENV = "HPCCOLLECT_PRELAUNCHED"
-#: s between two looks of a collection job at its hand-off folder, and of the login node at
-#: its jobs
-_POLL = 0.2
-#: s the collection jobs have to end on their own once the main has ended, before cancelling
-_GRACE = 30.0
+_POLL = 0.2  # s between two looks at the hand-off folder, or at the jobs
+_GRACE = 30.0  # s the collection jobs have to end once the main has, before they are cancelled
 FRAMEWORKS = ("distributed", "rpc")
 
 
@@ -55,24 +47,22 @@ class submitit_delayed_launcher:
     """Run the decorated main as its own submitit job, with ``num_jobs`` collection jobs
     submitted before it and waiting for it.
 
-    Inside the main, build the collector with ``launcher="submitit_delayed"`` and as many
-    ranks as ``num_jobs``: its ranks are these jobs. Calling the decorated function submits
-    the jobs, waits for them all and returns the main's return value (the main's exception is
-    raised here); Ctrl-C cancels them. A main run outside the decorator, or a collector built
-    without it, submits its rank jobs itself, as ``launcher="submitit_delayed"`` always does.
+    Inside the main, build the collector with ``launcher="submitit_delayed"`` and ``num_jobs``
+    ranks: these jobs. Calling the decorated function submits the jobs, waits for them and
+    returns the main's value (or raises its exception); Ctrl-C cancels them. Outside the
+    decorator, ``launcher="submitit_delayed"`` submits its rank jobs itself.
 
     Args:
         num_jobs: the number of collection jobs, one collector rank each.
-        framework: ``"distributed"`` (a ``DistributedDataCollector`` in the main) or
-            ``"rpc"`` (an ``RPCCollector``); both take the ranks the same way here.
-        backend: the transport the collector will use (``"gloo"``, ``"mpi"``, ...). The ranks
-            take the collector's own, so a different one here only needs to be valid.
-        tcpport: the port rank 0 listens on when the collector is given no ``tcp_port``;
-            None, a free one. (TorchRL's default is ``TCP_PORT``, a fixed port its ranks are
-            told in advance; hpccollect's ranks are told the port when rank 0 has it.)
+        framework: ``"distributed"`` (a ``DistributedDataCollector``) or ``"rpc"`` (an
+            ``RPCCollector``); both take the ranks alike.
+        backend: the transport (``"gloo"``, ``"mpi"``, ...), only checked: ranks take the
+            collector's own.
+        tcpport: rank 0's port when the collector has no ``tcp_port``; None: a free one (the
+            ranks learn it when they join, so TorchRL's fixed ``TCP_PORT`` is not needed).
         submitit_main_conf: submitit executor parameters of the main job.
-        submitit_collection_conf: submitit executor parameters of each collection job. Both
-            also take hpccollect's ``"cluster"`` (``"slurm"`` or ``"local"``) and ``"folder"``.
+        submitit_collection_conf: those of each collection job. Both also take ``"cluster"``
+            (``"slurm"`` or ``"local"``) and ``"folder"``.
 
     Example:
         >>> @submitit_delayed_launcher(num_jobs=2)
@@ -139,7 +129,7 @@ class submitit_delayed_launcher:
         return exec_fun
 
     def launch(self, main_func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Submit the collection jobs and the main job, and wait for them (see the class).
+        """Submit the collection jobs and the main job, and wait for them.
 
         Args:
             main_func: the decorated main, run as a job of its own.
@@ -150,7 +140,7 @@ class submitit_delayed_launcher:
             What ``main_func(*args, **kwargs)`` returned in its job.
 
         Raises:
-            JobError: the main job failed (its traceback and log are named).
+            JobError: the main job failed (naming its traceback and log).
         """
         collection = SubmititLauncher(
             {"name": "hpccollect-collection", **self.submitit_collection_conf}
@@ -191,8 +181,8 @@ class submitit_delayed_launcher:
 
 
 def _end_collection(jobs: Sequence[Any], handoff: Path, slurm: bool) -> None:
-    """Once the main has ended: tell jobs still waiting for a rank to leave, give the others
-    ``_GRACE`` s to end on their own, then cancel what is left."""
+    """Once the main has ended: tell waiting jobs to leave, give the others ``_GRACE`` s, then
+    cancel what is left."""
     with contextlib.suppress(OSError):
         (handoff / "main.ended").touch()
     watch = JobWatch(period=1.0 if slurm else _POLL)
@@ -231,8 +221,7 @@ def _result(job: Any, watched: WatchedJob) -> Any:
 
 
 def run_main(packed: Packed, info: dict, jobs: list[Any]) -> Any:
-    """What the main job runs: the decorated main, with ``launcher="submitit_delayed"``
-    adopting the waiting collection jobs as its ranks."""
+    """What the main job runs: the decorated main, its collection jobs waiting as ranks."""
     main_func, args, kwargs = packed.unpack()
     os.environ[ENV] = json.dumps(info)
     PrelaunchedLauncher.jobs_waiting = list(jobs)
@@ -244,8 +233,8 @@ def run_main(packed: Packed, info: dict, jobs: list[Any]) -> Any:
 
 
 def wait_for_rank(folder: str, rank: int) -> None:
-    """What a collection job runs: wait for rank ``rank``'s arguments in ``folder``, then serve
-    that rank; leave at once if the main ends first (SLURM's time limit bounds the wait)."""
+    """What a collection job runs: wait for ``rank``'s arguments in ``folder`` and serve it;
+    leave if the main ends first."""
     args_file = Path(folder) / f"rank-{rank}.args"
     ended = Path(folder) / "main.ended"
     while not args_file.exists():
@@ -258,9 +247,8 @@ def wait_for_rank(folder: str, rank: int) -> None:
 
 
 class PrelaunchedLauncher(SubmititLauncher):
-    """``launcher="submitit_delayed"``. Inside a main run by ``submitit_delayed_launcher``, the
-    ranks are the collection jobs already submitted, and ``start`` hands each its arguments;
-    elsewhere it is ``SubmititLauncher(delayed=True)`` (see ``from_request``)."""
+    """``launcher="submitit_delayed"`` inside a main of ``submitit_delayed_launcher``: ``start``
+    hands the waiting collection jobs their arguments."""
 
     #: the collection jobs (submitit ``Job`` objects), set in the main job by ``run_main``
     jobs_waiting: list[Any] = []
@@ -273,8 +261,8 @@ class PrelaunchedLauncher(SubmititLauncher):
 
     @classmethod
     def from_request(cls, request: LaunchRequest) -> SubmititLauncher:
-        """The pre-launched ranks inside a main of ``submitit_delayed_launcher``; elsewhere,
-        ``launcher="submitit_delayed"``'s own job of rank tasks (``SubmititLauncher``)."""
+        """The pre-launched ranks inside a main of ``submitit_delayed_launcher``; elsewhere
+        ``SubmititLauncher(delayed=True)``."""
         info = cls.active()
         if info is None:
             return SubmititLauncher.from_request(request)

@@ -1,10 +1,5 @@
-"""A rank's whole start-up, both sides of it, however the ranks were started.
-
-Rank 0 (``start_ranks``): listen, have the launcher start the collector ranks, take each one's
-control connection, and join the process groups with them; a rank that ends during any of it
-is reported at once, never after ``start_timeout``. A collector rank (``serve_rank``): open its
-control connection, join the groups, then serve rank 0's commands with the worker loop every
-collector worker runs (``collectors/workers/worker.py``)."""
+"""A rank's start-up, both sides, however the ranks were started: rank 0 (``start_ranks``) and
+a collector rank (``serve_rank``), which then serves rank 0 with the common worker loop."""
 
 from __future__ import annotations
 
@@ -35,7 +30,7 @@ LOST_RANK0_STATUS = 3  # the exit status of a collector rank whose rank 0 was lo
 
 @dataclass(frozen=True)
 class RankArgs:
-    """Everything a collector rank needs to join its job (what a launcher hands each rank)."""
+    """Everything a collector rank needs to join its job."""
 
     rank: int
     world_size: int
@@ -60,17 +55,12 @@ def serve_rank(
 ) -> None:
     """Join the job as ``args.rank`` and serve rank 0 until it says stop or goes away.
 
-    SIGTERM, SIGINT and SIGUSR1 are ignored: a scheduler signals every process of a job, and the stop
-    belongs to rank 0, which sends ``SHUTDOWN`` after committing its last batch.
-    ``stop_on_sigterm``: SIGTERM ends the process instead (a rank in a job of its own, whose
-    rank 0 is outside the job: the signal means the scheduler ends the job).
-    A rank 0 silent for ``args.liveness_timeout`` s (its node lost, its network cut, stopped)
-    ends this rank too, saying so on standard error: once its own collector is shut down,
-    ``end_lost()`` ends the process (default: exit status ``LOST_RANK0_STATUS`` at once, with
-    no teardown that could wait on rank 0). ``comm``: the MPI communicator of the job, for a
-    backend that meets in it (default ``MPI.COMM_WORLD``). ``names``: what this rank and its
-    rank 0 are called when it reports rank 0 lost (default ``collector rank N``, ``rank 0``;
-    a gathered MPI job's ranks say their number in the job, and their gatherer's).
+    The stop signals are ignored: the stop belongs to rank 0. ``stop_on_sigterm``: SIGTERM ends
+    the process instead (a job of its own, whose rank 0 is outside it). A rank 0 silent for
+    ``args.liveness_timeout`` s ends this rank, said on stderr; then ``end_lost()`` ends the
+    process (default: status ``LOST_RANK0_STATUS`` at once, no teardown that could wait on
+    rank 0). ``comm``: the job's MPI communicator (default ``MPI.COMM_WORLD``). ``names``: this
+    rank's and its rank 0's names in that report (default ``collector rank N``, ``rank 0``).
     """
     names = names or (f"collector rank {args.rank}", "rank 0")
     ignore_stop_signals()
@@ -146,10 +136,8 @@ def _watch_rank0(
     lost: list[str],
     names: tuple[str, str],
 ) -> None:
-    """End this rank's part of the job once rank 0 has been silent too long: the channel fails
-    every wait on rank 0, ``serve`` returns and the process ends. A send rank 0 never takes
-    cannot be woken: the process then ends here, ``_STUCK_EXIT`` s later (what this rank's
-    shard had committed stays readable)."""
+    """Once rank 0 is silent too long, fail the channel's waits so that ``serve`` returns; a
+    send that cannot be woken has the process end here ``_STUCK_EXIT`` s later."""
     while not served.wait(1.0):
         why = channel.silence()
         if why is None:
@@ -175,14 +163,10 @@ def start_ranks(
     device: Any = "cpu",
     liveness_timeout: float | None = None,
 ) -> tuple[RankGroups, list[RankChannel]]:
-    """Start one collector rank per payload (a pickled ``WorkerSpec``) and join them; the
-    job's groups and one ``RankChannel`` per rank, beating to its rank every few seconds when
-    ``liveness_timeout`` is set (both ends then notice a silent peer within it). On failure
-    nothing started is left running.
-
-    Each rank first opens its control connection to rank 0 (``control.py``): a rank that ends
-    before or while the process groups are joined is seen by its connection's end (or its
-    process, where the launcher has one) and reported at once."""
+    """Start one collector rank per payload (a pickled ``WorkerSpec``) and join them; return the
+    job's groups and one ``RankChannel`` per rank (heart-beating when ``liveness_timeout`` is
+    set). A rank that ends during start-up is reported at once, by its control connection or
+    its process; on failure nothing started is left running."""
     n = len(payloads)
     address = launcher.address()
     # a backend that meets in the launcher's own world (MPI) needs no store
@@ -259,9 +243,8 @@ def _open_groups(
     timeout: float,
     comm: Any = None,
 ) -> RankGroups:
-    """Join the process groups in a thread, watching the ranks meanwhile (the joining thread
-    is abandoned when one ends: it cannot be interrupted); a rank whose control connection
-    closed has ended."""
+    """Join the process groups in a thread (abandoned if a rank ends: it cannot be interrupted),
+    watching the ranks' processes and control connections meanwhile."""
     result: dict[str, Any] = {}
 
     def join() -> None:

@@ -1,23 +1,13 @@
 """Where this process stands in a job: rank, world size, local rank, and where rank 0 listens.
 
-Every field falls back on its own down one list: explicit arguments; torchrun (``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``); MPICH/hydra (``PMI_RANK``, ``PMI_SIZE``,
-``MPI_LOCALRANKID``, ``MPI_LOCALNRANKS``); Open MPI (``OMPI_COMM_WORLD_RANK``/``_SIZE``/
-``_LOCAL_RANK``/``_LOCAL_SIZE``); the mpi4py communicator when one is passed; an ``srun`` step
-(``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``, ``SLURM_LOCALID``). With none of them the process is
-rank 0 of 1 (``source="single"``).
+Each field falls back on its own down one list: explicit arguments, torchrun, MPICH/hydra and
+Open MPI (``_ENV_SETS``), the mpi4py communicator when passed, an ``srun`` step; with none, rank 0
+of 1 (``source="single"``). SLURM counts only inside an ``srun`` step: an ``sbatch`` script is
+one process yet sees ``SLURM_PROCID`` and ``SLURM_NTASKS``, while only ``srun`` sets
+``SLURM_STEP_NUM_TASKS``, the world size (``SLURM_NTASKS`` may keep the allocation's count).
 
-SLURM counts only inside an ``srun`` step. The batch script of ``sbatch`` is one process, yet it
-sees ``SLURM_PROCID=0`` and ``SLURM_NTASKS`` (the tasks the allocation holds); ``srun`` adds the
-step variables (``SLURM_STEP_ID``, ``SLURM_STEP_NUM_TASKS``, ``SLURM_STEP_NODELIST``: Slurm's
-``env_array_for_step``), which the batch step does not get. So ``SLURM_STEP_NUM_TASKS`` marks a
-step, and it is the world size (``SLURM_NTASKS`` keeps the allocation's count under
-``srun --preserve-env``).
-
-Rank 0 binds to ``master_addr`` and the other ranks connect to it, so it is never a wildcard
-(``0.0.0.0``): loopback when every rank is on this node, otherwise the address of rank 0's host.
-This host's own addresses (an interface's, the one towards a peer, a host name's) are
-``addresses.py``'s.
+``master_addr`` is never a wildcard: rank 0 binds it and the others connect to it. It is loopback
+when every rank is on this node, else the address of rank 0's host.
 """
 
 from __future__ import annotations
@@ -65,7 +55,7 @@ _ENV_SETS = (
 )
 _SLURM_VARS = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", None)
 
-# one value and where it came from ("PMI_RANK=3", "rank=3"), for the error messages
+# one value and where it came from ("PMI_RANK=3"), for the error messages
 _Found = tuple[int, str]
 
 
@@ -73,10 +63,9 @@ _Found = tuple[int, str]
 class Rendezvous:
     """This process's place in the job, and where rank 0 listens.
 
-    ``local_size`` is None when no launcher says how many ranks share this node; ``port`` is
-    None when nothing fixes it (rank 0 then picks a free one and shares it, see
-    ``share_from_root``). ``source`` names what gave the rank: ``"explicit"``, ``"torchrun"``,
-    ``"mpich"``, ``"openmpi"``, ``"mpi4py"``, ``"slurm"`` or ``"single"``.
+    ``local_size``: None when no launcher tells; ``port``: None when nothing fixes it (rank 0
+    picks a free one). ``source``: what gave the rank (``"explicit"``, ``"torchrun"``,
+    ``"mpich"``, ``"openmpi"``, ``"mpi4py"``, ``"slurm"`` or ``"single"``).
     """
 
     rank: int
@@ -89,7 +78,7 @@ class Rendezvous:
 
     @property
     def is_master(self) -> bool:
-        """Whether this process is rank 0, the one that listens."""
+        """Whether this process is rank 0."""
         return self.rank == 0
 
 
@@ -104,9 +93,8 @@ def detect(
     environ: Mapping[str, str] | None = None,
     comm: Any = None,
 ) -> Rendezvous:
-    """This process's ``Rendezvous`` from the arguments, the launcher's variables (``environ``,
-    default ``os.environ``) and the mpi4py communicator ``comm``. With ``comm`` every rank must
-    call it (it may make collective calls); ``ArgumentValueError`` for a bad value, naming it."""
+    """This process's ``Rendezvous`` from the arguments, ``environ`` (default ``os.environ``) and
+    ``comm`` (then collective); ``ArgumentValueError`` naming a bad value."""
     environ = os.environ if environ is None else environ
     explicit = {"rank": rank, "world_size": world_size, "local_rank": local_rank}
     found, source = _ranks(explicit, environ, comm)
@@ -125,9 +113,8 @@ def env_port(environ: Mapping[str, str] | None = None) -> int | None:
 
 
 def launched_rank() -> int:
-    """This process's rank as the launcher's variables say (0 without a launcher, or where
-    they do not make sense): before MPI starts, only rank 0 reports the argument errors that
-    every rank finds alike."""
+    """This process's rank as the launcher's variables say (0 without a launcher, or where they
+    make no sense), so that only rank 0 reports the argument errors every rank finds."""
     try:
         return detect(master_addr="127.0.0.1").rank
     except HpcCollectError:
@@ -135,8 +122,7 @@ def launched_rank() -> int:
 
 
 def launched_ranks(environ: Mapping[str, str] | None = None) -> int:
-    """How many ranks the launcher started, from its variables (torchrun, MPICH, Open MPI, an
-    ``srun`` step); 1 when there is no launcher (not an ``sbatch`` script alone either)."""
+    """How many ranks the launcher started, from its variables; 1 without a launcher."""
     environ = os.environ if environ is None else environ
     names = [names[1] for _, names in _ENV_SETS] + [_SLURM_VARS[1]]
     for name in names:
@@ -146,8 +132,7 @@ def launched_ranks(environ: Mapping[str, str] | None = None) -> int:
 
 
 def on_one_node() -> bool:
-    """Whether the launcher says that every rank of this job (two or more) runs on this node
-    (``mpi4py_comm(one_node=...)`` then keeps MPI off the network); False when it cannot tell."""
+    """Whether the launcher says every rank (two or more) runs on this node; False when unsure."""
     try:
         found = detect(master_addr="127.0.0.1")
     except HpcCollectError:
@@ -156,10 +141,9 @@ def on_one_node() -> bool:
 
 
 def share_from_root(comm: Any, value: Any, timeout: float) -> Any:
-    """Rank 0's ``value`` on every rank of the mpi4py communicator ``comm`` (every rank calls
-    it). Waits by testing non-blocking broadcasts with a growing sleep in between: MPICH's
-    blocking waits spin a whole core, which ranks sharing the node would miss.
-    ``CollectorTimeoutError`` after ``timeout`` seconds."""
+    """Rank 0's ``value`` on every rank of ``comm`` (collective); ``CollectorTimeoutError`` after
+    ``timeout`` s. Tests non-blocking broadcasts between sleeps: MPICH's blocking waits spin a
+    whole core, which ranks sharing the node would miss."""
     from mpi4py import MPI
 
     deadline = time.monotonic() + timeout
@@ -187,9 +171,6 @@ def share_from_root(comm: Any, value: Any, timeout: float) -> Any:
     rest = bytearray(data[_HEAD - 8 :]) if comm.Get_rank() == 0 else bytearray(size - _HEAD + 8)
     wait(comm.Ibcast([rest, MPI.BYTE], root=0))
     return pickle.loads(bytes(head[8:]) + bytes(rest))
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 def _ranks(
@@ -369,9 +350,8 @@ def _root_address(comm: Any, rank: int) -> str:
 
 
 def expand_nodelist(nodelist: str, name: str = "SLURM_JOB_NODELIST") -> Iterator[str]:
-    """The host names of SLURM's compressed host list (``SLURM_JOB_NODELIST``), in order:
-    ``"node[01-02,07],gpu3"`` gives node01, node02, node07, gpu3. ``name``: the variable it
-    came from, for the error."""
+    """The host names of a SLURM host list, in order (``"node[01-02,07],gpu3"``: node01, node02,
+    node07, gpu3). ``name``: the variable it came from, for the error."""
     for item in _top_level_split(nodelist, name):
         yield from _expand_item(item, nodelist, name)
 

@@ -1,18 +1,8 @@
 """``launcher="submitit"`` and ``"submitit_delayed"``: collector ranks as submitit jobs.
 
-``"submitit"`` submits one job per collector rank; ``"submitit_delayed"`` one job whose tasks
-are the ranks (one allocation: task ``k`` of ``submitit.JobEnvironment()`` serves rank
-``k + 1``). Rank 0 is the calling process; every rank connects to its store, whose address is
-loopback when the ranks run on this host (submitit's local executor, or a SLURM cluster whose
-only node is this host), else this host's address on the interface that reaches the cluster's
-nodes (their ``NodeAddr``, as the kernel routes to them).
-
-``slurm_kwargs`` go to ``submitit.AutoExecutor.update_parameters`` (``slurm_partition``,
-``timeout_min``, ``cpus_per_task``, ...), but for two keys of ours: ``"cluster"`` (``"slurm"``
-or ``"local"``; default: SLURM when ``sbatch`` is on PATH and ``sinfo`` answers, else the local
-executor; the environment variable ``HPCCOLLECT_SUBMITIT_CLUSTER`` sets it too) and
-``"folder"`` (where the jobs' logs and pickles go; default ``$HPCCOLLECT_SUBMITIT_DIR``, else
-``./hpccollect-submitit``), in which each run gets a new sub-folder.
+``"submitit"`` submits one job per collector rank; ``"submitit_delayed"`` one job whose task
+``k`` serves rank ``k + 1``. Rank 0, the calling process, listens on loopback when the ranks run
+on this host, else on its address routed to the cluster's nodes.
 """
 
 from __future__ import annotations
@@ -49,24 +39,20 @@ __all__ = [
 ]
 
 CLUSTERS = ("slurm", "local")
-#: seconds between looks at the jobs of submitit's local executor (SLURM's: 1 s)
-_WATCH_PERIOD = 0.2
+_WATCH_PERIOD = 0.2  # s between looks at the local executor's jobs (SLURM's: 1 s)
 #: minutes a job may run unless ``slurm_kwargs`` says (``timeout_min`` or ``slurm_time``)
 DEFAULT_TIMEOUT_MIN = {"slurm": 60, "local": 7 * 24 * 60}
-#: what a collection job asks of SLURM when ``submitit_delayed_launcher`` is given nothing
-#: (TorchRL's names). TorchRL's values name a ``train`` partition and 32 CPUs, which most
-#: clusters lack: these take the cluster's default partition and one CPU, so the defaults run
-#: anywhere; pass TorchRL's values (or a partition of your own) to ask for more.
+#: what a collection job of ``submitit_delayed_launcher`` asks of SLURM by default (TorchRL's
+#: names; not its ``train`` partition and 32 CPUs, which most clusters lack)
 DEFAULT_SLURM_CONF = {"timeout_min": DEFAULT_TIMEOUT_MIN["slurm"], "slurm_cpus_per_task": 1}
 #: the same, for the main job of ``submitit_delayed_launcher``
 DEFAULT_SLURM_CONF_MAIN = {"timeout_min": DEFAULT_TIMEOUT_MIN["slurm"], "slurm_cpus_per_task": 1}
-#: TorchRL's fixed port for rank 0 (``$TCP_PORT``, else 10003). hpccollect's ranks learn rank
-#: 0's port when they join, so its launchers take a free one unless given ``tcp_port``.
+#: TorchRL's fixed port for rank 0 (hpccollect's launchers take a free one: ranks learn it)
 TCP_PORT = os.environ.get("TCP_PORT", "10003")
 
 
 class SubmititRank(PeerLife):
-    """One collector rank in a submitit job (a job of its own, or a task of the shared one)."""
+    """One collector rank in a submitit job (its own, or a task of the shared one)."""
 
     def __init__(self, watched: WatchedJob, rank: int, task: int) -> None:
         self.watched, self.rank, self.task = watched, rank, task
@@ -102,9 +88,16 @@ class SubmititRank(PeerLife):
 
 
 class SubmititLauncher(Launcher):
-    """Starts each collector rank as a submitit job (``delayed=False``), or every rank as the
-    tasks of one job (``delayed=True``); see the module docstring for ``slurm_kwargs``.
-    ``master_addr``: where rank 0 listens, when the default (above) does not suit."""
+    """Starts each collector rank as a submitit job, or every rank as the tasks of one job.
+
+    Args:
+        slurm_kwargs: for ``submitit.AutoExecutor.update_parameters``, plus ``"cluster"``
+            (``"slurm"``/``"local"``; default ``$HPCCOLLECT_SUBMITIT_CLUSTER``, else SLURM where
+            ``sinfo`` answers) and ``"folder"`` (default ``$HPCCOLLECT_SUBMITIT_DIR``, else
+            ``./hpccollect-submitit``; a new sub-folder per run).
+        delayed: one job whose tasks are the ranks.
+        master_addr: where rank 0 listens, when the default does not suit.
+    """
 
     uses_slurm_kwargs = True
 
@@ -146,11 +139,10 @@ class SubmititLauncher(Launcher):
         self._locate(nodes)
 
     def _locate(self, nodes: dict[str, str] | None) -> None:
-        """Where the ranks run, from the cluster's nodes (None: this host, the local
-        executor), and the watch over their jobs."""
+        """Where the ranks run, from the cluster's nodes (None: the local executor)."""
         here = socket.gethostname().split(".")[0]
         self.shares_host = nodes is None or list(nodes) == [here]
-        #: where the ranks run: the first node that is not this host, reached by its address
+        #: the first node that is not this host, and its address
         self._remote = next(((n, a) for n, a in (nodes or {}).items() if n != here), None)
         self._watch = JobWatch(period=1.0 if self.cluster == "slurm" else _WATCH_PERIOD)
 
@@ -163,7 +155,7 @@ class SubmititLauncher(Launcher):
         """A submitit executor for this run's folder with ``slurm_kwargs`` and ``extra``."""
         import submitit
 
-        created = None  # the first folder this call makes: removed again when it fails
+        created = None  # the first folder this call makes: removed if it fails
         if not self.folder.exists():
             created = self.folder
             while not created.parent.exists():
@@ -225,10 +217,8 @@ class SubmititLauncher(Launcher):
 
 
 class Packed:
-    """A rank's arguments pickled here, with this process's ``sys.path``: the job puts the path
-    back before it unpickles them, so env makers and policies from modules the caller imported
-    through its own path (a script's directory, ``sys.path.insert``) load in the job, as
-    ``launcher="mp"``'s spawned processes do."""
+    """A value pickled with this process's ``sys.path``, put back in the job before unpickling,
+    so env makers from modules found on the caller's own path load there too."""
 
     def __init__(self, value: Any) -> None:
         import cloudpickle  # submitit's own dependency
@@ -247,8 +237,7 @@ def serve_job(packed: Packed) -> None:
 
 
 def serve_task(packed: Packed) -> None:
-    """What each task of ``submitit_delayed``'s job runs: serve the rank its task number names
-    (a task beyond the ranks, when the nodes round the task count up, has nothing to do)."""
+    """What each task of ``submitit_delayed``'s job runs: its rank (extra tasks do nothing)."""
     import submitit
 
     ranks = packed.unpack()
@@ -258,10 +247,8 @@ def serve_task(packed: Packed) -> None:
 
 
 def _serve(args: RankArgs) -> None:
-    """``serve_rank(args)``, but SIGTERM ends it at once. Under ``srun`` the stop belongs to
-    rank 0; here rank 0 is outside the job, so SIGTERM means SLURM ends this job (scancel,
-    preemption, the time limit), and a rank that kept collecting until SIGKILL (``KillWait``
-    later) would pass for alive."""
+    """``serve_rank(args)``, but SIGTERM ends it: rank 0 is outside the job, so SIGTERM means
+    SLURM ends it, and a rank collecting on until SIGKILL would pass for alive."""
     serve_rank(args, stop_on_sigterm=True)
     freeze_survivors()
 

@@ -1,10 +1,9 @@
 """Watching and cancelling the submitit jobs of ``launcher="submitit"``/``"submitit_delayed"``.
 
-submitit learns a SLURM job's state from ``sacct``, which clusters without a job database lack:
-a job that died without writing its result would then look alive forever. So the state comes
-from ``squeue`` (and ``scontrol`` for how a job ended), or from the controller process of
-submitit's local executor, polled by one thread per launcher. A job that ends closes a pipe
-whose read end is every rank's ``sentinel``, so the collector notices at once.
+submitit reads a SLURM job's state from ``sacct``, which clusters without a job database lack (a
+dead job would look alive forever), so one thread per launcher polls ``squeue`` and ``scontrol``,
+or the local executor's controller. A job that ends closes a pipe read by each rank's
+``sentinel``.
 """
 
 from __future__ import annotations
@@ -32,8 +31,8 @@ def _slurm(*cmd: str) -> subprocess.CompletedProcess:
 
 
 def slurm_nodes() -> dict[str, str] | None:
-    """The nodes of the SLURM cluster this machine submits to, each name with its address
-    (``NodeAddr``); None when there is none (no ``sbatch`` on PATH, or ``sinfo`` fails)."""
+    """The SLURM cluster's node names and addresses (``NodeAddr``); None without ``sbatch`` on
+    PATH or when ``sinfo`` fails."""
     import shutil
 
     if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
@@ -67,11 +66,8 @@ class WatchedJob:
         """The stderr file of task ``task`` of the job."""
         return Path(self.job.task(task).paths.stderr) if task else Path(self.job.paths.stderr)
 
-    def describe(self) -> str:
-        return f"submitit job {self.id}"
-
     def pending_too_long(self) -> str | None:
-        """Why the job counts as failed when it still waits in the queue past start_timeout."""
+        """Why the job counts as failed while it is PENDING past start_timeout, or None."""
         if self.ended is None and self.state == "PENDING":
             waited = time.monotonic() - self.submitted
             if waited > self.start_timeout:

@@ -1,7 +1,5 @@
-"""This host's addresses, as rank 0 and its ranks need them: an interface's IPv4 address, the
-address on the interface that reaches a peer (the kernel's route), every non-loopback address,
-a free port, a host name resolved where loopback would not do, and the checks that refuse an
-address nobody can reach (a wildcard)."""
+"""This host's addresses, as rank 0 and its ranks need them (an interface's, a route's, a host
+name's), a free port, and the checks that refuse an address the ranks cannot reach."""
 
 from __future__ import annotations
 
@@ -48,8 +46,8 @@ def interface_address(name: str) -> str:
 
 
 def interface_with(address: str) -> str | None:
-    """The name of this host's network interface whose IPv4 address is ``address``, or None
-    (any address of ``127.0.0.0/8`` is loopback's, ``"lo"``)."""
+    """The name of this host's interface whose IPv4 address is ``address`` (any of
+    ``127.0.0.0/8``: loopback's), or None."""
     if address.startswith("127."):
         address = "127.0.0.1"
     for _, name in socket.if_nameindex():
@@ -63,7 +61,7 @@ def interface_with(address: str) -> str | None:
 
 def address_towards(peer: str) -> str:
     """This host's address on the interface that reaches ``peer`` (an address or a name), as
-    the kernel's routes choose it: connecting a UDP socket sends nothing."""
+    the kernel's routes choose it (connecting a UDP socket sends nothing)."""
     try:
         family = socket.AF_INET6 if ":" in peer else socket.AF_INET
         addr = peer if ":" in peer else socket.gethostbyname(peer)
@@ -92,8 +90,8 @@ def host_addresses() -> list[str]:
 
 
 def free_port(host: str) -> int:
-    """A TCP port free on ``host`` now (the system's choice). Another process may take it before
-    it is bound again: bind ``port=0`` yourself where you can."""
+    """A TCP port free on ``host`` now, which another process may take before it is bound
+    again: bind ``port=0`` yourself where you can."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         try:
@@ -107,8 +105,8 @@ def free_port(host: str) -> int:
 
 
 def checked_addr(addr: str, name: str) -> str:
-    """``addr`` stripped, refused when it is not a string or a wildcard (``0.0.0.0``): rank 0
-    binds to it and the ranks connect to it (``name``: the argument it came from)."""
+    """``addr`` stripped, refused when it is not a string or a wildcard (``0.0.0.0``), as the
+    ranks connect to it (``name``: the argument it came from)."""
     if not isinstance(addr, str):
         raise ArgumentTypeError(f"{name} must be a str (an address or host name), got {addr!r}")
     if addr.strip() in _WILDCARDS:

@@ -1,12 +1,9 @@
-"""The transport backends, registered by name: what each needs, whether this process has it, and
-how it opens a process group. ``RankGroups`` and the collector look a backend up here and never
-branch on its name; a new transport is one module with a ``Backend``, registered by name:
-``register_backend("mine", "my_module:BACKEND")`` (or an ``hpccollect.transports`` entry point).
-
-A process group here is the part of torch's ``ProcessGroup`` API the rank channels and the
-weight sender use (``ProcessGroup`` in ``transport/base.py``). torch is imported when a backend
-is first asked whether this process has it, or opens a group: naming the backends (``python -m
-hpccollect --help``) loads none of it.
+"""The transport backends, registered by name: what each needs, whether this process has it,
+and how it opens a process group (``base.ProcessGroup``). ``RankGroups`` and the collector look
+a backend up here and never branch on its name; a new transport is one module with a
+``Backend``, registered by ``register_backend("mine", "my_module:BACKEND")`` or an
+``hpccollect.transports`` entry point. torch is imported only when a backend is asked whether
+this process has it, or opens a group: ``python -m hpccollect --help`` loads none of it.
 """
 
 from __future__ import annotations
@@ -33,8 +30,8 @@ __all__ = [
     "register_backend",
 ]
 
-#: how long a rank may stay idle in one receive (the pool's own deadlines are what bound waits;
-#: a process group timeout would close the connection for good, so it must never fire first)
+#: how long a rank may stay idle in one receive: the pool's deadlines bound waits, and a process
+#: group's timeout would close the connection for good, so it must never fire first
 IDLE = datetime.timedelta(days=30)
 
 
@@ -46,20 +43,18 @@ class Backend:
         name: what ``DistributedDataCollector(backend=...)`` calls it.
         available: whether this process can use it (its library is there).
         open_group: ``open_group(store, rank, world_size, name)`` joins a group of
-            ``world_size`` processes (every rank calls it; it returns when all have). One
-            that needs no store is also given ``comm=``, the MPI communicator the ranks meet
-            in, where the launcher uses another than ``MPI.COMM_WORLD`` (a gathered job).
+            ``world_size`` processes (every rank calls it; it returns when all have); one that
+            needs no store also gets ``comm=``, where the ranks meet in another communicator
+            than ``MPI.COMM_WORLD``.
         missing: how to get it where ``available()`` is False.
         unsupported: why hpccollect cannot use it even where it is available (None: it can).
         needs_store: whether its groups meet through rank 0's TCP store (False: the
             launcher's own world, an MPI job's).
-        device: where the tensors it moves live (``"cuda"`` for nccl: batches and weights
-            then never pass through the host).
-        one_group: whether its point-to-point transfers and its broadcasts share one group
-            (``open_group`` is then called once, ``name`` ``"messages"``). Gloo's can: they
-            never wait on each other, and one group holds one network thread and one set of
-            connections. NCCL's cannot: it orders both on one stream, where a broadcast queued
-            behind a receive whose sender first joins that broadcast never ends.
+        device: where the tensors it moves live (``"cuda"`` for nccl).
+        one_group: whether its point-to-point transfers and broadcasts share one group
+            (``open_group`` called once, ``name`` ``"messages"``): gloo's never wait on each
+            other (one group: one thread, one set of connections); NCCL orders both on one
+            stream, where a broadcast behind a receive whose sender first joins it never ends.
     """
 
     name: str
@@ -132,24 +127,18 @@ def _torch_has(name: str) -> Callable[[], bool]:
     return has
 
 
-#: torch's switch (read when gloo's device is made) that connects a pair of ranks at its first
-#: message instead of every rank to every other one as the group is made
-_LAZY = "TORCH_GLOO_LAZY_INIT"
-#: the tag of the pairs' first exchange (``_connect_pairs_in_use``): the rank channels' own
-#: transfers use 0 and 1
+_LAZY = "TORCH_GLOO_LAZY_INIT"  # torch's switch: connect a pair of ranks at its first message
+#: the tag of the pairs' first exchange (``_connect_pairs_in_use``); the rank channels use 0, 1
 HELLO = 3
-#: torch's switch that names the network interface gloo listens on
-_IFNAME = "GLOO_SOCKET_IFNAME"
+_IFNAME = "GLOO_SOCKET_IFNAME"  # torch's switch: the interface gloo listens on
 
 
 def _gloo(store: Any, rank: int, world_size: int, name: str) -> Any:
     """A gloo group whose ranks connect only when they first exchange a message: a collector
-    rank then holds a connection to rank 0 and to its few neighbours in the broadcast's tree,
-    not one to each of the job's ranks (64 x 64 at 64 ranks), and the group is made without
-    waiting for all of those. ``TORCH_GLOO_LAZY_INIT=0`` in the environment keeps torch's full
-    mesh. Gloo listens on the interface that reaches rank 0's store (``_gloo_interface``).
-    Both are torch's environment switches, read as the group is made: set for that moment,
-    where the caller's environment does not set them itself."""
+    rank holds a connection to rank 0 and to its few neighbours in the broadcast's tree, not to
+    each of the job's ranks (64 x 64 at 64 ranks). ``TORCH_GLOO_LAZY_INIT=0`` keeps torch's full
+    mesh. Gloo listens on the interface that reaches rank 0's store (``_gloo_interface``). Both
+    switches are set while the group is made, where the environment does not set them."""
     import torch.distributed as dist
 
     settings = {_LAZY: "1"}
@@ -177,11 +166,10 @@ def _environment(settings: dict[str, str]) -> Iterator[None]:
 def _connect_pairs_in_use(
     group: Any, rank: int, world_size: int, timeout: datetime.timedelta
 ) -> None:
-    """Connect, before the group is used, every pair of ranks the job's traffic will use: rank
-    0 with each rank, and the broadcast's tree. The rank links count on a connection that is
-    there from the start (a send to a rank that posted no receive goes out; a rank whose
-    connection closes is seen at once), as torch's full mesh gave them; pairs that never talk
-    stay unconnected."""
+    """Connect, before the group is used, the pairs the job's traffic uses (rank 0 with each
+    rank, and the broadcast's tree): the rank links count on a connection there from the start
+    (a send to a rank that posted no receive goes out; a rank whose connection closes is seen
+    at once)."""
     import torch
 
     token = torch.zeros(1, dtype=torch.uint8)
@@ -195,10 +183,9 @@ def _connect_pairs_in_use(
 
 
 def _gloo_interface(store: Any) -> str | None:
-    """The interface gloo should listen on: the one that reaches rank 0's store (loopback on
-    one node: nothing listens on other interfaces), so gloo never binds an address its peers
-    cannot reach (torch's default resolves the host name, which may give loopback). None:
-    torch's default (no store address, or none of this host's interfaces has the address)."""
+    """The interface that reaches rank 0's store (loopback on one node), so gloo never binds an
+    address its peers cannot reach (torch's default resolves the host name, maybe to loopback).
+    None: torch's default (no store address, or no interface of this host has the address)."""
     host = getattr(getattr(store, "underlying_store", store), "host", "")
     if not host:
         return None
@@ -224,8 +211,8 @@ def _nccl(store: Any, rank: int, world_size: int, name: str) -> Any:
 
 
 def rank_device(device: str, rank: int) -> str:
-    """The device rank ``rank`` moves tensors on: ``"cuda"`` becomes one GPU of its node's
-    own, ``cuda:(rank % GPUs)`` (NCCL refuses two ranks on one GPU), made the current one."""
+    """The device rank ``rank`` moves tensors on: ``"cuda"`` becomes ``cuda:(rank % GPUs)``
+    (NCCL refuses two ranks on one GPU), made the current one."""
     if device != "cuda":
         return device
     import torch
@@ -241,8 +228,8 @@ def _mpi_available() -> bool:
 
 
 def _mpi(store: Any, rank: int, world_size: int, name: str, comm: Any = None) -> Any:
-    """``comm``: the communicator the ranks meet in (None: ``MPI.COMM_WORLD``); one other than
-    the world always goes over mpi4py (torch's MPI group spans world ranks)."""
+    """``comm``: the communicator the ranks meet in (None: ``MPI.COMM_WORLD``); another one
+    always goes over mpi4py (torch's MPI group spans world ranks)."""
     import torch.distributed as dist
 
     if comm is None and dist.is_mpi_available():

@@ -1,21 +1,13 @@
-"""The transport contracts: ``Channel`` (protocol messages between a collector and one worker
-or rank, messages only), ``PeerLife`` (the peer's process: whether it lives, how it ended, ending
-it), and ``ProcessGroup``/``Work`` (the part of torch's process-group API the rank channels use,
-which every registered backend offers, ``backends.py``). ``pipe.py`` has the local channel
-(a ``multiprocessing`` pipe, the worker process as its peer).
+"""The transport contracts: ``Channel`` (protocol messages to one worker or rank), ``PeerLife``
+(the peer's process: whether it lives, how it ended, ending it) and ``ProcessGroup``/``Work``
+(the part of torch's process-group API every backend offers). ``send``/``recv`` raise
+``ConnectionError`` when the peer is gone; ``handles()`` are objects that
+``multiprocessing.connection.wait`` accepts, ready when a message arrives or the peer ends.
 
-The waits: ``wait_ready`` (a caller's channels, with their peers' processes, in one ``poll``)
-and ``wait_request`` (a non-blocking transfer tested with a growing sleep in between). A stop
-signal ends the main thread's ``poll`` at once (``cut_waits_by``/``cut_wait``): a job whose
-rank 0 takes only the ranks' reports (``collect --shards``) has nothing to finish when SIGTERM
-comes, and Open MPI's ``mpirun`` kills the ranks half a second after it (``_signals.py``);
-with the wait cut short every rank closes its shard within that time. What was taken before
-the wait (a message in an inbox) stays where it is.
-
-The pool (``collectors/workers/pool.py``) and the worker loop (``collectors/workers/worker.py``) use only these
-interfaces. Contract: ``send``/``recv`` raise ``ConnectionError`` when the peer is gone;
-``handles()`` are objects that ``multiprocessing.connection.wait`` accepts and that become ready
-when a message arrives or the peer ends.
+The waits: ``wait_ready`` (channels and their peers' processes in one ``poll``) and
+``wait_request`` (a non-blocking transfer). A stop signal ends the main thread's ``poll`` at
+once (``cut_wait``; what was taken before stays where it is): Open MPI's ``mpirun`` kills the
+ranks half a second after SIGTERM, and a ``collect --shards`` job closes its shards in that time.
 """
 
 from __future__ import annotations
@@ -58,9 +50,8 @@ class Work(Protocol):
 
 
 class ProcessGroup(Protocol):
-    """What a backend's process group offers the rank channels and the weight sender: tagged
-    point-to-point transfers and a broadcast of preallocated tensors, and an abort that ends
-    every transfer still pending (torch's ``ProcessGroupGloo`` is one as it is)."""
+    """What a backend's process group offers (torch's ``ProcessGroupGloo`` as it is): tagged
+    point-to-point transfers, a broadcast, and an abort that ends every pending transfer."""
 
     def send(self, tensors: Sequence[torch.Tensor], peer: int, tag: int) -> Work: ...
 
@@ -78,8 +69,7 @@ class PeerLife(abc.ABC):
     Attributes:
         host: the peer's host as far as this side knows it.
         pid: its process id when known, else None.
-        sentinel: what ``multiprocessing.connection.wait`` sees become ready when it ends, or
-            None (its connection closing tells instead).
+        sentinel: what ``multiprocessing.connection.wait`` sees ready when it ends, or None.
         where: where to look for it besides host and pid (a scheduler's job and log), or "".
         can_end: whether ``kill`` ends it (False: only its connection is known).
     """
@@ -92,8 +82,8 @@ class PeerLife(abc.ABC):
 
     @abc.abstractmethod
     def death(self, wait: float = 0.0) -> str | None:
-        """None while the peer lives; otherwise how it ended ("was killed by signal SIGKILL"),
-        waiting up to ``wait`` s for an end that is under way."""
+        """None while the peer lives, else how it ended ("was killed by signal SIGKILL"),
+        waiting up to ``wait`` s for an end under way."""
 
     @abc.abstractmethod
     def join(self, timeout: float) -> bool:
@@ -109,8 +99,7 @@ class PeerLife(abc.ABC):
 
 
 class Channel(abc.ABC):
-    """One end of a message link to a peer (a worker, or the collector seen from a worker);
-    ``life`` is the peer's process.
+    """One end of a message link to a peer; ``life`` is the peer's process.
 
     Attributes:
         local: whether the peer shares this machine's memory (``Command.local_only`` needs it).
@@ -118,10 +107,7 @@ class Channel(abc.ABC):
     """
 
     local: bool = False
-    #: its messages may wait in an inbox of its own, read from its connection by ``poll`` or
-    #: by a thread: waiters look at ``pending()`` first (its ``handles`` tell only that
-    #: something came on the connection, or that the peer ended)
-    polled: bool = False
+    polled: bool = False  # messages may wait in an inbox: see ``pending()`` before ``handles``
     rank: int | None = None
     life: PeerLife
 
@@ -134,8 +120,7 @@ class Channel(abc.ABC):
         """Whether ``recv()`` can return (a message, or the peer's end) within ``timeout`` s."""
 
     def pending(self) -> bool:
-        """Whether ``recv()`` returns at once without a look at the connection (a
-        ``polled`` channel's inbox holds something)."""
+        """Whether ``recv()`` returns at once: a ``polled`` channel's inbox holds something."""
         return False
 
     @abc.abstractmethod
@@ -161,9 +146,8 @@ class Channel(abc.ABC):
         return self.life.host
 
     def silence(self) -> str | None:
-        """Why the peer counts as lost though its connection is open (it has sent nothing,
-        not even a heartbeat, for too long), or None; None too where the transport watches the
-        peer's process instead (a local pipe)."""
+        """Why the peer counts as lost though its connection is open (silent too long), or
+        None (always, where the transport watches the peer's process instead)."""
         return None
 
     def describe(self) -> str:
@@ -171,40 +155,33 @@ class Channel(abc.ABC):
         return f"the worker (pid {self.pid})" if self.pid is not None else "the worker"
 
     def batch_buffers(self, batch: Any) -> Any:
-        """Where a worker's batches should be written: ``batch`` itself (the collector's own
-        buffers), or buffers laid out the same in this channel's memory, sent without a copy."""
+        """Where a worker's batches should be written: ``batch`` itself, or buffers laid out
+        the same in this channel's memory, sent without a copy."""
         return batch
 
     def report_buffers(self, report: Any) -> Any:
-        """Where a worker's reports should be written (``reports.py``: a small message of one
-        fixed layout, sent instead of its batches): as ``batch_buffers``, or buffers whose
-        bytes travel with the report's announcement, a control message like any other."""
+        """Where a worker's reports (``reports.py``) should be written: as ``batch_buffers``,
+        or buffers whose bytes travel in the report's control message."""
         return self.batch_buffers(report)
 
     def latest(self, batch: Any) -> Any:
-        """The peer's last batch, ``batch`` being the buffers it announced: those buffers
-        themselves, where every batch arrives in them."""
+        """The peer's last batch (``batch``: the buffers it announced and arrives in here)."""
         return batch
 
     def own(self, batch: Any) -> Any:
-        """The peer's last batch (``batch``: as for ``latest``) for the caller to keep: a copy,
-        where the next batch arrives in the same buffers."""
+        """The peer's last batch (``batch``: as for ``latest``) for the caller to keep: here a
+        copy, as the next batch arrives in the same buffers."""
         return batch.clone()
 
     def weights_buffer(self, policy: Any) -> Any:
-        """On a worker given no weights buffer: the one ``UPDATE_WEIGHTS`` loads, which this
-        channel fills when weights arrive; None when the transport passes none."""
+        """On a worker given no weights buffer: the one this channel fills for
+        ``UPDATE_WEIGHTS`` to load; None when the transport passes none."""
         return None
 
 
 def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
-    """The channels of ``channels`` with something to receive within ``timeout`` s (maybe none).
-
-    A channel whose messages may wait in an inbox (``polled``) is ready at once when
-    ``pending()`` says so; otherwise every channel's handles (its connection, its peer's
-    process) are watched in one ``poll``, which a stop signal may cut short (``cut_wait``). A
-    channel whose connection woke is ready when ``poll(0)`` says so (a heartbeat alone is
-    taken and waited past); one whose peer's process ended is ready (``recv`` says how)."""
+    """The channels with something to receive (a message, or the peer's end) within ``timeout``
+    s, maybe none, watched in one ``poll``; a heartbeat alone is waited past."""
     deadline = time.monotonic() + timeout
     while True:
         found = [c for c in channels if c.polled and c.pending()]
@@ -227,11 +204,8 @@ def wait_ready(channels: Sequence[Channel], timeout: float) -> list[Channel]:
 
 
 def ready(handles: Sequence[Any], timeout: float | None) -> list[Any]:
-    """Those of ``handles`` (file descriptors, or objects with ``fileno()``: connections,
-    process sentinels, pipes) ready to read or closed, within ``timeout`` s (None: no limit).
-
-    What ``multiprocessing.connection.wait`` does on Linux, in one ``poll`` object; a stop
-    signal may cut the main thread's wait short (``cut_wait``)."""
+    """``multiprocessing.connection.wait(handles, timeout)`` on Linux, except that a stop signal
+    may cut the main thread's wait short (``cut_wait``)."""
     poller = select.poll()
     by_fd: dict[int, Any] = {}
     for handle in handles:
@@ -253,12 +227,11 @@ _CUT = _Cut()
 
 @contextlib.contextmanager
 def cut_waits_by(error: Callable[[], BaseException]) -> Iterator[None]:
-    """Within: ``cut_wait()`` ends the main thread's wait in ``ready`` under way, or its next,
-    with ``error()``.
+    """Within: ``cut_wait()`` ends the main thread's wait in ``ready`` (or its next) by ``error()``.
 
     Args:
-        error: makes the exception the cut wait raises (a ``BaseException`` that no
-            ``except Exception`` on the way takes for the peers' failure).
+        error: makes the exception the cut wait raises (a ``BaseException``, so that no
+            ``except Exception`` on the way takes it for the peers' failure).
     """
     try:
         _CUT.error, _CUT.pending = error, False
@@ -268,9 +241,8 @@ def cut_waits_by(error: Callable[[], BaseException]) -> Iterator[None]:
 
 
 def cut_wait() -> None:
-    """End the main thread's armed wait (see ``cut_waits_by``); nothing when none is armed.
-    Called by a signal handler (signal handlers run in the main thread): it raises there when
-    the main thread was waiting."""
+    """End the main thread's armed wait (``cut_waits_by``), from a signal handler: it raises
+    there when the main thread was waiting."""
     error = _CUT.error
     if error is None:
         return
@@ -293,11 +265,7 @@ def _cut_short(call: Callable[[Any], Any], arg: Any) -> Any:
 
 
 IDLE_SLEEP = 1e-3  # s: the longest sleep between two tests of a request (the added latency)
-#: s a wait tests without sleeping first: a message in flight (a batch streaming in, the other
-#: half of a rendezvous) completes within them; over MPI both ends must be inside MPI for it to
-#: move. An idle wait spins once, then sleeps: MPICH's blocking calls would spin a core the
-#: ranks on the node need.
-SPIN = 200e-6
+SPIN = 200e-6  # s a wait tests without sleeping first: a message in flight completes in them
 
 
 def wait_request(

@@ -1,11 +1,9 @@
-"""Buffers whose layout is agreed once between ranks: one flat byte buffer per batch (or per set
-of weights) with a TensorDict of views into it, so a batch crosses the wire as one message
-straight into memory allocated at start, and nothing is pickled per batch.
-
-A ``FlatLayout`` is the agreed part (keys, shapes, dtypes, batch size, names); it is small and
-pickled once, when a rank announces its batches. ``HEADER`` bytes at the front of every buffer
-carry a message's kind and size (see ``wire.py``), so a batch and its announcement are one
-message.
+"""Buffers whose layout is agreed once between ranks: one flat byte buffer per batch (or set of
+weights) with a TensorDict of views into it, so a batch crosses the wire as one message straight
+into memory allocated at start, and nothing is pickled per batch. A ``FlatLayout`` is the agreed
+part (keys, shapes, dtypes, batch size, names), pickled once, when a rank announces its batches.
+The first ``HEADER`` bytes of every buffer are left unused: a message's kind and size travel in
+its control frame (``control.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from hpccollect.errors import ArgumentTypeError
 
 __all__ = ["HEADER", "FlatLayout", "Slot", "Spares"]
 
-#: bytes reserved at the front of every wire buffer for the message header
-HEADER = 64
+HEADER = 64  # bytes before the first leaf of every flat buffer
 _ALIGN = 64
 
 
@@ -42,7 +39,7 @@ class FlatLayout:
     @classmethod
     def of(cls, td: TensorDictBase, what: str = "batch") -> FlatLayout:
         """The layout of ``td``'s tensor leaves, grouped by dtype, each group in sorted key
-        order (the same on every rank): a batch's copy gets one storage per dtype (``own``)."""
+        order (the same on every rank)."""
         keys, shapes, dtypes, offsets = [], [], [], []
         offset = HEADER
         leaves = []
@@ -83,20 +80,19 @@ class FlatLayout:
 
     def leaf_views(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each leaf's view into ``flat``, in this layout's order: what ``own`` and ``alias``
-        make a batch from. A receiver makes them once per buffer and keeps them (a batch
-        yielded per message then costs one tensor per leaf, made in one step each)."""
+        make a batch from (a receiver makes them once per buffer)."""
         return self._recipe().leaf_views(flat)
 
     def own(self, leaves: Sequence[torch.Tensor], copy: bool = True) -> TensorDictBase:
-        """A batch of its own from a buffer's ``leaf_views``, as ``TensorDict.clone`` would
-        give: each leaf copied into a storage of its own, except, with ``copy=False``, the
-        leaves of the dtype with the most bytes, which stay in the buffer (one no one writes
-        again). No storage is seen as several dtypes, which ``torch.save`` refuses."""
+        """A batch of its own from a buffer's ``leaf_views``, as ``TensorDict.clone`` gives:
+        each leaf copied into a storage of its own, except, with ``copy=False``, the leaves of
+        the dtype with the most bytes, which stay in the buffer (one no one writes again). No
+        storage is seen as several dtypes, which ``torch.save`` refuses."""
         return self._recipe().own(leaves, copy)
 
     def alias(self, leaves: Sequence[torch.Tensor]) -> TensorDictBase:
         """The batch over a buffer's ``leaf_views``, each leaf a new view: it holds the buffer
-        as long as it or any leaf of it is kept (a ``Spares`` slot counts on that)."""
+        while it or any leaf of it is kept (``Spares`` counts on that)."""
         return self._recipe().alias(leaves)
 
     def _recipe(self) -> _Recipe:
@@ -114,10 +110,9 @@ class FlatLayout:
 
 
 class _Recipe:
-    """How ``FlatLayout`` lays a TensorDict over a flat buffer, worked out once per layout:
-    rank 0 builds a batch per message it yields, so this is on its hot path (a torch call
-    costs rank 0 several microseconds there, as the receiving threads and ranks share its
-    cores, so it makes as few as it can: one per leaf)."""
+    """How ``FlatLayout`` lays a TensorDict over a flat buffer, worked out once per layout so
+    that rank 0, building a batch per message it yields, makes one torch call per leaf (each
+    costs it microseconds there, as the receiving threads and ranks share its cores)."""
 
     def __init__(self, layout: FlatLayout) -> None:
         names = sorted(set(layout.dtypes), key=layout.dtypes.index)
@@ -168,8 +163,7 @@ class _Recipe:
         return self.assemble([leaf.detach() for leaf in leaves])
 
     def assemble(self, tensors: Sequence[torch.Tensor], device: Any = None) -> TensorDictBase:
-        """The TensorDict whose leaves are ``tensors`` (in the layout's order), on ``device``
-        (by default the leaves')."""
+        """The TensorDict of ``tensors`` (in the layout's order) on ``device`` (None: theirs)."""
         if device is None and tensors:
             device = tensors[0].device
         return self._nest(self.tree, tensors, device)
@@ -199,13 +193,10 @@ class Slot(NamedTuple):
 
     Attributes:
         buffer: the flat receive buffer.
-        made: what the channel made from it (its header view, its wire array): they hold it
-            too, and do not count as holders.
-        free: how many holds there are on the buffer's memory when no one but the slot holds
-            it (-1 where they cannot be counted: never reused).
-        address: where the buffer's memory was when the slot was made. ``made`` points there:
-            a buffer whose memory moved (``share_memory_()`` on a batch in it) is never
-            received into again.
+        made: what the channel made from it (its leaves' views), not counted as holders.
+        free: the holds on its memory when only the slot holds it (-1: uncounted, never reused).
+        address: where its memory was when the slot was made (where ``made`` points): a buffer
+            whose memory moved (``share_memory_()`` on a batch in it) is not received into.
     """
 
     buffer: torch.Tensor
@@ -216,18 +207,13 @@ class Slot(NamedTuple):
 
 class Spares:
     """The receive buffers a link's large batches landed in, received into again once no one
-    holds them: the batch yielded in one was dropped (or copied out) by its taker.
-
-    Each new buffer would cost the receiving thread its page faults, and the allocator keeps
-    freed buffers of that size for its own (rank 0's memory grew by 30 MB a rank at 2.7 MB
-    batches); a buffer received into again costs neither. What the channel makes from a buffer
-    (``make``) is made once and kept in its ``Slot``: after a 2.7 MB transfer the caches are
-    cold, and even a header view costs rank 0 tens of microseconds.
+    holds them. A new buffer would cost page faults, and the allocator keeps freed buffers of
+    that size (rank 0 grew by 30 MB a rank at 2.7 MB batches); ``make``'s views are kept in the
+    ``Slot``, as after a 2.7 MB transfer even one view costs rank 0 tens of microseconds.
 
     Args:
         make: what a channel needs of a receive buffer (called once per buffer).
-        keep: the landed buffers watched at most (the oldest beyond that are forgotten, not
-            freed: whoever holds them keeps them).
+        keep: the landed buffers watched at most (older ones are forgotten, not freed).
     """
 
     def __init__(self, make: Callable[[torch.Tensor], tuple], keep: int = 4):
@@ -245,15 +231,14 @@ class Spares:
             ``buffer`` with what ``make`` makes from it.
         """
         made = self._make(buffer)
-        free = _holds(buffer)
+        free = storage_holds(buffer)  # the tensor, its views, arrays of it; or None
         return Slot(buffer, made, -1 if free is None else free, buffer.data_ptr())
 
     def next_after(self, landed: Slot) -> Slot:
         """The slot to receive the next message into.
 
         Args:
-            landed: the slot a batch just came into; watched from now on, and handed out
-                again once no one holds its buffer.
+            landed: the slot a batch just came into; handed out again once no one holds it.
 
         Returns:
             A spare like ``landed`` that no one holds, else a new one.
@@ -271,17 +256,10 @@ class Spares:
 
 
 def _free(slot: Slot) -> bool:
-    """Whether no one but ``slot`` holds its buffer, which is where it was: not moved into
-    shared memory by a taker (``share_memory_()`` on a CPU tensor moves it), where another
-    process may read it. (CUDA storages all count as shared: the address is what tells.)"""
+    """Whether no one but ``slot`` holds its buffer, and its memory did not move (a taker's
+    ``share_memory_()``; CUDA storages all count as shared, so the address tells)."""
     buffer = slot.buffer
     if buffer.data_ptr() != slot.address:
         return False
-    holds = _holds(buffer)
+    holds = storage_holds(buffer)
     return holds is not None and holds <= slot.free
-
-
-def _holds(buffer: torch.Tensor) -> int | None:
-    """How many holds there are on ``buffer``'s memory (the tensor and its views, arrays made
-    from it); None where this torch cannot count them (its slots are then never reused)."""
-    return storage_holds(buffer)

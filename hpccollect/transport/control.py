@@ -1,23 +1,13 @@
-"""The control plane: one TCP connection between rank 0 (or a node's gatherer) and each
-collector rank, carrying every control message of their link (commands, replies, errors,
-reports, the announcement of each tensor transfer, heartbeats, the goodbye), framed.
+"""The control plane (``rank_channel.py``): one TCP connection between rank 0 (or a node's
+gatherer) and each collector rank, framed. A plain socket, because the kernel closes it when a
+process dies (whatever the MPI or the launcher), ``select`` watches thousands of them beside pipes
+and process sentinels, and a frame is read only once it is there.
 
-Why a plain socket: a TCP connection tells the far end at once when a process dies (the kernel
-closes it, whatever the MPI or the launcher), ``select``/``multiprocessing.connection.wait``
-watch thousands of them in one call beside pipes and process sentinels, and a frame is read
-only once it is there. The data plane (torch.distributed or mpi4py) then carries tensors alone,
-each transfer announced here first, so no receive is ever posted for a message that may not
-come.
-
-Frame: ``FRAME`` (the length of what follows, the kind, an integer value, the sender's weights
-version, the bytes announced on the data plane) and a payload of the length's remainder. A
-connection starts with the rank's ``HELLO`` (its rank and the job's token, which rank 0 handed
-it through its launcher), so only the job's own ranks are accepted.
-
-Liveness: ``Beats`` (one thread per process, whatever the number of links) sends a heartbeat
-frame on each link that sent nothing for a while; ``Link.silence`` says when the peer has sent
-nothing, not even a beat, for longer than the liveness timeout (a stopped process, a node cut
-off). A pause of this process itself is never held against the peer.
+A frame is ``FRAME`` (the length of the rest, the kind, a value, the sender's weights version,
+the bytes announced on the data plane) and its payload. A connection opens with ``HELLO`` (the
+rank and the job's token), so only the job's ranks are accepted. ``Beats`` (one thread per
+process) sends the heartbeats; ``Link.silence`` tells a peer silent past the liveness timeout (a
+stopped process, a node cut off), never holding a pause of this process against it.
 """
 
 from __future__ import annotations
@@ -59,8 +49,7 @@ _MAX_INTERVAL = 5.0
 
 
 def beat_interval(timeout: float) -> float:
-    """Seconds between two beats for a liveness timeout of ``timeout`` s: six fit in it, so a
-    few late ones never count as silence."""
+    """s between beats: six fit in ``timeout``, so a few late ones never count as silence."""
     return min(_MAX_INTERVAL, timeout / 6)
 
 
@@ -75,8 +64,7 @@ class Frame(NamedTuple):
 
 
 class Link:
-    """One end of a control connection: framed sends (one thread at a time), reads of whole
-    frames, and when the peer was last heard from.
+    """One end of a control connection: framed sends and reads, and when the peer was last heard.
 
     Args:
         sock: the connected socket (the link owns it).
@@ -99,11 +87,9 @@ class Link:
         self._beats: Beats | None = None
 
     def fileno(self) -> int:
-        """The socket's descriptor: ``multiprocessing.connection.wait`` and ``select`` watch
-        it (readable: a frame, or the peer's end)."""
+        """The socket's descriptor, for ``select`` (readable: a frame, or the peer's end)."""
         return self.sock.fileno()
 
-    # ------------------------------------------------------------------ sending
     def send(self, frame: Frame) -> None:
         """Send ``frame`` whole; ``ConnectionError`` when the peer is gone."""
         if len(frame.payload) >= _MAX_PAYLOAD:
@@ -118,12 +104,11 @@ class Link:
 
     def beat(self) -> None:
         """Send a heartbeat unless a frame is being sent (it tells the same) or the socket
-        cannot take one now (the peer has stopped reading: its own silence tells)."""
+        cannot take one now (the peer stopped reading: its own silence tells)."""
         if not self._send_lock.acquire(blocking=False):
             return
         try:
-            # writable: the send buffer has room for far more than one frame, so the
-            # beat goes whole and never blocks this process's one beating thread
+            # writable: room for far more than one frame, so the beat never blocks the thread
             if not select.select([], [self.sock], [], 0)[1]:
                 return
             self.sock.sendall(_BEAT_BYTES)
@@ -133,7 +118,6 @@ class Link:
         finally:
             self._send_lock.release()
 
-    # ------------------------------------------------------------------ receiving
     def ready(self, timeout: float = 0.0) -> bool:
         """Whether a frame (or the peer's end) can be read within ``timeout`` s."""
         if self._closed:
@@ -141,8 +125,7 @@ class Link:
         return bool(select.select([self.sock], [], [], max(0.0, timeout))[0])
 
     def ended(self) -> bool:
-        """Whether the peer closed the connection (a look that takes nothing: what came
-        before its end stays to be read)."""
+        """Whether the peer closed the connection (a look: what came before stays to be read)."""
         if self._closed:
             return True
         try:
@@ -153,9 +136,7 @@ class Link:
             return True
 
     def take(self) -> Frame:
-        """The next frame, blocking until it comes (call it once ``ready``, or from a thread
-        that may wait); heartbeats are returned too. ``ConnectionError`` once the peer is
-        gone or the link closed."""
+        """The next frame (heartbeats too), blocking; ``ConnectionError`` once the link ended."""
         head = self._read(FRAME.size, first=True)
         length, kind, value, version, data = FRAME.unpack(head)
         payload = self._read(length - _REST) if length > _REST else b""
@@ -163,8 +144,8 @@ class Link:
         return Frame(kind, value, version, data, payload)
 
     def _read(self, n: int, first: bool = False) -> bytes:
-        """Exactly ``n`` bytes; the rest of a frame whose first bytes came within
-        ``read_timeout`` s (a peer stopped mid-frame fails the link, named)."""
+        """Exactly ``n`` bytes, waiting ``read_timeout`` s at most for each part past a frame's
+        first bytes (a peer stopped mid-frame fails the link)."""
         if self._closed:
             raise ConnectionError("the control connection is closed")
         out = bytearray()
@@ -184,11 +165,9 @@ class Link:
             out += chunk
         return bytes(out)
 
-    # ------------------------------------------------------------------ liveness
     def silence(self) -> str | None:
-        """Why the peer counts as lost though its connection is open (it has sent nothing, not
-        even a heartbeat, past the liveness timeout), or None; None too while this process
-        cannot tell (it was paused itself, or beats on no link)."""
+        """Why the peer counts as lost though its connection is open (silent past the liveness
+        timeout), or None; None too while this process cannot tell (it was paused itself)."""
         if self.timeout is None or self._closed:
             return None
         beats = self._beats
@@ -225,10 +204,9 @@ _BEAT_BYTES = _pack(Frame(BEAT))
 
 
 class Beats:
-    """The one thread of a process that beats on its links (``add``): every link that sent
-    nothing for ``beat_interval`` s gets a heartbeat. It also tells when this process was
-    paused (stopped, or starved of the interpreter): the thread did not run for a while, and
-    the peers' silence meanwhile is not theirs."""
+    """The one thread of a process that sends a heartbeat on each link silent for
+    ``beat_interval`` s, and tells when this process was paused (stopped, or starved of the
+    interpreter): the peers' silence then is not theirs."""
 
     def __init__(self, name: str = "hpccollect-beats") -> None:
         self.name = name
@@ -277,8 +255,7 @@ class Beats:
             self._thread = None
 
 
-#: the process's beats
-BEATS = Beats()
+BEATS = Beats()  # this process's one
 
 
 def connect(
@@ -308,15 +285,15 @@ def connect(
 
 
 class ControlListener:
-    """Rank 0's side of the control connections: it listens on ``host`` and accepts the
-    connection of each collector rank (``accept``), checking its rank and the job's token.
+    """Rank 0's side of the control connections: it listens on ``host`` and accepts each
+    collector rank's connection, checking its rank and the job's token.
 
     Args:
         host: the address every collector rank reaches rank 0 at.
-        port: the port (0: a free one, the system's choice).
+        port: the port (0: a free one).
 
     Raises:
-        ArgumentValueError: ``host`` is not an address of this host (named, with the fix).
+        ArgumentValueError: ``host`` is not an address of this host.
     """
 
     def __init__(self, host: str, port: int = 0) -> None:
@@ -353,7 +330,7 @@ class ControlListener:
             late: makes the error raised for the ranks that did not connect in time.
 
         Raises:
-            CollectorTimeoutError: some ranks did not connect within ``timeout`` s (named).
+            CollectorTimeoutError: some ranks did not connect within ``timeout`` s.
         """
         waiting = set(ranks)
         links: dict[int, Link] = {}

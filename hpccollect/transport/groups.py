@@ -1,10 +1,6 @@
-"""The data plane of a job: the rendezvous store, and the groups a collector job moves tensors
-on (batches and weights to some ranks; weight broadcasts: one group for both where the backend
-allows it, gloo), opened through the registered backend.
-
-The groups are private to the collector (not torch's default group), so a trainer that uses
-torch.distributed for itself is not disturbed, and several collectors can live one after another
-in one process.
+"""A job's data plane (``rank_channel.py``): the rendezvous store and the process groups, opened
+through the registered backend; private to the collector, not torch's default group (a trainer's
+own), so collectors can follow one another in a process.
 """
 
 from __future__ import annotations
@@ -68,8 +64,7 @@ def open_store(
 @dataclass
 class RankGroups:
     """This process's place in a collector job's data plane: its rank, the store, and the
-    process groups batches and weights travel on (each transfer announced on the link's
-    control connection first, ``rank_channel.py``)."""
+    process groups batches and weights travel on."""
 
     rank: int
     world_size: int
@@ -86,8 +81,8 @@ class RankGroups:
         cls, backend: str, store: Any, rank: int, world_size: int, comm: Any = None
     ) -> RankGroups:
         """Join the job's groups (every rank calls this once; it returns when all have).
-        ``comm``: the MPI communicator the job's ranks meet in, for a backend that needs no
-        store (None: its own default, ``MPI.COMM_WORLD``)."""
+        ``comm``: the MPI communicator the ranks meet in, for a backend that needs no store
+        (None: ``MPI.COMM_WORLD``)."""
         groups = cls(rank, world_size, backend, store)
         chosen = backend_named(backend)
         mpi = {} if comm is None or chosen.needs_store else {"comm": comm}
@@ -116,17 +111,16 @@ class RankGroups:
         return channel
 
     def _drop(self, aborted: list[Any]) -> None:
-        """Release the ``aborted`` groups (the list's only holder is this call's caller) in a
-        thread of their own, which ``close()`` waits for a moment: releasing a gloo group
-        joins gloo's threads, which a transfer cut short by a lost rank may hold until that
-        rank has ended."""
+        """Release the ``aborted`` groups (held by that list alone) in a thread that ``close()``
+        waits for a moment: releasing a gloo group joins gloo's threads, which a transfer cut
+        short by a lost rank may hold until that rank has ended."""
         dropper = threading.Thread(target=aborted.clear, name="hpccollect-drop", daemon=True)
         self._droppers.append(dropper)
         dropper.start()
 
     def close(self) -> None:
-        """Abort both groups (ends transfers still pending on them), drop the links' posted
-        receives, and release the groups (``_drop``) and the store."""
+        """Abort both groups (ends transfers pending on them), drop the links' posted receives,
+        and release the groups (``_drop``) and the store."""
         if self._closed:
             return
         self._closed = True
@@ -149,7 +143,7 @@ class RankGroups:
 
 
 def _abort(groups: list[Any]) -> None:
-    """Abort each of ``groups`` (ends what is pending on them), errors ignored."""
+    """Abort each of ``groups``, errors ignored."""
     for group in groups:
         with contextlib.suppress(Exception):
             group.abort()

@@ -1,19 +1,12 @@
-"""``backend="mpi"`` through mpi4py, for torch builds without an MPI backend (the PyPI wheels).
+"""``backend="mpi"`` through mpi4py, for torch builds without an MPI backend (the PyPI wheels):
+``base.ProcessGroup``'s calls over ``Isend``/``Irecv`` of the buffers themselves and ``Ibcast``.
 
-It offers the part of a torch process group that the data plane uses (``send``, ``recv``,
-``broadcast``, ``abort``; each returning a work to ``wait`` on), so the batch buffers and the
-weight fan-out are the ones gloo uses: batches are buffer-based ``Isend``/``Irecv`` of the
-buffers themselves (nothing pickled), weights an ``Ibcast``.
-
-Waits never block inside MPI: MPICH's blocking calls spin a whole core while they wait, which a
-rank 0 sharing a node with its collector ranks would steal from them. An idle wait probes, then
-sleeps with a growing back-off (``base.wait_request``); a transfer under way is tested without
-sleeping (see ``_Work``); a wait ends early when the group is closed, the peer's control link
-went silent (``watch``) or the peer said goodbye. MPI cannot close a connection the way a dying
-gloo peer does, so a closing end sends a goodbye message to every peer; their pending receives
-from it then fail just as gloo's do, and rank 0 learns which collector ranks did not stop.
-``send_object``/``recv_object`` carry a small pickled message the same way (the launcher's and
-the app's agreements before the groups exist).
+Waits never block inside MPI: MPICH's blocking calls spin a core, which a rank 0 sharing a node
+with its ranks would steal from them. An idle wait probes, then sleeps (``base.wait_request``);
+it ends early when the group is closed, the peer's control link went silent (``watch``) or the
+peer said goodbye: MPI cannot close a connection as a dying gloo peer does, so a closing end
+sends every peer a goodbye, and rank 0 learns which ranks did not stop. ``send_object`` and
+``recv_object`` carry small pickled messages (agreements before the groups exist).
 """
 
 from __future__ import annotations
@@ -46,14 +39,12 @@ def mpi4py_comm(one_node: bool = False) -> Any:
     """``MPI.COMM_WORLD`` from mpi4py, checked to allow calls from several threads.
 
     Args:
-        one_node: every rank of the job runs on this node (the launcher knows): where MPI is
-            not initialised yet, each MPI is kept off the network (``_LOOPBACK``; MPICH's UCX
-            would otherwise listen on every interface for peers that cannot exist).
+        one_node: every rank of the job runs on this node: where MPI is not initialised yet,
+            each MPI is kept off the network (``_LOOPBACK``).
     """
     if one_node and "mpi4py.MPI" not in sys.modules:
-        for names, values in _LOOPBACK:
-            if not any(name in os.environ for name in names):
-                os.environ.update(values)
+        for name, value in _LOOPBACK.items():
+            os.environ.setdefault(name, value)
     try:
         from mpi4py import MPI
     except ImportError as err:
@@ -74,9 +65,7 @@ def mpi4py_comm(one_node: bool = False) -> Any:
 
 def quiesce(timeout: float = 2.0) -> None:
     """Close every ``MPIGroup`` of this process and wait (bounded) until no thread is inside
-    one: ``MPI_Finalize`` while another thread still calls MPI can crash the rank, and with it
-    the job. Runs at exit, after the live collectors were shut down, and before a collector
-    rank finalises."""
+    one, before ``MPI_Finalize``: it can crash the job while another thread calls MPI."""
     groups = list(_GROUPS)
     for group in groups:
         group.abort()
@@ -99,28 +88,21 @@ def send_object(
 def recv_object(
     comm: Any, source: int, tag: int, timeout: float, what: str, max_sleep: float
 ) -> Any:
-    """Receive a small pickled message, probing with sleeps: a blocking receive spins a core
-    that the ranks on this node need."""
+    """Receive a small pickled message, probing with sleeps (a blocking receive may spin)."""
     wait_request(lambda: comm.Iprobe(source, tag), timeout, what, max_sleep=max_sleep)
     return comm.recv(source=source, tag=tag)
 
 
-#: what keeps each MPI off the network, set (when the user set none of a group) for a job whose
-#: ranks all share one node: MPICH's UCX on loopback; Open MPI without its TCP transport (it
-#: listens on every address whatever interface it is told to use; shared memory carries it all);
-#: Intel MPI's libfabric TCP provider on loopback
-_LOOPBACK = (
-    (("UCX_NET_DEVICES",), {"UCX_NET_DEVICES": "lo"}),
-    (("OMPI_MCA_btl",), {"OMPI_MCA_btl": "^tcp"}),
-    (("FI_TCP_IFACE",), {"FI_TCP_IFACE": "lo"}),
-)
+#: keeps each MPI off the network where all ranks share one node (each set where unset): UCX
+#: (MPICH's) and Intel MPI's libfabric TCP on loopback, Open MPI without TCP (it listens on
+#: every address whatever its interface; shared memory carries it all)
+_LOOPBACK = {"UCX_NET_DEVICES": "lo", "OMPI_MCA_btl": "^tcp", "FI_TCP_IFACE": "lo"}
 
 
 class _Work:
-    """One operation, waited on like a torch ``Work``. A receive is posted only once its
-    message has arrived (``_arrived``): until then the wait sleeps between probes; from then on
-    the transfer is under way and the wait tests without sleeping for as long as the bytes take,
-    since a large message moves only while both ends are inside MPI."""
+    """One operation, waited on like a torch ``Work``. A receive is posted once its message
+    arrived (``_arrived``); then the wait tests without sleeping for as long as the bytes take,
+    as a large message moves only while both ends are inside MPI."""
 
     verb = "an operation with"
 
@@ -140,7 +122,7 @@ class _Work:
             return self._wait(None if timeout is None else timeout.total_seconds())
 
     def is_completed(self) -> bool:
-        """Whether it is done: a look that never blocks (a receive not yet posted is not)."""
+        """Whether it is done, without blocking (a receive not yet posted is not)."""
         with self.group.inside:
             return self.request is not None and bool(self.request.Test())
 
@@ -168,23 +150,17 @@ class _Work:
 class _Send(_Work):
     verb = "a send to"
 
-    def __init__(
-        self, group: MPIGroup, buffer: Any, peer: int, tag: int, request: Any = None
-    ) -> None:
+    def __init__(self, group: MPIGroup, buffer: Any, peer: int, tag: int) -> None:
         super().__init__(group, peer, buffer)
-        # a send already posted (``send_now``), or posted now
-        self.request = request if request is not None else group.comm.Isend(buffer, peer, tag)
+        self.request = group.comm.Isend(buffer, peer, tag)
 
 
 class _Receive(_Work):
     verb = "a receive from"
 
-    def __init__(
-        self, group: MPIGroup, buffer: Any, peer: int, tag: int, request: Any = None
-    ) -> None:
+    def __init__(self, group: MPIGroup, buffer: Any, peer: int, tag: int) -> None:
         super().__init__(group, peer, buffer)
-        self.tag, self.message = tag, None
-        self.request = request  # a receive already posted, or None: probe first
+        self.tag, self.message = tag, None  # posted once probed: ``_arrived``
 
     def _arrived(self) -> bool:
         if self.message is None:  # a second probe would match the message after this one
@@ -196,8 +172,7 @@ class _Receive(_Work):
 
 
 class _Broadcast(_Work):
-    """``Ibcast`` from ``root``; a peer joins it once the root announced it on its control
-    link, so it is posted at once and tested as it moves."""
+    """``Ibcast`` from ``root``, posted at once: a peer joins it once the root announced it."""
 
     verb = "a broadcast from"
 
@@ -218,13 +193,12 @@ def _world_ranks(comm: Any) -> list[int]:
 
 
 class MPIGroup:
-    """A private duplicate of ``comm`` with the process-group calls the data plane needs
-    (``send``, ``recv``, ``broadcast``, ``abort``).
+    """A private duplicate of ``comm`` with the process-group calls the data plane needs.
 
     Attributes:
-        progresses_alone: False: a message moves only while both ends are inside MPI (a
-            receive posted and left does not take it), so a transfer is announced first and
-            received as it comes (``RankChannel._send_batch``).
+        progresses_alone: False: a message moves only while both ends are inside MPI (a receive
+            posted and left does not take it), so a transfer is announced first and received
+            as it comes (``RankChannel._send_batch``).
     """
 
     progresses_alone = False
@@ -233,20 +207,18 @@ class MPIGroup:
         self.comm = comm.Dup()
         self.comm.Set_name(name)
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.max_sleep = max_sleep  # the longest sleep of its idle waits between tests
+        self.max_sleep = max_sleep
         self._closed: str | None = None
         self._gone: dict[int, str] = {}  # peers that said goodbye
         self._watches: dict[int, Callable[[], str | None]] = {}  # see ``watch``
         self._lock = threading.Lock()  # one thread at a time takes a goodbye
-        #: one entry per call inside the group, of any thread (``list.append`` and ``pop`` are
-        #: atomic: a counter with no lock, cheap enough for the hot path); ``quiesce`` waits
-        #: for it to empty
+        #: one entry per call inside the group, of any thread: a counter without a lock
+        #: (``append``/``pop`` are atomic), which ``quiesce`` waits to empty
         self.calls: list[None] = []
         #: ``with group.inside:`` counts this thread as using MPI through the group
         self.inside = _Inside(self.calls)
         self._arrays: dict[int, tuple[torch.Tensor, Any]] = {}  # see ``_buffer``
-        #: each member's rank in the MPI job, for messages (a gathered job's group numbers its
-        #: members from 0)
+        #: each member's rank in the MPI job, for messages (a gathered job's group numbers from 0)
         self.world_ranks = _world_ranks(self.comm)
         _GROUPS.add(self)
 
@@ -265,8 +237,7 @@ class MPIGroup:
             return _Broadcast(self, self._buffer(tensor), root)
 
     def watch(self, peer: int, check: Callable[[], str | None]) -> None:
-        """End waits involving ``peer`` when ``check()`` gives a reason (its link says it went
-        silent mid-transfer)."""
+        """End waits involving ``peer`` when ``check()`` gives a reason (it went silent)."""
         self._watches[peer] = check
 
     def stopped(self, peer: int | None) -> str | None:
@@ -294,9 +265,9 @@ class MPIGroup:
     def abort(self) -> None:
         """Close this end: pending waits end, and the peers are told (bounded, best effort).
 
-        On rank 0, a collector rank that has not closed its end within a moment did not stop
-        when asked; MPI cannot end one rank, and ``MPI_Finalize`` would wait for it forever, so
-        the job is aborted when this process exits (after it has saved what it holds)."""
+        On rank 0, a collector rank that has not closed its end within a moment did not stop;
+        MPI cannot end one rank and ``MPI_Finalize`` would wait for it forever, so the job is
+        aborted when this process exits (after it has saved what it holds)."""
         if self._closed is not None:
             return
         peers = [p for p in range(self.size) if p != self.rank] if self.rank == 0 else [0]
@@ -311,15 +282,11 @@ class MPIGroup:
         while not all(r.Test() for r in requests) and time.monotonic() < deadline + _GRACE:
             time.sleep(1e-3)
         if stuck:  # named by their numbers in the job (a gathered job's group is not all of it)
-            from mpi4py import MPI
-
-            world = MPI.COMM_WORLD.Get_group()
-            end_job_at_exit(list(self.comm.Get_group().Translate_ranks(stuck, world)), lost=False)
+            end_job_at_exit([self.world_ranks[p] for p in stuck], lost=False)
 
     def _buffer(self, tensors: torch.Tensor | Sequence[torch.Tensor]) -> Any:
-        """The tensor's memory as an array MPI reads or writes in place (it keeps the tensor);
-        ``numpy()`` refuses tensors that are not on the CPU. The arrays of the last few
-        tensors are kept: a channel sends and receives the same wire buffers again and again."""
+        """The tensor's memory as an array MPI reads or writes in place (CPU tensors only),
+        cached for the last few tensors: a channel moves the same buffers again and again."""
         tensor = tensors if isinstance(tensors, torch.Tensor) else tensors[0]
         known = self._arrays.get(id(tensor))
         if known is not None and known[0] is tensor:
@@ -333,7 +300,7 @@ class MPIGroup:
 
     def _check_open(self, peer: int | None) -> None:
         """Refuse a new operation once closed, or with a peer known to be gone (a goodbye not
-        seen yet is noticed by the operation's wait)."""
+        seen yet ends the operation's wait)."""
         why = self._closed or self._gone.get(peer)  # type: ignore[arg-type]
         if why is not None:
             raise RuntimeError(why)

@@ -1,6 +1,6 @@
 """The local transport: ``PipeChannel``, a ``multiprocessing`` pipe to a worker process (batches
-themselves travel through shared memory the worker writes, see ``collectors/workers/worker.py``), and
-``ProcessLife``, that process's life."""
+travel in shared memory the worker writes, ``collectors/workers/worker.py``), and its
+``ProcessLife``."""
 
 from __future__ import annotations
 
@@ -71,14 +71,14 @@ class ProcessLife(PeerLife):
                 self.process.close()
 
 
-# open PipeChannels: sending shared tensors down a pipe starts the stdlib's fd-passing thread in
-# this process; when the last channel closes, nothing can fetch from it any more and it is stopped
+# open PipeChannels: sending shared tensors down one starts the stdlib's fd-passing thread,
+# stopped when the last closes (nothing can fetch from it then)
 _OPEN_PIPES: weakref.WeakSet = weakref.WeakSet()
 
 
 class PipeChannel(Channel):
     """A ``multiprocessing`` pipe end; with ``process`` (the collector's side), the worker
-    process whose sentinel tells its death at once, and which ``kill()`` SIGKILLs."""
+    process at its other end (``ProcessLife``)."""
 
     local = True
 

@@ -1,24 +1,15 @@
-"""``RankChannel``: protocol messages between rank 0 and one collector rank (or a gatherer and
-one of its ranks), the same ``Channel`` the pool and the worker loop use for local processes.
+"""``RankChannel``: the protocol's messages between rank 0 and one collector rank (or a gatherer
+and one of its ranks); the same ``Channel`` the pool and the worker loop use for local processes.
 
-Two planes:
-
-- the **control plane**, the link's own TCP connection (``control.py``): every message, framed,
-  with the kind, an integer value and the sender's weights version in the header and the rest
-  pickled; a dead peer is its connection's end, a hung one its missing heartbeats;
-- the **data plane**, the job's process groups (``groups.py``: torch.distributed's gloo, nccl
-  or ucc, or mpi4py): only tensors, each transfer announced on the control plane first with its
-  size, so every receive is posted knowing its message comes.
-
-A batch is the batch's flat buffer (``batches.FlatLayout``, agreed once in ``LAYOUT``) sent
-into the receive rank 0 keeps posted for it, in a buffer laid out the same, then a ``BATCH``
-frame that says it is there (a rank stopped mid-transfer never holds rank 0: its frame never
-comes, its heartbeats stop); a rank's report (``report_buffers``) is a control message, its
-bytes in its frame; weights are an ``UPDATE_WEIGHTS`` frame and a point-to-point send, or a
-``BROADCAST`` frame on every link and one broadcast. Rank 0 reads its links in the thread that
-waits for them (no thread per rank); a collector rank reads its one link in a thread of its
-own, which also takes part in each weight broadcast as it is announced and queues one update
-for the collector's loop.
+Every message is a frame on the link's control connection (``control.py``); tensors alone go
+on the data plane (``groups.py``), each transfer announced by its frame. A batch is sent from
+its flat buffer (``batches.FlatLayout``, agreed once in ``LAYOUT``) into the receive rank 0
+keeps posted for it, then its ``BATCH`` frame says it is there: a rank stopped mid-transfer
+never holds rank 0 (its frame never comes, its heartbeats stop). A report's bytes ride in its
+frame. Weights are an ``UPDATE_WEIGHTS`` frame and a point-to-point send, or a ``BROADCAST``
+frame on every link and one broadcast. Rank 0 reads its links in the thread that waits for them
+(no thread per rank); a collector rank reads its link in a thread of its own, which joins each
+broadcast as it is announced and queues one update for the collector's loop.
 """
 
 from __future__ import annotations
@@ -162,14 +153,11 @@ class RankChannel(Channel):
             raise ConnectionError(self._failure) from err
 
     def _send_batch(self, value: int) -> None:
-        """Where the data plane moves a posted receive on its own (torch's groups), the batch
-        goes into the receive rank 0 keeps posted for it, and only then is it announced: rank
-        0 never waits for a batch whose sender stopped mid-way (a torch group's wait that
-        times out closes the group). Over MPI, which moves a message only while both ends are
-        inside MPI, the send is posted, then announced, then seen through: the message's
-        envelope is there when rank 0 reads the frame, which it receives at once (a rank
-        stopped before its frame holds no wait of rank 0's; one stopped after, the wait's
-        watch of its link ends)."""
+        """Torch's groups move a posted receive on their own: the batch goes into the receive
+        rank 0 keeps posted, and only then is it announced, so rank 0 never waits on a sender
+        stopped mid-way (a torch wait that times out closes the group). MPI moves a message
+        only while both ends are inside MPI: the send is posted, announced, then seen through,
+        and rank 0 receives it as it reads the frame (its wait watches the link)."""
         flat, dst, src = self._batch_out
         if dst:
             foreach_copy_(dst, src)
@@ -207,11 +195,6 @@ class RankChannel(Channel):
         """Tell the peer that weights of ``nbytes`` follow in the job's broadcast (before the
         broadcast itself); ``ConnectionError`` when the peer is gone."""
         self._send_frame(Frame(BROADCAST, 0, 0, nbytes))
-
-    def told_to_stop_or_lost(self) -> bool:
-        """Whether this side sent the peer ``SHUTDOWN``, or the link or the peer's process
-        failed."""
-        return self._said_stop or self._failure is not None or self.life.death() is not None
 
     def _transfer(self, work: Any, what: str) -> None:
         """Wait for a data-plane transfer announced on the control plane, bounded."""
@@ -264,8 +247,8 @@ class RankChannel(Channel):
         return bool(self._inbox or self._held)
 
     def _take_in(self, timeout: float = 0.0) -> None:
-        """Rank 0: read every frame that came (waiting up to ``timeout`` s for the first), into
-        the inbox; a batch's or the weights' data is received as its frame is read."""
+        """Rank 0: read every frame that came (up to ``timeout`` s for the first) into the
+        inbox, receiving a batch's or weights' data as its frame is read."""
         link = self.link
         with self._reading:  # one thread reads the link at a time
             if self._closed or self._failure is not None:
@@ -329,16 +312,14 @@ class RankChannel(Channel):
         return what, payload
 
     def unexpect(self) -> None:
-        """Drop the receive posted for the peer's next batch (its groups were aborted: it
-        holds them, and their store's port, while it is kept)."""
+        """Drop the receive posted for the next batch (the groups were aborted; it holds them,
+        and their store's port, while kept)."""
         self._posted.clear()
 
     def _silent_mid_transfer(self) -> str | None:
-        """While rank 0 receives a batch the peer announced first: why the peer counts as
-        lost (it went silent), or None. Only its heartbeats can come meanwhile (its sending
-        thread is in the transfer): they are taken here, so a slow transfer from a live peer
-        is never silence; anything else is kept for its turn. A link that ended ends the wait
-        at once."""
+        """While rank 0 receives a batch announced first: why the peer counts as lost, or None.
+        Its heartbeats are taken here (a slow transfer from a live peer is never silence), other
+        frames kept for their turn; a link that ended ends the wait at once."""
         link = self.link
         while link.ready(0):
             if link.ended():  # what it sent before is kept; the transfer cannot complete
@@ -349,8 +330,8 @@ class RankChannel(Channel):
         return link.silence()
 
     def start_reading(self) -> None:
-        """A collector rank: read the link in a thread of its own from now on (it takes part
-        in each weight broadcast as it is announced, while the collector collects)."""
+        """A collector rank: read the link in a thread of its own, which joins each weight
+        broadcast as it is announced while the collector collects."""
         self._reader = threading.Thread(
             target=self._read_loop, name=f"hpccollect-rank{self.peer}-link", daemon=True
         )
@@ -390,9 +371,8 @@ class RankChannel(Channel):
         return views
 
     def report_buffers(self, report: TensorDictBase) -> TensorDictBase:
-        """Buffers laid out like ``report`` in this process's memory, whose bytes travel in the
-        frame that announces each report: a report is a control message, and the data plane's
-        per-transfer cost is paid for batches only."""
+        """Buffers laid out like ``report``, whose bytes travel in each report's frame: the data
+        plane's per-transfer cost is paid for batches only."""
         layout = FlatLayout.of(report)
         flat, views = layout.allocate("cpu")
         self._placed, self._inline = (layout, flat, views), True
@@ -413,8 +393,8 @@ class RankChannel(Channel):
         )
 
     def _adopt(self, wire: _WireLayout) -> Layout:
-        """The peer's batches arrive in a buffer laid out as it announced; the views into that
-        buffer are the batch the collector reads."""
+        """Receive the peer's batches into a buffer laid out as announced, whose views are the
+        batch the collector reads."""
         self._in_layout = wire.batch
         self._inline = wire.inline
         self.peer_weights_nbytes = wire.weights_nbytes
@@ -431,12 +411,10 @@ class RankChannel(Channel):
         return Layout(batch, wire.host, wire.pid, frames=wire.frames)
 
     def _post_batch_receive(self) -> None:
-        """Keep a receive posted for the peer's next batch (one is in flight at most): it
-        lands as it is sent, and its frame follows. The receive is kept until the groups are
-        aborted (``RankGroups.close``): a gloo receive dropped while pending holds gloo's loop
-        for good once its message comes. So the post and its keeping are C calls alone
-        (``list.extend`` over ``starmap``): Python raises a Ctrl-C's ``KeyboardInterrupt``
-        where a C call returns to Python code, never between the two."""
+        """Keep a receive posted for the peer's next batch (one in flight at most), until the
+        groups are aborted: a gloo receive dropped while pending holds gloo's loop for good
+        once its message comes. The post and its keeping are C calls alone (``list.extend``
+        over ``starmap``): a Ctrl-C's ``KeyboardInterrupt`` cannot land between them."""
         group = self._data()
         self._posted.clear()
         if not self._announce_first() and not self._inline:
@@ -450,9 +428,9 @@ class RankChannel(Channel):
         return (layout, None if layout is None else layout.leaf_views(flat))
 
     def _batch_landed(self) -> None:
-        """A large batch keeps the buffer it came into (``latest``, ``own``), and the next one
-        comes into another: the caller keeps the batch without a copy (the peer sends its next
-        batch only when asked: one in flight per link). A small one is copied by ``own``."""
+        """A large batch keeps the buffer it came into and the next comes into another, so the
+        caller keeps it without a copy (one batch in flight per link); ``own`` copies a small
+        one."""
         if self._in_slot.buffer.numel() >= _KEEP_AT:
             self._landed = self._in_slot
             self._in_slot = self._spares.next_after(self._in_slot)
@@ -479,8 +457,8 @@ class RankChannel(Channel):
 
     # ------------------------------------------------------------------ weights
     def weights_buffer(self, policy: Any) -> TensorDictBase | None:
-        """The buffer ``UPDATE_WEIGHTS`` loads on a collector rank: views into one flat buffer
-        that the weights arrive in (laid out as ``DistributedDataCollector`` lays out its own)."""
+        """The views into the flat buffer weights arrive in on a collector rank (laid out as
+        rank 0 lays out its own), which ``UPDATE_WEIGHTS`` loads."""
         if not isinstance(policy, nn.Module):
             return None
         weights = TensorDict.from_module(policy).data
@@ -492,8 +470,7 @@ class RankChannel(Channel):
 
     # ------------------------------------------------------------------ the peer's life
     def start_heartbeats(self, timeout: float | None) -> None:
-        """Beat to the peer (its link's liveness timeout was set with it) and watch its beats:
-        ``silence`` then tells a peer silent past it."""
+        """Beat to the peer; ``silence`` then tells a peer silent past the link's timeout."""
         BEATS.add(self.link)
 
     def silence(self) -> str | None:
