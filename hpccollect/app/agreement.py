@@ -10,7 +10,7 @@ from typing import Any
 
 from hpccollect.app.signals import Stopped
 from hpccollect.errors import CollectorTimeoutError
-from hpccollect.transport.mpi4py_group import recv_object, send_object
+from hpccollect.launchers.rendezvous import recv_object, send_object
 
 __all__ = ["Describe", "JobEnded", "agree"]
 

@@ -22,9 +22,9 @@ from hpccollect.launchers.base import Launcher, LaunchRequest
 from hpccollect.launchers.launcher_watch import watch_launcher
 from hpccollect.launchers.mpi_gather import check_gather, keep_gatherer_group, plan_gathering
 from hpccollect.launchers.rank import LOST_RANK0_STATUS, RankArgs, serve_rank
-from hpccollect.launchers.rendezvous import detect, env_port, on_one_node
+from hpccollect.launchers.rendezvous import detect, env_port, on_one_node, recv_object, send_object
 from hpccollect.transport.base import PeerLife
-from hpccollect.transport.mpi4py_group import mpi4py_comm, quiesce, recv_object, send_object
+from hpccollect.transport.mpi4py_group import mpi4py_comm, quiesce
 
 __all__ = ["MPILauncher", "serve"]
 

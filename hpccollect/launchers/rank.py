@@ -144,7 +144,7 @@ def _watch_rank0(
             continue
         _report(args, names, why)
         lost.append(f"{names[1]} {why}")
-        channel.lose(lost[0])
+        channel.link_closed(lost[0])
         with contextlib.suppress(Exception):
             groups.close()
         if not served.wait(_STUCK_EXIT):

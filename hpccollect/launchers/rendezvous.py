@@ -7,7 +7,9 @@ one process yet sees ``SLURM_PROCID`` and ``SLURM_NTASKS``, while only ``srun`` 
 ``SLURM_STEP_NUM_TASKS``, the world size (``SLURM_NTASKS`` may keep the allocation's count).
 
 ``master_addr`` is never a wildcard: rank 0 binds it and the others connect to it. It is loopback
-when every rank is on this node, else the address of rank 0's host.
+when every rank is on this node, else the address of rank 0's host. Before the groups exist,
+the ranks share small pickled values over MPI (``share_from_root``, ``send_object``,
+``recv_object``), waiting in sleeps: MPICH's blocking calls spin a core the node's ranks need.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ __all__ = [
     "launched_rank",
     "launched_ranks",
     "on_one_node",
+    "recv_object",
+    "send_object",
     "share_from_root",
 ]
 
@@ -138,6 +142,22 @@ def on_one_node() -> bool:
     except HpcCollectError:
         return False
     return found.world_size > 1 and found.local_size == found.world_size
+
+
+def send_object(
+    comm: Any, value: Any, dest: int, tag: int, timeout: float, what: str, max_sleep: float
+) -> None:
+    """Send a small pickled message; wait for it with sleeps (a blocking send may spin)."""
+    request = comm.isend(value, dest=dest, tag=tag)
+    wait_request(lambda: request.Test(), timeout, what, max_sleep=max_sleep)
+
+
+def recv_object(
+    comm: Any, source: int, tag: int, timeout: float, what: str, max_sleep: float
+) -> Any:
+    """Receive a small pickled message, probing with sleeps (a blocking receive may spin)."""
+    wait_request(lambda: comm.Iprobe(source, tag), timeout, what, max_sleep=max_sleep)
+    return comm.recv(source=source, tag=tag)
 
 
 def share_from_root(comm: Any, value: Any, timeout: float) -> Any:

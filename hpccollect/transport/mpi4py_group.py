@@ -27,7 +27,7 @@ from hpccollect._exit import end_job_at_exit, unlink_node_segment, when_transpor
 from hpccollect.errors import ArgumentValueError
 from hpccollect.transport.base import IDLE_SLEEP, SPIN, wait_request
 
-__all__ = ["MPIGroup", "mpi4py_comm", "quiesce", "recv_object", "send_object"]
+__all__ = ["MPIGroup", "mpi4py_comm", "quiesce"]
 
 _SPIN_PER_BYTE = 2e-9  # a transfer under way spins for as long as its bytes take, too
 _BYE = 32767  # the tag of the goodbye message (below MPI's guaranteed tag upper bound)
@@ -75,22 +75,6 @@ def quiesce(timeout: float = 2.0) -> None:
 
 
 when_transports_close(quiesce)
-
-
-def send_object(
-    comm: Any, value: Any, dest: int, tag: int, timeout: float, what: str, max_sleep: float
-) -> None:
-    """Send a small pickled message; wait for it with sleeps (a blocking send may spin)."""
-    request = comm.isend(value, dest=dest, tag=tag)
-    wait_request(lambda: request.Test(), timeout, what, max_sleep=max_sleep)
-
-
-def recv_object(
-    comm: Any, source: int, tag: int, timeout: float, what: str, max_sleep: float
-) -> Any:
-    """Receive a small pickled message, probing with sleeps (a blocking receive may spin)."""
-    wait_request(lambda: comm.Iprobe(source, tag), timeout, what, max_sleep=max_sleep)
-    return comm.recv(source=source, tag=tag)
 
 
 #: keeps each MPI off the network where all ranks share one node (each set where unset): UCX

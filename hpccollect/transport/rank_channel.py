@@ -106,7 +106,7 @@ class RankChannel(Channel):
         self._arrived = threading.Condition()  # a collector rank's reading thread fills the inbox
         self._reader: threading.Thread | None = None
         self._reading = threading.Lock()  # rank 0: the thread reading the link now
-        self._said_stop = self._told_stop = False  # SHUTDOWN sent by this side / by the peer
+        self._told_stop = False  # the peer sent SHUTDOWN
         # batches: what this side sends from, and what the peer's arrive in
         self._placed: tuple | None = None
         self._inline = False  # batches are reports: their bytes ride in their frames
@@ -140,8 +140,6 @@ class RankChannel(Channel):
             return
         if kind is Reply.LAYOUT:
             payload = self._announce(payload)
-        if kind is Command.SHUTDOWN:
-            self._said_stop = True
         value, blob = _encode(kind, payload)
         self._send_frame(Frame(CODE[kind], value, 0, 0, blob))
 
@@ -342,16 +340,12 @@ class RankChannel(Channel):
             pass
 
     def link_closed(self, why: str) -> None:
-        """Nothing more can arrive from the peer: every later receive fails with ``why``."""
+        """Count the peer as gone for ``why`` (its link ended, or it went silent): every later
+        send and receive fails with it, and a receive waiting now wakes to fail."""
         self._failure = self._failure or why
         with self._arrived:
             self._inbox.append(Closed(self._failure))
             self._arrived.notify_all()
-
-    def lose(self, why: str) -> None:
-        """Count the peer as gone for ``why`` (it went silent): every later receive and send
-        fails with it, and a receive waiting now wakes to fail."""
-        self.link_closed(why)
 
     def handles(self) -> list[Any]:
         if self._closed:
