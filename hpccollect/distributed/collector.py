@@ -340,7 +340,12 @@ class DistributedDataCollector(GatheredRows, ThreadFilling, WeightSchedule, Mult
                     return
             yield batch
 
-    update_policy_weights_ = _holding_lock("update_policy_weights_")
+    def update_policy_weights_(self, *args: Any, **kwargs: Any) -> None:
+        """Send weights to every rank (one broadcast) or to workers ``worker_ids``; returns once
+        they are sent: each named rank loads them before its next batch."""
+        with self._lock:
+            super().update_policy_weights_(*args, **kwargs)
+
     set_seed = _holding_lock("set_seed")
     reset = _holding_lock("reset")
     state_dict = _holding_lock("state_dict")

@@ -38,7 +38,15 @@ class WorkerState(abc.ABC):
     _forget_trajectories: Callable[..., None]
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Env ``j`` of worker ``i`` gets a distinct seed (the same one with ``static_seed``)."""
+        """Seed every worker's envs: env ``j`` of worker ``i`` gets a distinct seed.
+
+        Args:
+            seed: the first seed.
+            static_seed: every env gets ``seed`` itself.
+
+        Returns:
+            The last seed used, as TorchRL returns it.
+        """
         first = seed = check_int("seed", seed)
         last = seed
         for i, layout in enumerate(self._layouts):
@@ -58,6 +66,9 @@ class WorkerState(abc.ABC):
     def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
         """Reset the envs of every worker (or of those ``reset_idx`` flags True) before their
         next batch: new trajectories, with new ids, start there. Returns when they have noted it.
+
+        Args:
+            reset_idx: one flag per worker; None resets them all.
         """
         if self._filling:
             raise RuntimeError(
@@ -85,8 +96,12 @@ class WorkerState(abc.ABC):
             )
 
     def state_dict(self) -> OrderedDict:
-        """``worker{i}``: each worker's collector state; ``frames``, ``iter``, and ``traj_pool``
-        (the next trajectory id, past every worker's; TorchRL's layout)."""
+        """The collector's state, laid out as TorchRL's.
+
+        Returns:
+            ``worker{i}``: each worker's collector state; ``frames``, ``iter``, and
+            ``traj_pool`` (the next trajectory id, past every worker's).
+        """
         state: OrderedDict = OrderedDict()
         pools = []
         for i in self._active:
@@ -100,8 +115,13 @@ class WorkerState(abc.ABC):
         return state
 
     def load_state_dict(self, state_dict: OrderedDict, **kwargs: Any) -> None:
-        """Load each ``worker{i}`` state; with ``traj_pool``, every worker's trajectories
-        (the running ones too) get ids from its ``traj_id`` on."""
+        """Load each ``worker{i}`` state into its worker.
+
+        Args:
+            state_dict: what ``state_dict()`` returned; with ``traj_pool``, every worker's
+                trajectories (the running ones too) get ids from its ``traj_id`` on.
+            **kwargs: accepted for TorchRL's signature.
+        """
         pool = state_dict.get("traj_pool")
         for i in self._active:
             worker = state_dict.get(f"worker{i}")
