@@ -3,8 +3,11 @@ processes over a TCP loopback connection (what a collector rank's control link i
 Unix socket, each side's CPU and the round trip's wall time.
 
 Every batch of ``DistributedDataCollector(sync=False)`` costs two control frames (rank 0's
-``COLLECT``, the rank's ``BATCH``); over ``backend="mpi"``, whose data moves through shared
-memory, these syscalls are most of what a small batch costs beyond the transfer itself.
+``COLLECT``, the rank's ``BATCH``). A Unix socket for the ranks on rank 0's host was tried
+(2026-12-08): it saved a third of a frame's cost here, but rank 0's CPU per small batch in
+``benchmarks/ingest.py`` did not move beyond the noise (74-78 against 75-84 us over mpi4py,
+97-109 against 96-104 over gloo, three runs each, alternating), so the link stays TCP: what a
+small batch costs rank 0 is mostly Python, not the frame's syscalls.
 
     python benchmarks/control_socket.py [--messages 20000] [--bytes 30] [--rounds 2]
 """
