@@ -5,8 +5,7 @@ Waits never block inside MPI: MPICH's blocking calls spin a core, which a rank 0
 with its ranks would steal from them. An idle wait probes, then sleeps (``base.wait_request``);
 it ends early when the group is closed, the peer's control link went silent (``watch``) or the
 peer said goodbye: MPI cannot close a connection as a dying gloo peer does, so a closing end
-sends every peer a goodbye, and rank 0 learns which ranks did not stop. ``send_object`` and
-``recv_object`` carry small pickled messages (agreements before the groups exist).
+sends every peer a goodbye, and rank 0 learns which ranks did not stop.
 """
 
 from __future__ import annotations
