@@ -56,15 +56,14 @@ __all__ = ["DistributedDataCollector", "DistributedSyncCollector", "GroupGathere
 
 
 def _holding_lock(name: str) -> Callable[..., Any]:
-    """``MultiCollectorBase``'s method ``name``, called holding the collector's lock: a call
-    from another thread (weights, state, seeds while ``start()`` fills the buffer) never
-    interleaves with a step of the iterator."""
-    method = getattr(MultiCollectorBase, name)
+    """The method ``name`` of the classes after ``DistributedDataCollector``, called holding the
+    collector's lock: a call from another thread (weights, state, seeds while ``start()`` fills
+    the buffer) never interleaves with a step of the iterator."""
 
-    @wraps(method)
+    @wraps(getattr(MultiCollectorBase, name))  # its signature and docstring
     def locked(self: DistributedDataCollector, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            return method(self, *args, **kwargs)
+        with self._lock:  # the next class in the MRO, as super() would find it
+            return getattr(super(DistributedDataCollector, self), name)(*args, **kwargs)
 
     return locked
 
